@@ -1,0 +1,263 @@
+"""Configuration: embedded defaults < TOML file < ``CTXD_*`` environment < flags.
+
+Every key is a field of a Struct below; docs/configuration.md is generated from them
+(``python -m ctxd.config --markdown``) and a test checks it is current. The file is
+``$XDG_CONFIG_HOME/ctxd/config.toml`` (or ``--config``/``CTXD_CONFIG``); a missing
+file is not an error, a malformed one is, with the file and key named.
+
+Environment variables are ``CTXD_<SECTION>_<KEY>`` in capitals, e.g.
+``CTXD_STORAGE_DURABILITY=full``; flags use ``--set section.key=value``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Union, get_type_hints
+
+import msgspec
+import platformdirs
+
+APP = "ctxd"
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class DaemonConfig(_Section):
+    """Where the daemon keeps its files and how it logs."""
+
+    data_dir: str = ""
+    """Directory of the database (and snapshots). Empty: the user data directory."""
+    socket: str = ""
+    """Unix socket path. Empty: ``$XDG_RUNTIME_DIR/ctxd/ctxd.sock`` or the user state directory."""
+    token_file: str = ""
+    """File holding the TCP token (created 0600 if missing). Empty: ``tcp-token`` in the state directory."""
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    """Log level; ``-v`` raises it to info, ``-vv`` to debug."""
+    log_file: str = ""
+    """Log to this file instead of stderr."""
+    idle_exit_seconds: float = 0
+    """A socket daemon started by ctxd-cli exits after this long without connections (0: never)."""
+
+
+class StorageConfig(_Section):
+    """How hard ctxd works to keep an acknowledged message."""
+
+    durability: Literal["normal", "full"] = "normal"
+    """``normal``: a push is acknowledged once committed to the SQLite WAL; it survives the
+    daemon being killed at any moment, but a power loss or OS crash may lose the last
+    commits (never corrupt the file). ``full``: fsync on every commit; survives power loss
+    too, at a cost measured in docs/performance.md."""
+    busy_timeout_ms: int = 5000
+    """How long a reader waits on a lock held by another process (e.g. ``ctxd-cli doctor``)."""
+
+
+class LimitsConfig(_Section):
+    """Bounds on what one request may carry."""
+
+    max_message_bytes: int = 4 * 1024 * 1024
+    """Largest single message (its JSON encoding) a push accepts."""
+    max_batch_messages: int = 10_000
+    """Most messages one ``session/push`` may carry."""
+    max_frame_bytes: int = 256 * 1024 * 1024
+    """Largest JSON-RPC frame read; a larger Content-Length is skipped and answered with an error."""
+
+
+class BudgetConfig(_Section):
+    """The dynamic budget (seeds 000, 001, 004)."""
+
+    default_context_window: int = 8192
+    """Window for a model ctxd does not know, when the session gives none."""
+    usable_fraction: float = 0.85
+    """Share of the window a prompt plus its reply may use (seed 000's Ollama 85%)."""
+    reserved_output_cap: int = 32_000
+    """Most tokens reserved for the reply (seed 004)."""
+    reserved_output_fraction: float = 0.125
+    """Reply reservation as a share of the window, when below the model's output limit and the cap."""
+    safety_margin_fraction: float = 0.02
+    """Extra headroom kept free of conversation, as a share of the window."""
+    trigger_fraction: float = 0.80
+    """Compress when the conversation passes this share of the available budget (seed 000)."""
+
+
+class ModelsConfig(_Section):
+    """Per-model facts that override ctxd's built-in table."""
+
+    context_windows: dict[str, int] = {}
+    """Model name (or prefix) to context window, e.g. ``{"llama3.2" = 8192}``."""
+    output_limits: dict[str, int] = {}
+    """Model name (or prefix) to its maximum output tokens."""
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
+    storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
+
+    # --- resolved paths ------------------------------------------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.daemon.data_dir or platformdirs.user_data_dir(APP)).expanduser()
+
+    @property
+    def database_path(self) -> Path:
+        return self.data_dir / "ctxd.db"
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.daemon.socket).expanduser() if self.daemon.socket else default_socket_path()
+
+    @property
+    def token_path(self) -> Path:
+        if self.daemon.token_file:
+            return Path(self.daemon.token_file).expanduser()
+        return state_dir() / "tcp-token"
+
+
+class ConfigError(Exception):
+    """A configuration value is wrong; the message names where it came from."""
+
+
+def state_dir() -> Path:
+    return Path(platformdirs.user_state_dir(APP))
+
+
+def default_socket_path() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / APP / "ctxd.sock"
+    return state_dir() / "ctxd.sock"
+
+
+def default_config_file() -> Path:
+    return Path(platformdirs.user_config_dir(APP)) / "config.toml"
+
+
+def _sections() -> dict[str, type[_Section]]:
+    return {name: tp for name, tp in get_type_hints(Config).items()}
+
+
+def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _coerce(section: str, key: str, raw: str, source: str) -> Any:
+    """Turn an environment/flag string into the key's type."""
+    sections = _sections()
+    if section not in sections:
+        raise ConfigError(f"{source}: unknown section {section!r} (known: {', '.join(sections)})")
+    hints = get_type_hints(sections[section])
+    if key not in hints:
+        raise ConfigError(f"{source}: unknown key {section}.{key}")
+    tp = hints[key]
+    origin = getattr(tp, "__origin__", None)
+    try:
+        if origin in (dict, list):
+            return msgspec.json.decode(raw.encode(), type=tp)
+        return msgspec.convert(raw, type=tp, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {section}.{key}={raw!r}: {exc}") from None
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    environ = dict(os.environ if environ is None else environ)
+    out: dict[str, dict[str, Any]] = {}
+    for section, tp in _sections().items():
+        for key in get_type_hints(tp):
+            name = f"CTXD_{section}_{key}".upper()
+            if name in environ:
+                out.setdefault(section, {})[key] = _coerce(section, key, environ[name], name)
+    return out
+
+
+def parse_assignment(text: str) -> tuple[str, str, Any]:
+    """``section.key=value`` from a ``--set`` flag."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    path, raw = text.split("=", 1)
+    section, key = path.strip().split(".", 1)
+    return section, key, _coerce(section, key, raw, f"--set {path}")
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Build the effective configuration; raises ConfigError naming the culprit."""
+    env = dict(os.environ if environ is None else environ)
+    explicit = path or env.get("CTXD_CONFIG")
+    file = Path(explicit).expanduser() if explicit else default_config_file()
+    data: dict[str, Any] = {}
+    if file.exists():
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{file}: {exc}") from None
+    elif explicit:
+        raise ConfigError(f"{file}: configuration file not found")
+    data = _merge(data, env_overrides(env))
+    if overrides:
+        data = _merge(data, overrides)
+    try:
+        return msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{file if file.exists() else 'configuration'}: {exc}") from None
+
+
+def _markdown() -> str:
+    """docs/configuration.md, generated from the Structs' fields and docstrings."""
+    import ast
+    import inspect
+    import textwrap
+
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- generated by `python -m ctxd.config --markdown`; a test fails when it drifts -->",
+        "",
+        "Precedence, lowest first: embedded defaults, the TOML file, `CTXD_*` environment",
+        "variables, command-line flags. The file is `$XDG_CONFIG_HOME/ctxd/config.toml`",
+        "(`~/.config/ctxd/config.toml`), or the path in `--config` / `CTXD_CONFIG`.",
+        "Environment variables are `CTXD_<SECTION>_<KEY>` in capitals (dict values as JSON);",
+        "flags are `--set section.key=value`, plus the shortcuts `ctxd --help` lists.",
+        "",
+    ]
+    for section, tp in _sections().items():
+        tree = ast.parse(textwrap.dedent(inspect.getsource(tp)))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        docs: dict[str, str] = {}
+        for node, nxt in zip(body, body[1:] + [None]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[union-attr]
+        lines += [f"## [{section}]", "", inspect.getdoc(tp) or "", "",
+                  "| key | default | environment | meaning |", "|---|---|---|---|"]
+        default = tp()
+        for key in get_type_hints(tp):
+            value = getattr(default, key)
+            shown = msgspec.json.encode(value).decode() if not isinstance(value, str) else f'"{value}"'
+            env = f"CTXD_{section}_{key}".upper()
+            lines.append(f"| `{key}` | `{shown}` | `{env}` | {docs.get(key, '')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(_markdown())
+    else:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(load_config()), indent=2).decode() + "\n")

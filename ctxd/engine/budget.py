@@ -1,0 +1,100 @@
+"""The dynamic budget (seed 000 "Dynamic Budget Calculation", seed 001 "When
+Compression Triggers", seed 004 "usable context"), as one pure function.
+
+    usable          = floor(window * usable_fraction)
+    max_prompt      = usable - reserved_output
+    available       = usable - reserved_output - safety_margin
+                      - system - pinned - checkpoints
+    trigger_at      = floor(available * trigger_fraction)
+
+Seed 000's 8K example is ``usable_fraction=0.85`` of 8000 with nothing reserved
+(6800 - 500 = 6300, trigger 5040); seed 001's is 8192 with 1000 reserved for the
+reply and a 1000 margin (6963 - 500 - 1000 - 1000 = 4463, trigger at 0.75: 3347).
+Both are tests in tests/unit/test_budget.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ctxd.protocol.context import Budget
+from ctxd.tokens import PROMPT_PRIMING
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """The configuration half of a budget; ``config.BudgetConfig`` fills it."""
+
+    usable_fraction: float = 0.85
+    reserved_output_cap: int = 32_000
+    reserved_output_fraction: float = 0.125
+    safety_margin_fraction: float = 0.02
+    trigger_fraction: float = 0.80
+
+
+def reserved_output(window: int, output_limit: int | None, policy: BudgetPolicy) -> int:
+    """Tokens kept for the reply: the model's output limit, capped (seed 004), and never
+    more than ``reserved_output_fraction`` of the window so small windows stay usable."""
+    share = math.ceil(window * policy.reserved_output_fraction)
+    limit = output_limit if output_limit is not None else share
+    return max(0, min(limit, policy.reserved_output_cap, share))
+
+
+def compute_budget(
+    *,
+    context_window: int,
+    usable_fraction: float,
+    reserved_output: int,
+    safety_margin: int,
+    trigger_fraction: float,
+    system_tokens: int = 0,
+    pinned_tokens: int = 0,
+    checkpoint_tokens: int = 0,
+    used: int = 0,
+) -> Budget:
+    usable = math.floor(context_window * usable_fraction)
+    max_prompt = usable - reserved_output
+    available = max(0, max_prompt - safety_margin - system_tokens - pinned_tokens - checkpoint_tokens)
+    prompt_tokens = PROMPT_PRIMING + system_tokens + pinned_tokens + checkpoint_tokens + used
+    return Budget(
+        context_window=context_window,
+        usable_fraction=usable_fraction,
+        usable=usable,
+        reserved_output=reserved_output,
+        safety_margin=safety_margin,
+        max_prompt_tokens=max_prompt,
+        system_tokens=system_tokens,
+        pinned_tokens=pinned_tokens,
+        checkpoint_tokens=checkpoint_tokens,
+        available=available,
+        trigger_fraction=trigger_fraction,
+        trigger_at=math.floor(available * trigger_fraction),
+        used=used,
+        prompt_tokens=prompt_tokens,
+        free=max_prompt - prompt_tokens,
+    )
+
+
+def budget_for(
+    policy: BudgetPolicy,
+    *,
+    context_window: int,
+    output_limit: int | None,
+    system_tokens: int = 0,
+    pinned_tokens: int = 0,
+    checkpoint_tokens: int = 0,
+    used: int = 0,
+) -> Budget:
+    """The budget of a session under ``policy``."""
+    return compute_budget(
+        context_window=context_window,
+        usable_fraction=policy.usable_fraction,
+        reserved_output=reserved_output(context_window, output_limit, policy),
+        safety_margin=math.ceil(context_window * policy.safety_margin_fraction),
+        trigger_fraction=policy.trigger_fraction,
+        system_tokens=system_tokens,
+        pinned_tokens=pinned_tokens,
+        checkpoint_tokens=checkpoint_tokens,
+        used=used,
+    )

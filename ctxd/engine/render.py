@@ -1,0 +1,281 @@
+"""Active context -> the prompt in OpenAI, Anthropic or Ollama wire shape.
+
+Stored messages keep whichever tool-call style the client used; here both styles are
+normalised into turns and written out in the provider's shape. Providers reject a
+prompt (HTTP 400) when a tool result does not directly follow its call, so the
+renderer enforces pairing whatever compression removed or the client sent:
+
+- each tool call is followed by its result (a result pushed later, e.g. after an
+  interrupting user message, is moved up to its call);
+- a call whose result is nowhere gets the result ``[no result was recorded]``;
+- a result whose call is gone (orphan) becomes plain user text, so its content is
+  not lost and the prompt stays valid.
+
+Thinking blocks are history, not prompt: they are never rendered (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from ctxd.protocol.message import (
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    tool_result_text,
+)
+from ctxd.protocol.providers import (
+    AnthropicMessage,
+    AnthropicText,
+    AnthropicToolResult,
+    AnthropicToolUse,
+    OllamaFunction,
+    OllamaMessage,
+    OllamaToolCall,
+    OpenAIFunction,
+    OpenAIMessage,
+    OpenAIToolCall,
+)
+from ctxd.tokens import MESSAGE_OVERHEAD, TOOL_BLOCK_OVERHEAD
+
+MISSING_RESULT = "[no result was recorded for this tool call]"
+ANTHROPIC_OPENER = "(continuing the conversation)"
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str
+    name: str
+    input: dict[str, Any]
+    arguments: str
+
+
+@dataclass(slots=True)
+class _Result:
+    id: str
+    text: str
+    is_error: bool
+    name: str | None = None
+
+
+@dataclass(slots=True)
+class _Turn:
+    role: Literal["system", "user", "assistant", "results"]
+    texts: list[str] = field(default_factory=list)
+    calls: list[_Call] = field(default_factory=list)
+    results: list[_Result] = field(default_factory=list)
+    name: str | None = None
+
+
+@dataclass(slots=True)
+class PromptPlan:
+    """What to render: system parts (system prompt, goal block, checkpoints), then the
+    conversation messages as they should be sent (already pruned/filtered)."""
+
+    system_parts: list[str]
+    messages: list[Message]
+
+
+@dataclass(slots=True)
+class Rendered:
+    messages: list[Any]
+    system: str | None
+    extra_tokens: int
+    """Tokens the renderer added (synthesised results, relabelled orphans) beyond the
+    stored counts; the caller adds them to the prompt's total."""
+    repairs: list[str]
+
+
+def _arguments_to_input(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def _to_turn(message: Message) -> _Turn:
+    role = message.role
+    content = message.content
+    turn = _Turn(role="assistant" if role == "assistant" else "system" if role == "system" else "user",
+                 name=message.name if role in ("user", "assistant", "system") else None)
+    if role == "tool":
+        turn.role = "results"
+        if isinstance(content, str) or content is None:
+            turn.results.append(_Result(message.tool_call_id or "", content or "", False, message.name))
+            return turn
+        texts = [b.text for b in content if isinstance(b, TextBlock)]
+        if texts or not any(isinstance(b, ToolResultBlock) for b in content):
+            turn.results.append(_Result(message.tool_call_id or "", "\n".join(texts), False, message.name))
+        for block in content:
+            if isinstance(block, ToolResultBlock):
+                turn.results.append(_Result(block.tool_use_id, tool_result_text(block), block.is_error))
+        return turn
+    if isinstance(content, str):
+        if content:
+            turn.texts.append(content)
+    elif content:
+        for block in content:
+            if isinstance(block, TextBlock):
+                if block.text:
+                    turn.texts.append(block.text)
+            elif isinstance(block, ToolUseBlock) and role == "assistant":
+                turn.calls.append(_Call(block.id, block.name, block.input, json.dumps(block.input)))
+            elif isinstance(block, ToolResultBlock):
+                turn.results.append(_Result(block.tool_use_id, tool_result_text(block), block.is_error))
+    for call in message.tool_calls or ():
+        turn.calls.append(_Call(call.id, call.function.name, _arguments_to_input(call.function.arguments),
+                                call.function.arguments))
+    return turn
+
+
+def _pair(messages: list[Message], count: Callable[[str], int]) -> tuple[list[_Turn], int, list[str]]:
+    """Turns in an order every provider accepts, with the extra tokens that cost."""
+    turns = [_to_turn(m) for m in messages]
+    # Where each result sits, so a call can claim the first unclaimed result after it.
+    pending: dict[str, list[tuple[int, _Result]]] = {}
+    for index, turn in enumerate(turns):
+        for result in turn.results:
+            pending.setdefault(result.id, []).append((index, result))
+    claimed: set[int] = set()
+    out: list[_Turn] = []
+    extra = 0
+    repairs: list[str] = []
+    for index, turn in enumerate(turns):
+        if turn.role == "assistant":
+            out.append(_Turn("assistant", turn.texts, turn.calls, name=turn.name))
+            if turn.calls:
+                answered = _Turn("results")
+                for call in turn.calls:
+                    found = None
+                    for position, result in pending.get(call.id, ()):
+                        if position > index and id(result) not in claimed:
+                            found = result
+                            break
+                    if found is None:
+                        found = _Result(call.id, MISSING_RESULT, True)
+                        extra += TOOL_BLOCK_OVERHEAD + count(MISSING_RESULT)
+                        repairs.append(f"synthesised a result for call {call.id}")
+                    else:
+                        claimed.add(id(found))
+                    if found.name is None:
+                        found.name = call.name
+                    answered.results.append(found)
+                out.append(answered)
+            continue
+        orphans = [r for r in turn.results if id(r) not in claimed]
+        texts = list(turn.texts)
+        for result in orphans:
+            label = f"[tool result {result.id}]" if result.id else "[tool result]"
+            texts.append(f"{label}\n{result.text}")
+            extra += count(label) + 1
+            repairs.append(f"orphan result {result.id or '?'} kept as text")
+        if turn.role == "results":
+            if texts:
+                out.append(_Turn("user", texts))
+                extra += MESSAGE_OVERHEAD
+            continue
+        if texts or turn.role == "system":
+            out.append(_Turn(turn.role, texts, name=turn.name))
+    return out, extra, repairs
+
+
+def _join(texts: list[str]) -> str:
+    return "\n\n".join(texts)
+
+
+def render_openai(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
+    turns, extra, repairs = _pair(plan.messages, count)
+    out: list[OpenAIMessage] = []
+    if plan.system_parts:
+        out.append(OpenAIMessage(role="system", content=_join(plan.system_parts)))
+    for turn in turns:
+        if turn.role == "results":
+            for r in turn.results:
+                out.append(OpenAIMessage(role="tool", content=r.text, tool_call_id=r.id))
+        elif turn.role == "assistant":
+            if not turn.texts and not turn.calls:
+                continue
+            calls = [OpenAIToolCall(id=c.id, function=OpenAIFunction(name=c.name, arguments=c.arguments))
+                     for c in turn.calls] or None
+            out.append(OpenAIMessage(role="assistant", content=_join(turn.texts) if turn.texts else None,
+                                     name=turn.name, tool_calls=calls))
+        elif turn.texts:
+            out.append(OpenAIMessage(role=turn.role, content=_join(turn.texts), name=turn.name))
+    return Rendered(out, None, extra, repairs)
+
+
+def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
+    turns, extra, repairs = _pair(plan.messages, count)
+    out: list[OllamaMessage] = []
+    if plan.system_parts:
+        out.append(OllamaMessage(role="system", content=_join(plan.system_parts)))
+    for turn in turns:
+        if turn.role == "results":
+            for r in turn.results:
+                out.append(OllamaMessage(role="tool", content=r.text, tool_name=r.name))
+        elif turn.role == "assistant":
+            if not turn.texts and not turn.calls:
+                continue
+            calls = [OllamaToolCall(function=OllamaFunction(name=c.name, arguments=c.input))
+                     for c in turn.calls] or None
+            out.append(OllamaMessage(role="assistant", content=_join(turn.texts), tool_calls=calls))
+        elif turn.texts:
+            out.append(OllamaMessage(role=turn.role, content=_join(turn.texts)))
+    return Rendered(out, None, extra, repairs)
+
+
+def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
+    """System text goes to ``system`` (system-role messages of the conversation join
+    it, in order); roles alternate, consecutive turns of one role merge, tool results
+    open the user message that follows their calls."""
+    turns, extra, repairs = _pair(plan.messages, count)
+    system_parts = list(plan.system_parts)
+    out: list[AnthropicMessage] = []
+
+    def add(role: Literal["user", "assistant"], blocks: list[Any]) -> None:
+        if not blocks:
+            return
+        if out and out[-1].role == role:
+            out[-1].content.extend(blocks)
+        else:
+            out.append(AnthropicMessage(role=role, content=blocks))
+
+    for turn in turns:
+        if turn.role == "system":
+            system_parts.extend(turn.texts)
+        elif turn.role == "results":
+            add("user", [AnthropicToolResult(tool_use_id=r.id, content=r.text, is_error=r.is_error)
+                         for r in turn.results])
+        elif turn.role == "assistant":
+            blocks: list[Any] = [AnthropicText(text=t) for t in turn.texts]
+            blocks += [AnthropicToolUse(id=c.id, name=c.name, input=c.input) for c in turn.calls]
+            add("assistant", blocks)
+        else:
+            add("user", [AnthropicText(text=t) for t in turn.texts])
+    if out and out[0].role == "assistant":
+        out.insert(0, AnthropicMessage(role="user", content=[AnthropicText(text=ANTHROPIC_OPENER)]))
+        extra += MESSAGE_OVERHEAD + count(ANTHROPIC_OPENER)
+        repairs.append("opened with a user turn")
+    if out and out[-1].role == "assistant":
+        # A final assistant turn is a prefill, and Anthropic rejects trailing whitespace in it.
+        last = out[-1].content[-1]
+        if isinstance(last, AnthropicText):
+            stripped = last.text.rstrip()
+            if stripped:
+                last.text = stripped
+            else:
+                out[-1].content.pop()
+                if not out[-1].content:
+                    out.pop()
+    return Rendered(out, _join(system_parts) if system_parts else None, extra, repairs)
+
+
+RENDERERS: dict[str, Callable[[PromptPlan, Callable[[str], int]], Rendered]] = {
+    "openai": render_openai,
+    "anthropic": render_anthropic,
+    "ollama": render_ollama,
+}

@@ -1,0 +1,118 @@
+"""``context/*``: the prompt to send, its budget, and the session's token statistics."""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+from ctxd.protocol.providers import AnthropicMessage, OllamaMessage, OpenAIMessage
+
+PromptFormat = Literal["openai", "anthropic", "ollama"]
+
+
+class Budget(msgspec.Struct, rename="camel"):
+    """The dynamic budget of seeds 000/001/004, in tokens.
+
+    ``usable = contextWindow * usableFraction``; a prompt never exceeds
+    ``maxPromptTokens = usable - reservedOutput``. ``available`` is what is left for
+    the conversation once the system prompt (with the goal block), pinned messages and
+    checkpoints are paid for, less ``safetyMargin``; compression triggers when ``used``
+    (the conversation's tokens) passes ``triggerAt = available * triggerFraction``.
+    """
+
+    context_window: int
+    usable_fraction: float
+    usable: int
+    reserved_output: int
+    safety_margin: int
+    max_prompt_tokens: int
+    system_tokens: int
+    pinned_tokens: int
+    checkpoint_tokens: int
+    available: int
+    trigger_fraction: float
+    trigger_at: int
+    used: int
+    prompt_tokens: int
+    free: int
+
+
+class PromptParams(msgspec.Struct, rename="camel"):
+    """Ask for the prompt to send next, in one provider's wire shape."""
+
+    session_id: str
+    format: PromptFormat = "openai"
+
+
+class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=True):
+    session_id: str
+    tokens: int
+    tokens_estimated: bool
+    last_seq: int
+    message_count: int
+    budget: Budget
+
+
+class OpenAIPrompt(_PromptBase, tag="openai"):
+    """``messages`` goes straight into ``/v1/chat/completions``; the system prompt is its first message."""
+
+    messages: list[OpenAIMessage]
+
+
+class AnthropicPrompt(_PromptBase, tag="anthropic"):
+    """``system`` and ``messages`` go straight into ``/v1/messages``."""
+
+    system: Union[str, None]
+    messages: list[AnthropicMessage]
+
+
+class OllamaPrompt(_PromptBase, tag="ollama"):
+    """``messages`` goes straight into Ollama's ``/api/chat``."""
+
+    messages: list[OllamaMessage]
+
+
+PromptResult = Union[OpenAIPrompt, AnthropicPrompt, OllamaPrompt]
+
+
+class RoleStats(msgspec.Struct, rename="camel"):
+    messages: int = 0
+    tokens: int = 0
+
+
+class KindStats(msgspec.Struct, rename="camel"):
+    """Tokens by content kind across the whole history (blocks: how many of that kind)."""
+
+    blocks: int = 0
+    tokens: int = 0
+
+
+class UsageDrift(msgspec.Struct, rename="camel"):
+    """Counted tokens against what providers reported, over messages that carried ``usage``.
+
+    ``outputRatio`` = reported output tokens / ctxd's count of those assistant messages;
+    ``inputRatio`` = reported input tokens / ctxd's count of the context before them.
+    A ratio far from 1.0 means the session's encoding does not match the model's tokenizer.
+    """
+
+    messages_with_usage: int = 0
+    reported_output_tokens: int = 0
+    counted_output_tokens: int = 0
+    output_ratio: Union[float, None] = None
+    reported_input_tokens: int = 0
+    counted_input_tokens: int = 0
+    input_ratio: Union[float, None] = None
+
+
+class ContextStatsResult(msgspec.Struct, rename="camel"):
+    session_id: str
+    message_count: int
+    token_count: int
+    context_tokens: int
+    encoding: str
+    tokens_estimated: bool
+    by_role: dict[str, RoleStats]
+    by_kind: dict[str, KindStats]
+    usage_drift: UsageDrift
+    budget: Budget

@@ -1,0 +1,136 @@
+"""The chat message as clients push it and as ctxd stores it.
+
+One shape accepts both OpenAI-style tool calls (``toolCalls`` on the assistant,
+``role: tool`` replies with ``toolCallId``) and Anthropic-style content blocks
+(``tool_use`` in the assistant, ``tool_result`` in the next user message). Whatever
+a client sends is stored as sent; conversion between the styles happens only when a
+prompt is rendered (``ctxd.engine.render``). Unknown fields are rejected rather than
+dropped, because a field silently lost is a message silently changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class _Block(msgspec.Struct, tag_field="type", rename="camel", omit_defaults=True,
+             forbid_unknown_fields=True):
+    pass
+
+
+class TextBlock(_Block, tag="text"):
+    """Plain text."""
+
+    text: str
+
+
+class ToolUseBlock(_Block, tag="tool_use"):
+    """A tool call in Anthropic style (inside an assistant message)."""
+
+    id: str
+    name: str
+    input: dict[str, Any] = {}
+
+
+class ToolResultBlock(_Block, tag="tool_result"):
+    """The result of a tool call in Anthropic style (inside a user or tool message)."""
+
+    tool_use_id: str
+    content: Union[str, list[TextBlock]] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(_Block, tag="thinking"):
+    """Model reasoning. Kept in history and snapshots, never sent to providers that reject it."""
+
+    thinking: str
+    signature: Union[str, None] = None
+
+
+ContentBlock = Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock]
+
+
+class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
+    """OpenAI ``function`` of a tool call; ``arguments`` is JSON text, kept verbatim."""
+
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(msgspec.Struct, forbid_unknown_fields=True):
+    """A tool call in OpenAI style (``toolCalls`` of an assistant message)."""
+
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class Usage(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):
+    """Token usage the provider reported for the call that produced this message."""
+
+    input_tokens: Union[int, None] = None
+    output_tokens: Union[int, None] = None
+    total_tokens: Union[int, None] = None
+    cache_read_tokens: Union[int, None] = None
+    cache_write_tokens: Union[int, None] = None
+    reasoning_tokens: Union[int, None] = None
+
+
+class Message(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):
+    """One chat message.
+
+    ``timestamp`` is an ISO 8601 string kept exactly as sent (it is validated, not
+    reformatted). ``idempotencyKey`` makes a retried push harmless: the same key in the
+    same session returns the original result and stores nothing twice.
+    """
+
+    role: Role
+    content: Union[str, list[ContentBlock], None] = None
+    name: Union[str, None] = None
+    tool_call_id: Union[str, None] = None
+    tool_calls: Union[list[ToolCall], None] = None
+    usage: Union[Usage, None] = None
+    metadata: Union[dict[str, Any], None] = None
+    timestamp: Union[str, None] = None
+    idempotency_key: Union[str, None] = None
+
+
+def blocks_of(message: Message) -> list[ContentBlock]:
+    """The message content as a list of blocks (a string becomes one text block)."""
+    content = message.content
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [TextBlock(text=content)] if content else []
+    return content
+
+
+def tool_result_text(block: ToolResultBlock) -> str:
+    """The text of a tool result, whichever form its content takes."""
+    if isinstance(block.content, str):
+        return block.content
+    return "\n".join(part.text for part in block.content)
+
+
+def message_text(message: Message) -> str:
+    """All human-readable text of a message (text, tool calls, tool results, thinking).
+
+    Used for search indexing and extractive summaries; not a wire format.
+    """
+    parts: list[str] = []
+    for block in blocks_of(message):
+        if isinstance(block, TextBlock):
+            parts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            parts.append(f"{block.name}({msgspec.json.encode(block.input).decode()})")
+        elif isinstance(block, ToolResultBlock):
+            parts.append(tool_result_text(block))
+        elif isinstance(block, ThinkingBlock):
+            parts.append(block.thinking)
+    for call in message.tool_calls or ():
+        parts.append(f"{call.function.name}({call.function.arguments})")
+    return "\n".join(parts)

@@ -1,0 +1,79 @@
+"""The method and notification tables: the single list the server dispatches from,
+``initialize`` advertises, and ``python -m ctxd.protocol.generate`` documents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ctxd.protocol import common, context, lifecycle, notifications, session
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    params: Any
+    result: Any
+    doc: str
+    params_optional: bool = False
+
+
+@dataclass(frozen=True)
+class NotificationSpec:
+    name: str
+    params: Any
+    doc: str
+    direction: str = "server->client"
+
+
+METHODS: dict[str, MethodSpec] = {}
+NOTIFICATIONS: dict[str, NotificationSpec] = {}
+
+
+def method(name: str, params: Any, result: Any, doc: str, params_optional: bool = False) -> None:
+    METHODS[name] = MethodSpec(name, params, result, doc, params_optional)
+
+
+def notification(name: str, params: Any, doc: str, direction: str = "server->client") -> None:
+    NOTIFICATIONS[name] = NotificationSpec(name, params, doc, direction)
+
+
+# --- lifecycle ---------------------------------------------------------------------
+method("initialize", lifecycle.InitializeParams, lifecycle.InitializeResult,
+       "First request of every connection. TCP connections must send `initializationOptions.token`.",
+       params_optional=True)
+method("shutdown", common.Empty, None,
+       "Stop accepting requests on this connection; answer `exit` next.", params_optional=True)
+method("daemon/status", common.Empty, lifecycle.DaemonStatusResult,
+       "Process, storage and connection facts about the running daemon.", params_optional=True)
+method("daemon/stop", common.Empty, None,
+       "Stop the whole daemon after answering (every connection closes).", params_optional=True)
+notification("initialized", common.Empty, "Client acknowledges `initialize`.", "client->server")
+notification("exit", common.Empty, "Close this connection (only this one).", "client->server")
+notification("$/cancelRequest", common.Empty,
+             "Cancel request `id` in flight; it ends with -32800 unless it already took effect.",
+             "client->server")
+
+# --- sessions ----------------------------------------------------------------------
+method("session/create", session.SessionCreateParams, session.SessionInfo,
+       "Create a session; the server generates `sessionId` when absent.", params_optional=True)
+method("session/list", session.SessionListParams, session.SessionListResult,
+       "Sessions, most recently active first.", params_optional=True)
+method("session/get", common.SessionRef, session.SessionInfo, "One session with its totals.")
+method("session/delete", common.SessionRef, session.SessionDeleteResult,
+       "Delete a session with its history and everything it owns.")
+method("session/push", session.SessionPushParams, session.PushResult,
+       "Append messages atomically; acknowledged only once committed to disk.")
+method("session/subscribe", session.SubscribeParams, session.SubscribeResult,
+       "Send this session's notifications to this connection (`*` for all sessions).")
+method("session/unsubscribe", session.SubscribeParams, session.SubscribeResult,
+       "Stop sending this session's notifications to this connection.")
+notification("session/updated", notifications.SessionUpdated,
+             "History or active context of a subscribed session changed.")
+notification("session/deleted", notifications.SessionDeleted, "A subscribed session was deleted.")
+
+# --- context -----------------------------------------------------------------------
+method("context/prompt", context.PromptParams, context.PromptResult,
+       "The prompt to send next, in the provider's wire shape, with its tokens and budget.")
+method("context/stats", common.SessionRef, context.ContextStatsResult,
+       "Counts and token totals by role and kind, and counted-vs-reported drift.")

@@ -1,0 +1,101 @@
+"""``session/*``: create, list, inspect, delete sessions and push messages into them."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from ctxd.protocol.context import Budget
+from ctxd.protocol.message import Message
+
+
+class SessionCreateParams(msgspec.Struct, rename="camel", omit_defaults=True):
+    """Create a session. The server makes an id when ``sessionId`` is absent.
+
+    ``contextWindow`` overrides what ctxd would infer from the model; ``systemPrompt``
+    is never compressed and counts against every prompt's budget.
+    """
+
+    session_id: Union[str, None] = None
+    model: Union[str, None] = None
+    provider: Union[str, None] = None
+    context_window: Union[int, None] = None
+    system_prompt: Union[str, None] = None
+    title: Union[str, None] = None
+    tags: Union[list[str], None] = None
+    metadata: Union[dict[str, Any], None] = None
+
+
+class SessionInfo(msgspec.Struct, rename="camel", omit_defaults=True):
+    """A session and its running totals (kept up to date on every push, never recomputed)."""
+
+    session_id: str
+    created_at: str
+    last_activity: str
+    message_count: int
+    token_count: int
+    context_tokens: int
+    context_window: int
+    encoding: str
+    tokens_estimated: bool
+    last_seq: int
+    compression_count: int = 0
+    model: Union[str, None] = None
+    provider: Union[str, None] = None
+    title: Union[str, None] = None
+    tags: list[str] = []
+    system_prompt: Union[str, None] = None
+    system_prompt_tokens: int = 0
+    metadata: dict[str, Any] = {}
+
+
+class SessionListParams(msgspec.Struct, rename="camel", omit_defaults=True):
+    """List sessions, most recently active first."""
+
+    limit: Union[int, None] = None
+    tag: Union[str, None] = None
+
+
+class SessionListResult(msgspec.Struct, rename="camel"):
+    sessions: list[SessionInfo]
+
+
+class SessionDeleteResult(msgspec.Struct, rename="camel"):
+    session_id: str
+    deleted_messages: int
+
+
+class SessionPushParams(msgspec.Struct, rename="camel"):
+    """Append messages to a session, in order, atomically (all or none are stored)."""
+
+    session_id: str
+    messages: list[Message]
+
+
+class PushedMessage(msgspec.Struct, rename="camel"):
+    """Where one pushed message landed; ``duplicate`` means its idempotency key was seen before."""
+
+    seq: int
+    tokens: int
+    duplicate: bool = False
+
+
+class PushResult(msgspec.Struct, rename="camel"):
+    session_id: str
+    messages: list[PushedMessage]
+    message_count: int
+    token_count: int
+    context_tokens: int
+    tokens_estimated: bool
+    budget: Budget
+
+
+class SubscribeParams(msgspec.Struct, rename="camel"):
+    """Receive this session's notifications on this connection (``"*"``: every session)."""
+
+    session_id: str
+
+
+class SubscribeResult(msgspec.Struct, rename="camel"):
+    subscriptions: list[str]

@@ -1,0 +1,226 @@
+"""``session/push``: validate, count, write, acknowledge.
+
+A push is all-or-nothing: every message is checked (schema, tool-call shape, size)
+before anything is written, the batch is written in one transaction, and the
+result is returned only after that transaction committed. Messages carrying an
+``idempotencyKey`` already stored in the session are answered with their original
+sequence number and token count and are not stored again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+import anyio
+import msgspec
+
+from ctxd.protocol import notifications
+from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params, session_not_found
+from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
+from ctxd.service.clock import now_iso, parse_iso
+from ctxd.service.core import Service
+from ctxd.service.state import SessionState
+from ctxd.store import messages as message_store
+from ctxd.store import sessions as session_store
+from ctxd.store.messages import NewMessage, StoredMessage
+from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionStats
+from ctxd.tokens import MessageTokens, TokenCounter
+
+MAX_KEY_LENGTH = 200
+# Counting a large batch on the event loop would stall every other client.
+THREAD_COUNT_BYTES = 256 * 1024
+
+_encode = msgspec.json.Encoder().encode
+
+
+def check_message(message: Message, index: int) -> None:
+    """Rules the schema cannot express; each error names the offending field."""
+    where = f"messages[{index}]"
+    role = message.role
+    if message.tool_calls is not None and role != "assistant":
+        raise invalid_params(f"{where}.toolCalls: only assistant messages make tool calls",
+                             f"{where}.toolCalls")
+    if role == "tool" and not message.tool_call_id and not (
+        isinstance(message.content, list) and any(isinstance(b, ToolResultBlock) for b in message.content)
+    ):
+        raise invalid_params(f"{where}.toolCallId: required for role 'tool'", f"{where}.toolCallId")
+    if message.tool_call_id is not None and role != "tool":
+        raise invalid_params(f"{where}.toolCallId: only tool messages answer a tool call",
+                             f"{where}.toolCallId")
+    if isinstance(message.content, list):
+        for j, block in enumerate(message.content):
+            if isinstance(block, ToolUseBlock) and role != "assistant":
+                raise invalid_params(f"{where}.content[{j}]: tool_use blocks belong to assistant messages",
+                                     f"{where}.content[{j}]")
+            if isinstance(block, ToolResultBlock) and role not in ("user", "tool"):
+                raise invalid_params(f"{where}.content[{j}]: tool_result blocks belong to user or tool messages",
+                                     f"{where}.content[{j}]")
+    if message.timestamp is not None:
+        try:
+            parse_iso(message.timestamp)
+        except ValueError:
+            raise invalid_params(f"{where}.timestamp: {message.timestamp!r} is not an ISO 8601 timestamp",
+                                 f"{where}.timestamp") from None
+    key = message.idempotency_key
+    if key is not None and not (0 < len(key) <= MAX_KEY_LENGTH):
+        raise invalid_params(f"{where}.idempotencyKey: must be 1 to {MAX_KEY_LENGTH} characters",
+                             f"{where}.idempotencyKey")
+
+
+def prepare(svc: Service, params: SessionPushParams) -> list[tuple[Message, bytes, str | None]]:
+    """Validate the whole batch and encode each message as it will be stored."""
+    limits = svc.config.limits
+    count = len(params.messages)
+    if count == 0:
+        raise invalid_params("messages: at least one message is required", "messages")
+    if count > limits.max_batch_messages:
+        raise CtxdError(ErrorCode.BatchTooLarge,
+                        f"messages: {count} messages in one push; the limit is {limits.max_batch_messages}",
+                        {"field": "messages", "count": count, "limit": limits.max_batch_messages})
+    out = []
+    for index, message in enumerate(params.messages):
+        check_message(message, index)
+        key = message.idempotency_key
+        body = _encode(msgspec.structs.replace(message, idempotency_key=None) if key else message)
+        if len(body) > limits.max_message_bytes:
+            raise CtxdError(ErrorCode.MessageTooLarge,
+                            f"messages[{index}]: {len(body)} bytes; the limit is {limits.max_message_bytes}",
+                            {"field": f"messages[{index}]", "size": len(body),
+                             "limit": limits.max_message_bytes})
+        out.append((message, body, key))
+    return out
+
+
+def _count_all(counter: TokenCounter, messages: list[Message]) -> list[MessageTokens]:
+    return [counter.count_message(m) for m in messages]
+
+
+@dataclass(slots=True)
+class _Outcome:
+    results: list[PushedMessage]
+    stored: list[StoredMessage]
+    stats: SessionStats
+    added_tokens: int
+    context_tokens: int
+    last_seq: int
+    now: str
+
+
+def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int) -> None:
+    role = stats.by_role.setdefault(message.role, RoleTotals())
+    role.messages += 1
+    role.tokens += tokens.total
+    kinds = stats.by_kind
+    content = message.content
+    blocks = content if isinstance(content, list) else []
+    n_text = 1 if isinstance(content, str) and content else 0
+    n_call = len(message.tool_calls or ())
+    n_result = 0
+    n_thinking = 0
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            n_text += 1
+        elif isinstance(block, ToolUseBlock):
+            n_call += 1
+        elif isinstance(block, ToolResultBlock):
+            n_result += 1
+        elif isinstance(block, ThinkingBlock):
+            n_thinking += 1
+    if message.role == "tool":
+        n_text, n_result = 0, max(n_result, 1)
+    for kind, n, t in (("text", n_text, tokens.text), ("toolCall", n_call, tokens.tool_call),
+                       ("toolResult", n_result, tokens.tool_result), ("thinking", n_thinking, tokens.thinking),
+                       ("framing", 1, tokens.overhead)):
+        totals = kinds.setdefault(kind, KindTotals())
+        totals.blocks += n
+        totals.tokens += t
+    usage = message.usage
+    if usage is not None:
+        drift = stats.drift
+        drift.messages += 1
+        if usage.output_tokens is not None and message.role == "assistant":
+            drift.reported_output += usage.output_tokens
+            drift.counted_output += tokens.text + tokens.tool_call + tokens.thinking
+        if usage.input_tokens is not None:
+            drift.reported_input += (usage.input_tokens + (usage.cache_read_tokens or 0)
+                                     + (usage.cache_write_tokens or 0))
+            drift.counted_input += context_before
+
+
+def _copy_stats(stats: SessionStats) -> SessionStats:
+    return SessionStats(
+        by_role={k: RoleTotals(v.messages, v.tokens) for k, v in stats.by_role.items()},
+        by_kind={k: KindTotals(v.blocks, v.tokens) for k, v in stats.by_kind.items()},
+        drift=DriftTotals(**msgspec.structs.asdict(stats.drift)),
+    )
+
+
+def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
+               counts: list[MessageTokens], now: str) -> _Outcome:
+    """Runs on the writer thread inside the transaction; pure except for SQL."""
+    row = conn.execute("SELECT last_seq, context_tokens FROM sessions WHERE id = ?", (state.id,)).fetchone()
+    if row is None:
+        raise session_not_found(state.id)
+    last_seq, context_tokens = row
+    keys = [key for _, _, key in prepared if key is not None]
+    seen = message_store.find_keys(conn, state.id, keys) if keys else {}
+    stats = _copy_stats(state.row.stats)
+    results: list[PushedMessage] = []
+    to_insert: list[tuple[int, NewMessage]] = []
+    stored: list[StoredMessage] = []
+    added_tokens = 0
+    for (message, body, key), tokens in zip(prepared, counts):
+        if key is not None and key in seen:
+            seq, total = seen[key]
+            results.append(PushedMessage(seq=seq, tokens=total, duplicate=True))
+            continue
+        last_seq += 1
+        new = NewMessage(message, body, tokens, key, now)
+        to_insert.append((last_seq, new))
+        stored.append(StoredMessage(last_seq, now, tokens, msgspec.structs.replace(message, idempotency_key=None)
+                                    if key else message))
+        if key is not None:
+            seen[key] = (last_seq, tokens.total)
+        _add_stats(stats, message, tokens, context_tokens)
+        context_tokens += tokens.context
+        added_tokens += tokens.total
+        results.append(PushedMessage(seq=last_seq, tokens=tokens.total))
+    if to_insert:
+        message_store.insert_messages(conn, state.id, to_insert)
+    session_store.update_totals(conn, state.id, last_activity=now, added_messages=len(to_insert),
+                                added_tokens=added_tokens, context_tokens=context_tokens,
+                                last_seq=last_seq, stats=stats)
+    return _Outcome(results, stored, stats, added_tokens, context_tokens, last_seq, now)
+
+
+async def push(svc: Service, params: SessionPushParams) -> PushResult:
+    prepared = prepare(svc, params)
+    state = await svc.cache.get(params.session_id)
+    messages = [m for m, _, _ in prepared]
+    if sum(len(body) for _, body, _ in prepared) > THREAD_COUNT_BYTES:
+        counts = await anyio.to_thread.run_sync(_count_all, state.counter, messages)
+    else:
+        counts = _count_all(state.counter, messages)
+    async with state.lock:
+        if state.deleted:
+            raise session_not_found(params.session_id)
+        outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso())
+        row = state.row
+        row.message_count += len(outcome.stored)
+        row.token_count += outcome.added_tokens
+        row.context_tokens = outcome.context_tokens
+        row.last_seq = outcome.last_seq
+        row.last_activity = outcome.now
+        row.stats = outcome.stats
+        svc.cache.appended(state, outcome.stored)
+        budget = svc.cache.budget(state)
+    svc.events.emit(state.id, "session/updated", notifications.SessionUpdated(
+        session_id=state.id, reason="push", last_seq=row.last_seq, message_count=row.message_count,
+        token_count=row.token_count, context_tokens=row.context_tokens, pushed=len(outcome.stored)))
+    return PushResult(
+        session_id=state.id, messages=outcome.results, message_count=row.message_count,
+        token_count=row.token_count, context_tokens=row.context_tokens,
+        tokens_estimated=state.counter.estimated, budget=budget,
+    )

@@ -1,0 +1,37 @@
+"""``context/stats``: totals by role and kind, and counted-vs-reported drift."""
+
+from __future__ import annotations
+
+from ctxd.protocol.context import ContextStatsResult, KindStats, RoleStats, UsageDrift
+from ctxd.service.core import Service
+
+
+def _ratio(reported: int, counted: int) -> float | None:
+    return round(reported / counted, 4) if counted else None
+
+
+async def stats(svc: Service, session_id: str) -> ContextStatsResult:
+    state = await svc.cache.get(session_id)
+    row = state.row
+    s = row.stats
+    drift = s.drift
+    return ContextStatsResult(
+        session_id=row.id,
+        message_count=row.message_count,
+        token_count=row.token_count,
+        context_tokens=row.context_tokens,
+        encoding=row.encoding,
+        tokens_estimated=row.tokens_estimated,
+        by_role={role: RoleStats(t.messages, t.tokens) for role, t in s.by_role.items()},
+        by_kind={kind: KindStats(t.blocks, t.tokens) for kind, t in s.by_kind.items()},
+        usage_drift=UsageDrift(
+            messages_with_usage=drift.messages,
+            reported_output_tokens=drift.reported_output,
+            counted_output_tokens=drift.counted_output,
+            output_ratio=_ratio(drift.reported_output, drift.counted_output),
+            reported_input_tokens=drift.reported_input,
+            counted_input_tokens=drift.counted_input,
+            input_ratio=_ratio(drift.reported_input, drift.counted_input),
+        ),
+        budget=svc.cache.budget(state),
+    )

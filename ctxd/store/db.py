@@ -1,0 +1,273 @@
+"""The database: one SQLite file per data directory, WAL mode, one writer path.
+
+Every write in the daemon goes through :meth:`Database.write`, which queues it for a
+single writer task. The writer takes whatever jobs are waiting, runs them in one
+transaction (each inside its own SAVEPOINT, so one failing job never takes the
+others down) and commits once: concurrent clients never see "database is locked",
+and under load many pushes share one commit (group commit). A job's caller is
+answered only after the COMMIT returned, which is what "acknowledged" means.
+
+Jobs and reads are plain synchronous functions of a ``sqlite3.Connection`` that run
+on aiosqlite's connection thread in a single hop; ``store/sessions.py`` and
+``store/messages.py`` hold them. (aiosqlite's public API costs one thread hop per
+statement; a push is three statements, and a hop costs more than the statement, so
+the whole transaction is shipped as one call: measured 3.3x faster, see
+docs/performance.md.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import aiosqlite
+
+from ctxd.protocol.errors import CtxdError, ErrorCode
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_GROUP = 256
+
+
+class StoreOpenError(Exception):
+    """The database cannot be used; the message names the file and a way out."""
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every bundled migration, in order."""
+    found = []
+    for entry in resources.files("ctxd.store.migrations").iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:4].isdigit():
+            found.append((int(name[:4]), name, entry.read_text(encoding="utf-8")))
+    return sorted(found)
+
+
+def schema_version() -> int:
+    return migrations()[-1][0]
+
+
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+    started: bool = False
+    cancelled: bool = False
+    result: Any = field(default=None)
+
+
+class Database:
+    """Owns the writer and reader connections of one database file."""
+
+    def __init__(self, path: Path, *, durability: str = "normal", busy_timeout_ms: int = 5000):
+        self.path = Path(path)
+        self.durability = durability
+        self.busy_timeout_ms = busy_timeout_ms
+        self._writer_conn: aiosqlite.Connection | None = None
+        self._reader_conn: aiosqlite.Connection | None = None
+        self._queue: asyncio.Queue[_Job | None] = asyncio.Queue()
+        self._writer_task: asyncio.Task[None] | None = None
+        self.commits = 0
+        self.jobs = 0
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise StoreOpenError(f"cannot create the data directory {self.path.parent}: {exc.strerror}") from None
+        if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
+            raise StoreOpenError(f"{self.path}: not readable and writable by this user")
+        fresh = not self.path.exists()
+        try:
+            self._writer_conn = await aiosqlite.connect(self.path, isolation_level=None)
+            await self._writer_conn._execute(self._prepare_writer, self._writer_conn._conn)
+            if fresh:
+                os.chmod(self.path, 0o600)
+            self._reader_conn = await aiosqlite.connect(self.path, isolation_level=None)
+            await self._reader_conn._execute(self._prepare_reader, self._reader_conn._conn)
+        except StoreOpenError:
+            await self.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            await self.close()
+            raise StoreOpenError(
+                f"{self.path}: the database is damaged or not a ctxd database ({exc}). "
+                f"Run `ctxd-cli doctor --data-dir {self.path.parent}` to check it and recover "
+                f"what can be read into a new file (the old file is kept)."
+            ) from None
+        except OSError as exc:
+            await self.close()
+            raise StoreOpenError(f"{self.path}: {exc}") from None
+        self._writer_task = asyncio.create_task(self._writer_loop(), name="ctxd-writer")
+
+    def _prepare_writer(self, conn: sqlite3.Connection) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        # Reading the schema is what fails first on a file that is not a database.
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreOpenError(f"{self.path}: cannot switch to WAL mode (got {mode})")
+        conn.execute("PRAGMA synchronous = " + ("FULL" if self.durability == "full" else "NORMAL"))
+        conn.execute("PRAGMA foreign_keys = ON")
+        check = conn.execute("PRAGMA quick_check").fetchall()
+        if check != [("ok",)]:
+            problems = "; ".join(str(row[0]) for row in check[:3])
+            raise sqlite3.DatabaseError(f"integrity check failed: {problems}")
+        self._migrate(conn)
+
+    def _prepare_reader(self, conn: sqlite3.Connection) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        conn.execute("PRAGMA query_only = ON")
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        known = migrations()
+        latest = known[-1][0]
+        if current > latest:
+            raise StoreOpenError(
+                f"{self.path}: schema version {current} was written by a newer ctxd; "
+                f"this build knows up to {latest}. Upgrade ctxd or point --data-dir elsewhere."
+            )
+        for version, name, sql in known:
+            if version <= current:
+                continue
+            log.info("applying migration %s", name)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _split_sql(sql):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {version}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    async def close(self) -> None:
+        if self._writer_task is not None:
+            self._queue.put_nowait(None)
+            await self._writer_task
+            self._writer_task = None
+        for conn in (self._reader_conn, self._writer_conn):
+            if conn is not None:
+                await conn.close()
+        self._reader_conn = self._writer_conn = None
+
+    # --- reads and writes ----------------------------------------------------------
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on the reader connection (sees every committed write)."""
+        assert self._reader_conn is not None, "database is not open"
+        try:
+            return await self._reader_conn._execute(fn, self._reader_conn._conn, *args)
+        except sqlite3.Error as exc:
+            raise CtxdError(ErrorCode.StorageError, f"database read failed: {exc}") from exc
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` inside the writer's next transaction; return once committed.
+
+        Cancelling the caller before the job starts withdraws it; once it has started,
+        it commits and the caller still gets its result, so a cancelled request never
+        leaves the client unsure whether something was stored.
+        """
+        if self._writer_task is None:
+            raise CtxdError(ErrorCode.StorageError, "database is closed")
+        job = _Job(fn, args, asyncio.get_running_loop().create_future())
+        self._queue.put_nowait(job)
+        try:
+            return await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            if job.started:
+                return await job.future
+            job.cancelled = True
+            raise
+
+    async def _writer_loop(self) -> None:
+        assert self._writer_conn is not None
+        conn = self._writer_conn
+        while True:
+            job = await self._queue.get()
+            if job is None:
+                return
+            batch = [job]
+            stop = False
+            while len(batch) < MAX_GROUP and not self._queue.empty():
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            batch = [j for j in batch if not j.cancelled]
+            for j in batch:
+                j.started = True
+            if batch:
+                try:
+                    outcomes = await conn._execute(self._run_group, conn._conn, batch)
+                except Exception as exc:  # the connection itself failed
+                    outcomes = [(False, exc)] * len(batch)
+                for j, (ok, value) in zip(batch, outcomes):
+                    if j.future.done():
+                        continue
+                    if ok:
+                        j.future.set_result(value)
+                    else:
+                        j.future.set_exception(_as_ctxd_error(value))
+            if stop:
+                return
+
+    def _run_group(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        outcomes: list[tuple[bool, Any]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for job in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    value = job.fn(conn, *job.args)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    outcomes.append((False, exc))
+                else:
+                    conn.execute("RELEASE job")
+                    outcomes.append((True, value))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            log.error("commit failed, %d job(s) not stored: %s", len(batch), exc)
+            return [(False, exc)] * len(batch)
+        self.commits += 1
+        self.jobs += len(batch)
+        return outcomes
+
+
+def _as_ctxd_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, (CtxdError, asyncio.CancelledError)):
+        return exc
+    if isinstance(exc, sqlite3.Error):
+        return CtxdError(ErrorCode.StorageError, f"database write failed, nothing was stored: {exc}")
+    return exc
+
+
+def _split_sql(script: str) -> list[str]:
+    """Statements of a migration script, split where SQLite says a statement is complete
+    (so trigger bodies with inner semicolons stay whole)."""
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            if current.strip():
+                statements.append(current.strip())
+            current = ""
+    if current.strip() and not all(l.strip().startswith("--") or not l.strip() for l in current.splitlines()):
+        statements.append(current.strip())
+    return statements
