@@ -65,6 +65,9 @@ class LimitsConfig(_Section):
     """Most messages one ``session/push`` may carry."""
     max_frame_bytes: int = 256 * 1024 * 1024
     """Largest JSON-RPC frame read; a larger Content-Length is skipped and answered with an error."""
+    frame_stall_seconds: float = 5.0
+    """A frame body that stops arriving for this long is treated as complete (and answered
+    as malformed), so a client that sent a wrong Content-Length is not left waiting."""
 
 
 class BudgetConfig(_Section):

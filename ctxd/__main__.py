@@ -1,0 +1,101 @@
+"""``ctxd``: run the daemon.
+
+    ctxd                      serve one client over stdio (how editors and agents spawn it)
+    ctxd --socket [PATH]      serve many clients on a Unix socket
+    ctxd --tcp PORT           serve many clients on 127.0.0.1:PORT (token required)
+
+Logs go to stderr (or ``--log-file``), never to stdout: in stdio mode stdout carries
+nothing but protocol frames.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from ctxd import __version__
+from ctxd.config import ConfigError, load_config, parse_assignment
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ctxd", description="The ctxd context daemon.")
+    p.add_argument("--version", action="version", version=f"ctxd {__version__}")
+    p.add_argument("--stdio", action="store_true", help="serve stdio (the default when no other transport is given)")
+    p.add_argument("--socket", nargs="?", const="", default=None, metavar="PATH",
+                   help="serve a Unix socket (default path: see docs/configuration.md)")
+    p.add_argument("--tcp", type=int, default=None, metavar="PORT",
+                   help="serve TCP on 127.0.0.1:PORT (0: any free port); clients send the token file's token")
+    p.add_argument("--config", metavar="FILE", help="configuration file (default ~/.config/ctxd/config.toml)")
+    p.add_argument("--data-dir", metavar="DIR", help="where the database lives (daemon.data_dir)")
+    p.add_argument("--durability", choices=["normal", "full"], help="storage.durability")
+    p.add_argument("--idle-exit", type=float, metavar="SECONDS", help="daemon.idle_exit_seconds")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="set any configuration key (repeatable)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug")
+    p.add_argument("--log-file", metavar="FILE", help="log to FILE instead of stderr")
+    return p
+
+
+def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
+    if verbose >= 2:
+        level = "debug"
+    elif verbose == 1 and level in ("warning", "error"):
+        level = "info"
+    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # pygls logs whole message bodies at INFO; they are protocol traffic, not events.
+    logging.getLogger("pygls").setLevel(logging.WARNING if verbose < 3 else logging.DEBUG)
+    logging.getLogger("aiosqlite").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {}
+
+    def put(section: str, key: str, value: Any) -> None:
+        overrides.setdefault(section, {})[key] = value
+
+    try:
+        for assignment in args.set:
+            put(*parse_assignment(assignment))
+        if args.data_dir:
+            put("daemon", "data_dir", args.data_dir)
+        if args.socket:
+            put("daemon", "socket", args.socket)
+        if args.durability:
+            put("storage", "durability", args.durability)
+        if args.idle_exit is not None:
+            put("daemon", "idle_exit_seconds", args.idle_exit)
+        if args.log_file:
+            put("daemon", "log_file", args.log_file)
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"ctxd: configuration error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.daemon.log_level, args.verbose, config.daemon.log_file or None)
+
+    from ctxd.daemon import Daemon
+    from ctxd.server.transports import TransportError
+    from ctxd.store.db import StoreOpenError
+
+    unix = args.socket is not None
+    stdio = args.stdio or (not unix and args.tcp is None)
+    daemon = Daemon(config, stdio=stdio, unix=unix, tcp_port=args.tcp)
+    try:
+        return asyncio.run(daemon.run())
+    except (StoreOpenError, TransportError) as exc:
+        print(f"ctxd: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The daemon: configuration, service, transports, and how it stops.
+
+Over stdio it serves the one client that spawned it and exits when that client
+sends ``exit``, closes stdin, or (given ``processId``) dies. Over a Unix socket or
+TCP it serves any number of clients until ``daemon/stop``, SIGTERM/SIGINT, or
+``idle_exit_seconds`` without a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from typing import Any, Callable
+
+from ctxd.config import Config
+from ctxd.server.app import App
+from ctxd.server.connection import Connection, Writer
+from ctxd.server.subscriptions import Hub
+from ctxd.server.transports import SocketLock, load_or_create_token, open_stdio, serve_tcp, serve_unix
+from ctxd.service.clock import now_iso
+from ctxd.service.core import Service
+
+log = logging.getLogger(__name__)
+
+
+class Daemon:
+    def __init__(self, config: Config, *, stdio: bool = False, unix: bool = False, tcp_port: int | None = None):
+        self.config = config
+        self.stdio = stdio
+        self.unix = unix
+        self.tcp_port = tcp_port
+        self.hub = Hub()
+        self.app = App(self)
+        self.service: Service = None  # type: ignore[assignment]  (set in run)
+        self.tcp_token = ""
+        self.started_at = now_iso()
+        self._stop = asyncio.Event()
+        self._servers: list[asyncio.AbstractServer] = []
+        self._lock: SocketLock | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._clean_exit = False
+        self.bound: dict[str, str] = {}
+
+    # --- helpers used by handlers -------------------------------------------------------
+
+    def loop_later(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` after the current response has been written."""
+        asyncio.get_running_loop().call_soon(fn)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def transport_names(self) -> list[str]:
+        return [f"{kind}:{where}" for kind, where in self.bound.items()]
+
+    def summarizer_name(self) -> str:
+        return "none"
+
+    def watch_parent(self, pid: int) -> None:
+        """Exit when the process that spawned us over stdio goes away."""
+
+        async def watch() -> None:
+            while not self._stop.is_set():
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    log.warning("parent process %d is gone; exiting", pid)
+                    self.stop()
+                    return
+                except PermissionError:
+                    pass  # exists, owned by someone else
+                await asyncio.sleep(1.0)
+
+        self._spawn(watch())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- connections ----------------------------------------------------------------
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: Writer, transport: str) -> None:
+        conn = Connection(self.app, reader, writer, transport=transport, requires_token=(transport == "tcp"))
+        self.hub.add(conn)
+        log.info("connection %s opened (%s)", conn.id, transport)
+        try:
+            await conn.serve()
+        except Exception:
+            log.exception("connection %s failed", conn.id)
+        finally:
+            conn.close()
+            self.hub.remove(conn)
+            log.info("connection %s closed", conn.id)
+            if transport == "stdio":
+                self._clean_exit = conn.shutdown_requested
+                self.stop()
+
+    # --- run --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open storage and listeners; raises StoreOpenError/TransportError on failure."""
+        self.service = await Service.open(self.config, events=self.hub)
+        try:
+            if self.unix:
+                path = self.config.socket_path
+                server, self._lock = await serve_unix(path, self._serve_connection)
+                self._servers.append(server)
+                self.bound["unix"] = str(path)
+            if self.tcp_port is not None:
+                self.tcp_token = load_or_create_token(self.config.token_path)
+                server = await serve_tcp(self.tcp_port, self._serve_connection)
+                self._servers.append(server)
+                port = server.sockets[0].getsockname()[1]
+                self.bound["tcp"] = f"127.0.0.1:{port}"
+        except BaseException:
+            await self.close()
+            raise
+
+    async def run(self) -> int:
+        """Serve until stopped; the exit code follows LSP (1 when exit came without shutdown)."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError):
+                pass
+        for kind, where in self.bound.items():
+            log.warning("ctxd %s listening on %s %s", os.getpid(), kind, where)
+        if self.stdio:
+            reader, writer = await open_stdio()
+            self._spawn(self._serve_connection(reader, writer, "stdio"))
+        if self.config.daemon.idle_exit_seconds > 0 and not self.stdio:
+            self._spawn(self._idle_watch(self.config.daemon.idle_exit_seconds))
+        await self._stop.wait()
+        await self.close()
+        if self.stdio:
+            return 0 if self._clean_exit else 1
+        return 0
+
+    async def _idle_watch(self, seconds: float) -> None:
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            await asyncio.sleep(min(seconds, 1.0))
+            if self.hub.connections:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= seconds:
+                log.warning("no connections for %.0f s; exiting", seconds)
+                self.stop()
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for conn in list(self.hub.connections):
+            conn.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self.unix and "unix" in self.bound:
+            try:
+                os.unlink(self.bound["unix"])
+            except OSError:
+                pass
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        if self.service is not None:
+            await self.service.close()
+            self.service = None  # type: ignore[assignment]
+        self._servers.clear()

@@ -1,0 +1,91 @@
+"""Method table -> handlers: decode params against the method's Struct, call, return.
+
+Handlers live in ``server/handlers/`` (one module per feature) and are thin: they
+decode nothing themselves and decide nothing; the service does the work.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import msgspec
+
+from ctxd.config import Config
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.methods import METHODS, MethodSpec
+from ctxd.server.connection import Connection
+from ctxd.server.handlers import HANDLERS
+
+if TYPE_CHECKING:
+    from ctxd.daemon import Daemon
+    from ctxd.service.core import Service
+    from ctxd.server.subscriptions import Hub
+
+_AT = re.compile(r" - at `\$\.?(.*)`$")
+
+
+@dataclass(slots=True)
+class Request:
+    """What a handler gets besides its params: the connection and the daemon's parts."""
+
+    conn: Connection
+    app: "App"
+    msg_id: Any = None
+
+    @property
+    def service(self) -> "Service":
+        return self.app.daemon.service
+
+    @property
+    def hub(self) -> "Hub":
+        return self.app.daemon.hub
+
+    @property
+    def daemon(self) -> "Daemon":
+        return self.app.daemon
+
+
+def decode_params(spec: MethodSpec, raw: Any) -> Any:
+    """Params as the method's Struct, or a -32602 that names the field at fault."""
+    if raw is None:
+        if not spec.params_optional:
+            raise CtxdError(ErrorCode.InvalidParams, f"Invalid params: {spec.name} requires params",
+                            {"field": "params"})
+        raw = {}
+    if not isinstance(raw, dict):
+        raise CtxdError(ErrorCode.InvalidParams,
+                        f"Invalid params: {spec.name} takes an object, not {type(raw).__name__}",
+                        {"field": "params"})
+    try:
+        return msgspec.convert(raw, spec.params)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = _AT.search(text)
+        field = match.group(1) if match else ""
+        if match:
+            text = text[: match.start()] + (f" (at params.{field})" if field else "")
+        raise CtxdError(ErrorCode.InvalidParams, f"Invalid params: {text}",
+                        {"field": field or "params"}) from None
+
+
+class App:
+    def __init__(self, daemon: "Daemon") -> None:
+        self.daemon = daemon
+        self.config: Config = daemon.config
+        missing = set(METHODS) - set(HANDLERS)
+        if missing:
+            raise RuntimeError(f"methods without a handler: {sorted(missing)}")
+
+    def handler_for(self, conn: Connection, method: str) -> Callable[[Any], Awaitable[Any]] | None:
+        handler = HANDLERS.get(method)
+        if handler is None:
+            return None
+        return partial(self.dispatch, conn, METHODS[method], handler)
+
+    async def dispatch(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
+                       raw: Any) -> Any:
+        params = decode_params(spec, raw)
+        return await handler(Request(conn, self), params)

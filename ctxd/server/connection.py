@@ -1,0 +1,296 @@
+"""One client connection: its JSON-RPC protocol object, its lifecycle state, its writer.
+
+Each connection (the stdio pair, or one accepted socket) gets its own
+:class:`CtxdProtocol`, a pygls ``JsonRPCProtocol`` that keeps pygls' request
+bookkeeping (tasks per request, ``$/cancelRequest``, the result/error callback) and
+changes what a multi-client daemon needs changed:
+
+- messages are decoded and encoded with msgspec (results are msgspec Structs), and
+  params stay plain dicts until the handler decodes them against its Struct;
+- a request without ``params`` is answered (pygls 2.1 would drop it);
+- the LSP lifecycle is enforced per connection: -32002 before ``initialize``,
+  -32600 after ``shutdown``, and ``exit`` closes this connection only;
+- expected errors (:class:`CtxdError`) become JSON-RPC errors without a traceback
+  in the log; anything else is logged once and answered with -32603.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable
+
+import msgspec
+from pygls.exceptions import JsonRpcException, JsonRpcMethodNotFound
+from pygls.protocol import JsonRPCProtocol, default_converter
+from pygls.server import JsonRPCServer
+
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.server.framing import FrameError, FrameReader
+
+if TYPE_CHECKING:
+    from ctxd.server.app import App
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.json.Encoder().encode
+_ids = itertools.count(1)
+# Past this much unsent output the client is not reading; drop it rather than grow forever.
+MAX_PENDING_OUTPUT = 64 * 1024 * 1024
+
+
+class Writer:
+    """Where a connection's frames go: a StreamWriter, or a plain binary file (stdio fallback)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.closed = False
+
+    def write(self, data: bytes) -> bool:
+        if self.closed:
+            return False
+        stream = self._stream
+        try:
+            if isinstance(stream, asyncio.StreamWriter):
+                if stream.is_closing():
+                    self.closed = True
+                    return False
+                stream.write(data)
+                if stream.transport.get_write_buffer_size() > MAX_PENDING_OUTPUT:
+                    log.warning("client is not reading its output; closing the connection")
+                    self.close()
+                    return False
+            else:
+                stream.write(data)
+                stream.flush()
+        except (ConnectionError, OSError, RuntimeError):
+            self.closed = True
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._stream.close()
+        except (ConnectionError, OSError, RuntimeError):
+            pass
+
+
+class CtxdProtocol(JsonRPCProtocol):
+    """pygls' JSON-RPC machinery bound to one ctxd connection."""
+
+    def __init__(self, server: JsonRPCServer, converter: Any) -> None:
+        super().__init__(server, converter)
+        self.connection: Connection | None = None
+
+    # --- inbound ---------------------------------------------------------------------
+
+    def handle_raw(self, message: Any) -> None:
+        """Route one decoded JSON value; invalid envelopes are answered, not dropped."""
+        conn = self.connection
+        assert conn is not None
+        if not isinstance(message, dict):
+            reason = "batch requests are not supported" if isinstance(message, list) else "expected a JSON object"
+            self.send_error(None, ErrorCode.InvalidRequest, f"Invalid Request: {reason}")
+            return
+        msg_id = message.get("id")
+        if message.get("jsonrpc") != "2.0":
+            self.send_error(msg_id if _valid_id(msg_id) else None, ErrorCode.InvalidRequest,
+                            'Invalid Request: "jsonrpc" must be "2.0"')
+            return
+        method = message.get("method")
+        if method is None:
+            if "result" in message or "error" in message:
+                return  # ctxd sends no requests to clients; stray responses are ignored
+            self.send_error(msg_id if _valid_id(msg_id) else None, ErrorCode.InvalidRequest,
+                            'Invalid Request: "method" is missing')
+            return
+        if not isinstance(method, str):
+            self.send_error(msg_id if _valid_id(msg_id) else None, ErrorCode.InvalidRequest,
+                            'Invalid Request: "method" must be a string')
+            return
+        params = message.get("params")
+        if "id" not in message:
+            conn.on_notification(method, params)
+            return
+        if not _valid_id(msg_id):
+            self.send_error(None, ErrorCode.InvalidRequest, 'Invalid Request: "id" must be a string or integer')
+            return
+        if msg_id in self._request_futures:
+            self.send_error(msg_id, ErrorCode.InvalidRequest,
+                            f"Invalid Request: id {msg_id!r} is already in use by a request in flight")
+            return
+        refusal = conn.refuse(method)
+        if refusal is not None:
+            self.send_error(msg_id, *refusal)
+            return
+        contextvars.copy_context().run(self._handle_request, msg_id, method, params)
+
+    def _get_handler(self, feature_name: str) -> Callable[..., Any]:
+        conn = self.connection
+        assert conn is not None
+        handler = conn.app.handler_for(conn, feature_name)
+        if handler is None:
+            raise JsonRpcMethodNotFound.of(feature_name)
+        return handler
+
+    def cancel(self, msg_id: Any) -> None:
+        future = self._request_futures.get(msg_id)
+        if future is not None:
+            future.cancel()
+
+    # --- outbound --------------------------------------------------------------------
+
+    def _send_handler_result(self, future: Future[Any], *, msg_id: Any) -> None:  # type: ignore[override]
+        self._request_futures.pop(msg_id, None)
+        if future.cancelled():
+            self.send_error(msg_id, ErrorCode.RequestCancelled, f"request {msg_id!r} was cancelled")
+            return
+        exc = future.exception()
+        if exc is None:
+            self._send_frame({"jsonrpc": "2.0", "id": msg_id, "result": future.result()})
+        elif isinstance(exc, CtxdError):
+            log.info("request %r failed: %s", msg_id, exc.message)
+            self._send_frame({"jsonrpc": "2.0", "id": msg_id, "error": exc.to_dict()})
+        elif isinstance(exc, JsonRpcException):
+            self.send_error(msg_id, exc.code, exc.message, exc.data)
+        else:
+            log.error("internal error in request %r", msg_id, exc_info=exc)
+            self.send_error(msg_id, ErrorCode.InternalError,
+                            f"Internal error: {type(exc).__name__}: {exc}")
+
+    def send_error(self, msg_id: Any, code: int, message: str, data: Any = None) -> None:
+        error: dict[str, Any] = {"code": int(code), "message": message}
+        if data is not None:
+            error["data"] = data
+        self._send_frame({"jsonrpc": "2.0", "id": msg_id, "error": error})
+
+    def notify(self, method: str, params: Any | None = None) -> None:
+        self._send_frame({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def _send_frame(self, payload: dict[str, Any]) -> None:
+        conn = self.connection
+        if conn is None:
+            return
+        try:
+            body = _encode(payload)
+        except (TypeError, msgspec.EncodeError) as exc:  # a bug: never leave the client hanging
+            log.error("cannot encode a response: %s", exc)
+            body = _encode({"jsonrpc": "2.0", "id": payload.get("id"),
+                            "error": {"code": int(ErrorCode.InternalError), "message": f"cannot encode result: {exc}"}})
+        conn.writer.write(b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+
+    def _send_response(self, msg_id: Any, result: Any | None = None, error: Any | None = None) -> None:
+        """pygls' own error paths (unknown method) land here."""
+        if error is not None:
+            self.send_error(msg_id, error.code, error.message, error.data)
+        else:
+            self._send_frame({"jsonrpc": "2.0", "id": msg_id, "result": result})
+
+    def _send_data(self, data: Any) -> None:
+        if hasattr(data, "__attrs_attrs__"):
+            data = self._converter.unstructure(data)
+        self._send_frame(data)
+
+
+class _ConnectionServer(JsonRPCServer):
+    """pygls wants a server object behind each protocol; this one only logs quietly."""
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        log.debug("%s: %s", getattr(source, "__name__", source), error)
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
+class Connection:
+    """A client: lifecycle flags, subscriptions, and the loop that reads its frames."""
+
+    def __init__(self, app: "App", reader: asyncio.StreamReader, writer: Writer, *, transport: str,
+                 requires_token: bool = False) -> None:
+        self.app = app
+        self.id = next(_ids)
+        self.transport = transport
+        self.requires_token = requires_token
+        self.writer = writer
+        self.reader = reader
+        self.initialized = False
+        self.shutdown_requested = False
+        self.closed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.client_name: str | None = None
+        self.subscriptions: set[str] = set()
+        server = _ConnectionServer(CtxdProtocol, default_converter)
+        self.protocol: CtxdProtocol = server.protocol  # type: ignore[assignment]
+        self.protocol.connection = self
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.id} {self.transport} {self.client_name or ''}>"
+
+    def refuse(self, method: str) -> tuple[ErrorCode, str] | None:
+        """Why a request may not run now, if it may not."""
+        if self.shutdown_requested:
+            return ErrorCode.InvalidRequest, f"Invalid Request: {method!r} after shutdown; only exit is accepted"
+        if method == "initialize":
+            if self.initialized:
+                return ErrorCode.InvalidRequest, "Invalid Request: initialize was already received"
+            return None
+        if not self.initialized:
+            return ErrorCode.ServerNotInitialized, f"server not initialized: send initialize before {method!r}"
+        return None
+
+    def on_notification(self, method: str, params: Any) -> None:
+        if method == "exit":
+            self.close()
+        elif method == "$/cancelRequest":
+            if isinstance(params, dict) and "id" in params:
+                self.protocol.cancel(params["id"])
+        elif method == "initialized" or method.startswith("$/"):
+            return
+        elif self.initialized and not self.shutdown_requested:
+            log.debug("ignoring unknown notification %r", method)
+
+    def notify(self, method: str, params: Any) -> None:
+        self.protocol.notify(method, params)
+
+    def send_frame(self, frame: bytes) -> None:
+        """An already encoded frame (a notification encoded once for many connections)."""
+        self.writer.write(frame)
+
+    def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        for future in list(self.protocol._request_futures.values()):
+            future.cancel()
+        self.writer.close()
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+
+    async def serve(self) -> None:
+        """Read and dispatch frames until the client leaves or sends ``exit``."""
+        limits = self.app.config.limits
+        frames = FrameReader(self.reader, max_frame_bytes=limits.max_frame_bytes,
+                             stall_seconds=limits.frame_stall_seconds)
+        self._task = asyncio.current_task()
+        try:
+            while not self.closed.is_set():
+                event = await frames.next()
+                if event is None:
+                    break
+                if isinstance(event, FrameError):
+                    log.info("connection %s: %s", self.id, event.reason)
+                    self.protocol.send_error(None, ErrorCode.ParseError, f"Parse error: {event.reason}")
+                    continue
+                self.protocol.handle_raw(event.message)
+        except asyncio.CancelledError:
+            if not self.closed.is_set():
+                raise
+        finally:
+            self.close()

@@ -1,0 +1,164 @@
+"""LSP base-protocol framing (``Content-Length`` headers) that survives bad input.
+
+pygls' own read loop trusts every header: a frame whose body is not JSON is logged
+and never answered, a wrong ``Content-Length`` desynchronises the stream for good,
+and a huge one is buffered whole. This reader reports each of those as a
+:class:`FrameError` (the connection answers it with -32700 and keeps serving) and
+finds the next frame:
+
+- a body that does not parse, because its length was too long (it swallowed the
+  next frame's header) or too short (its tail is left in the stream), is answered
+  once, then the reader skips to the next ``Content-Length:`` header, looking
+  inside the bad body first so the swallowed frame is not lost;
+- a ``Content-Length`` above the limit is discarded as it streams in, never held;
+- a body that stops arriving for ``stall_seconds`` (a length larger than what the
+  client sent, with nothing behind it) is treated as complete, so the client gets
+  its error instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Union
+
+import msgspec
+
+_HEADER_RE = re.compile(rb"content-length:[ \t]*(\d+)", re.IGNORECASE)
+_OTHER_HEADER_RE = re.compile(rb"[A-Za-z][A-Za-z0-9-]*:[^\r\n]{0,1000}")
+_FIND_HEADER = re.compile(rb"Content-Length:", re.IGNORECASE)
+MAX_HEADER_LINE = 8192
+
+
+@dataclass(slots=True)
+class Frame:
+    body: bytes
+    message: object
+
+
+@dataclass(slots=True)
+class FrameError:
+    reason: str
+
+
+Event = Union[Frame, FrameError]
+
+_json_decode = msgspec.json.Decoder().decode
+
+
+class FrameReader:
+    def __init__(self, reader: asyncio.StreamReader, *, max_frame_bytes: int, stall_seconds: float = 5.0):
+        self._reader = reader
+        self._buf = bytearray()
+        self._eof = False
+        self.max_frame_bytes = max_frame_bytes
+        self.stall_seconds = stall_seconds
+        self._resync = False
+
+    async def _fill(self, timeout: float | None = None) -> bool:
+        """Read more bytes into the buffer; False at EOF (or on a stall when timed)."""
+        if self._eof:
+            return False
+        try:
+            if timeout is None:
+                chunk = await self._reader.read(1 << 16)
+            else:
+                chunk = await asyncio.wait_for(self._reader.read(1 << 16), timeout)
+        except asyncio.TimeoutError:
+            return False
+        except (ConnectionError, OSError):
+            chunk = b""
+        if not chunk:
+            self._eof = True
+            return False
+        self._buf += chunk
+        return True
+
+    async def _line(self) -> bytes | None:
+        while True:
+            index = self._buf.find(b"\n")
+            if index >= 0:
+                line = bytes(self._buf[: index + 1])
+                del self._buf[: index + 1]
+                return line
+            if len(self._buf) > MAX_HEADER_LINE:
+                line = bytes(self._buf)
+                self._buf.clear()
+                return line
+            if not await self._fill():
+                if self._buf:
+                    line = bytes(self._buf)
+                    self._buf.clear()
+                    return line
+                return None
+
+    async def next(self) -> Event | None:
+        """The next frame or framing error; None at end of stream."""
+        length: int | None = None
+        saw_header = False
+        while True:
+            line = await self._line()
+            if line is None:
+                return None
+            stripped = line.strip()
+            if not stripped:
+                if length is not None:
+                    break
+                if saw_header:
+                    saw_header = False
+                    if not self._resync:
+                        return FrameError("frame headers without a valid Content-Length")
+                continue
+            match = _HEADER_RE.fullmatch(stripped)
+            if match:
+                length = int(match.group(1))
+                saw_header = True
+                continue
+            if saw_header and _OTHER_HEADER_RE.fullmatch(stripped):
+                continue  # Content-Type and friends, ignored as LSP allows
+            # Bytes that belong to no frame: skip to the next header, report once.
+            length = None
+            saw_header = False
+            found = _FIND_HEADER.search(line, 1)
+            if found:
+                self._buf[:0] = line[found.start():]
+            if not self._resync:
+                self._resync = True
+                return FrameError("unexpected bytes outside a frame; skipped to the next Content-Length header")
+        self._resync = False
+        if length > self.max_frame_bytes:
+            await self._discard(length)
+            return FrameError(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes}; skipped")
+        body = await self._body(length)
+        try:
+            message = _json_decode(body)
+        except msgspec.DecodeError as exc:
+            self._recover_from(body)
+            return FrameError(f"frame body is not valid JSON ({exc}); skipped to the next frame")
+        return Frame(body, message)
+
+    async def _body(self, length: int) -> bytes:
+        while len(self._buf) < length:
+            if not await self._fill(timeout=self.stall_seconds):
+                break
+        body = bytes(self._buf[:length])
+        del self._buf[:length]
+        return body
+
+    async def _discard(self, length: int) -> None:
+        remaining = length
+        while remaining > 0:
+            if not self._buf and not await self._fill(timeout=self.stall_seconds):
+                return
+            take = min(remaining, len(self._buf))
+            del self._buf[:take]
+            remaining -= take
+
+    def _recover_from(self, body: bytes) -> None:
+        """After an unparsable body: put back any frame it swallowed, and skip the rest
+        of a short frame's tail silently."""
+        found = _FIND_HEADER.search(body, 1)
+        if found:
+            self._buf[:0] = body[found.start():]
+        self._resync = True

@@ -1,0 +1,24 @@
+"""``context/*`` handlers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ctxd.protocol.common import SessionRef
+from ctxd.protocol.context import ContextStatsResult, PromptParams, PromptResult
+from ctxd.server.handlers import handles
+from ctxd.service import prompt as prompt_service
+from ctxd.service import stats as stats_service
+
+if TYPE_CHECKING:
+    from ctxd.server.app import Request
+
+
+@handles("context/prompt")
+async def prompt(req: "Request", params: PromptParams) -> PromptResult:
+    return await prompt_service.prompt(req.service, params)
+
+
+@handles("context/stats")
+async def stats(req: "Request", params: SessionRef) -> ContextStatsResult:
+    return await stats_service.stats(req.service, params.session_id)
