@@ -87,6 +87,72 @@ class BudgetConfig(_Section):
     """Compress when the conversation passes this share of the available budget (seed 000)."""
 
 
+class CompressionConfig(_Section):
+    """What is compressed, when, and how (seeds 000, 001, 002, 004)."""
+
+    auto: bool = True
+    """Compress automatically when a session passes its trigger. ``false`` is always honoured:
+    then only ``context/compress`` compresses, and a prompt that does not fit is an error."""
+    strategy: Literal["summarize", "truncate"] = "summarize"
+    """``summarize`` older turns into checkpoints, or ``truncate`` them (a checkpoint that only
+    says what was left out; history keeps everything either way)."""
+    overflow_policy: Literal["fold", "error"] = "fold"
+    """When what is never compressed no longer fits: ``fold`` the oldest user messages into a
+    checkpoint that keeps their words as far as the budget allows, or answer ``context/prompt``
+    with an error carrying the figures."""
+    keep_recent: int = 5
+    """Newest messages never summarized."""
+    low_water_fraction: float = 0.5
+    """A compression aims to leave the conversation at this share of the available budget."""
+    min_growth_fraction: float = 0.10
+    """Automatic compression waits until the conversation grew by this share of the available
+    budget since the last one (no compaction loops)."""
+    prune_minimum: int = 20_000
+    """Tool-output pruning needs at least this many tokens of tool output (seed 004)..."""
+    prune_protect: int = 40_000
+    """...and protects the newest this many tokens of it (seed 004)."""
+    prune_minimum_fraction: float = 0.25
+    """For small windows the minimum is at most this share of the available budget."""
+    prune_protect_fraction: float = 0.5
+    """For small windows the protected share is at most this share of the available budget."""
+    protected_tools: list[str] = []
+    """Tools whose outputs are never pruned."""
+    watermark_tools: list[str] = msgspec.field(default_factory=lambda: ["compress_to_checkpoint", "deactivate_augments"])
+    """Tool calls that set the watermark (seed 002); ``mcp__x__name`` matches ``name``."""
+    max_checkpoints: int = 4
+    """More summary checkpoints than this and the two oldest merge into one."""
+    fold_share: float = 0.25
+    """Folded user words may take at most this share of the largest prompt."""
+
+
+class SummarizerConfig(_Section):
+    """Who writes checkpoint summaries. The embedded default needs no model."""
+
+    backend: Literal["extractive", "ollama", "openai", "anthropic"] = "extractive"
+    """``extractive`` (offline, deterministic), or an LLM behind Ollama, an OpenAI-compatible
+    server (OpenAI, vLLM, llama.cpp, LM Studio) or Anthropic; the extractive summarizer stays
+    the fallback when the LLM fails, is too slow, or answers garbage."""
+    model: str = ""
+    """The summarizer model (a cheaper one than the session's, say); empty: the session's model."""
+    base_url: str = ""
+    """Server address; empty: the backend's usual one."""
+    api_key_env: str = ""
+    """Environment variable holding the API key; empty: ``OPENAI_API_KEY``/``ANTHROPIC_API_KEY``;
+    ``none``: send no key."""
+    api_key_file: str = ""
+    """File holding the API key (must not be readable by others); never logged."""
+    timeout_seconds: float = 60.0
+    """One request to the backend."""
+    max_retries: int = 2
+    """Retries with backoff after connection errors, timeouts, 429 and 5xx."""
+    context_window: int = 0
+    """The summarizer model's own window; 0: ask the server. Larger inputs are summarized in chunks."""
+    chain_timeout_seconds: float = 120.0
+    """All of one LLM summary (chunks included); past it the extractive summarizer takes over."""
+    query_model_info: bool = True
+    """Ask the backend for a session model's window and size when the session does not say."""
+
+
 class ModelsConfig(_Section):
     """Per-model facts that override ctxd's built-in table."""
 
@@ -101,6 +167,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    compression: CompressionConfig = msgspec.field(default_factory=CompressionConfig)
+    summarizer: SummarizerConfig = msgspec.field(default_factory=SummarizerConfig)
     models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
 
     # --- resolved paths ------------------------------------------------------------

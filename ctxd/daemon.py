@@ -57,7 +57,7 @@ class Daemon:
         return [f"{kind}:{where}" for kind, where in self.bound.items()]
 
     def summarizer_name(self) -> str:
-        return "none"
+        return self.service.summarizers.name if self.service is not None else "none"
 
     def watch_parent(self, pid: int) -> None:
         """Exit when the process that spawned us over stdio goes away."""

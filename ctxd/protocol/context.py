@@ -6,6 +6,7 @@ from typing import Literal, Union
 
 import msgspec
 
+from ctxd.protocol.compression import Reliability
 from ctxd.protocol.providers import AnthropicMessage, OllamaMessage, OpenAIMessage
 
 PromptFormat = Literal["openai", "anthropic", "ollama"]
@@ -46,12 +47,18 @@ class PromptParams(msgspec.Struct, rename="camel"):
 
 
 class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=True):
+    """``tokens`` is the whole prompt as ctxd counts it (never more than
+    ``budget.maxPromptTokens``); ``lastSeq`` is the newest message it includes."""
+
     session_id: str
     tokens: int
     tokens_estimated: bool
     last_seq: int
     message_count: int
     budget: Budget
+    reliability: Reliability
+    compression_count: int
+    checkpoint_count: int
 
 
 class OpenAIPrompt(_PromptBase, tag="openai"):
@@ -116,3 +123,10 @@ class ContextStatsResult(msgspec.Struct, rename="camel"):
     by_kind: dict[str, KindStats]
     usage_drift: UsageDrift
     budget: Budget
+    reliability: Reliability
+    compression_count: int
+    checkpoint_count: int
+    checkpoint_tokens: int
+    watermark_seq: int
+    pruned_through_seq: int
+    pinned: list[int]

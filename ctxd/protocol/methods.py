@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ctxd.protocol import common, context, lifecycle, notifications, session
+from ctxd.protocol import common, compression, context, goal, lifecycle, notifications, session
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,8 @@ method("session/delete", common.SessionRef, session.SessionDeleteResult,
        "Delete a session with its history and everything it owns.")
 method("session/push", session.SessionPushParams, session.PushResult,
        "Append messages atomically; acknowledged only once committed to disk.")
+method("session/update", session.SessionUpdateParams, session.SessionInfo,
+       "Change title, tags, metadata, settings, context window or system prompt.")
 method("session/subscribe", session.SubscribeParams, session.SubscribeResult,
        "Send this session's notifications to this connection (`*` for all sessions).")
 method("session/unsubscribe", session.SubscribeParams, session.SubscribeResult,
@@ -77,3 +79,43 @@ method("context/prompt", context.PromptParams, context.PromptResult,
        "The prompt to send next, in the provider's wire shape, with its tokens and budget.")
 method("context/stats", common.SessionRef, context.ContextStatsResult,
        "Counts and token totals by role and kind, and counted-vs-reported drift.")
+method("context/compress", compression.CompressParams, compression.CompressResult,
+       "Compress now (like /compact); `focus` steers the summary; reports `$/progress` for a `workDoneToken`.")
+method("context/checkpoints", common.SessionRef, compression.CheckpointsResult,
+       "The checkpoints in the active context, oldest first.")
+method("checkpoint/expand", compression.CheckpointRef, compression.ExpandResult,
+       "The original messages a checkpoint stands for, from history.")
+method("context/watermark", compression.WatermarkParams, compression.WatermarkResult,
+       "Move the watermark forward to a tool call or message; tool blocks before it stop being sent.")
+method("message/pin", compression.PinParams, compression.PinResult,
+       "Pin (or unpin) a message: pinned messages are always sent verbatim.")
+notification("context/compressing", compression.CompressingNotification,
+             "A compression stage started (identification 0%, preparation 15%, summarization 25%, "
+             "checkpoint 70%, update 80%, validation 90%, aging 95%).")
+notification("context/compressed", compression.CompressedNotification,
+             "A compression pass (or a watermark move) changed the active context.")
+notification("context/compressionSkipped", compression.CompressionSkippedNotification,
+             "The trigger was passed but compression may not run (automatic compression off, or "
+             "the loop guard); sent once per reason.")
+notification("context/compressionFailed", compression.CompressionFailedNotification,
+             "A summarizer or a whole pass failed, and what was done instead.")
+notification("checkpoint/created", compression.CheckpointCreatedNotification, "A checkpoint was created.")
+notification("checkpoint/aged", compression.CheckpointAgedNotification,
+             "An older checkpoint was re-compressed one level down.")
+notification("checkpoint/merged", compression.CheckpointMergedNotification,
+             "The two oldest checkpoints were merged into one.")
+notification("context/threshold", compression.ThresholdNotification,
+             "The conversation passed the trigger (warning) or the prompt neared its limit (critical).")
+notification("context/overflow", compression.OverflowNotification,
+             "What is never compressed no longer fits; the overflow policy is applied.")
+notification("context/reliability", compression.ReliabilityNotification,
+             "The reliability level changed (with the seed's recommendations).")
+notification("$/progress", compression.ProgressParams,
+             "LSP progress of a request that carried a `workDoneToken`.")
+
+# --- goals -------------------------------------------------------------------------
+method("goal/set", goal.GoalSetParams, goal.GoalResult,
+       "Start the session's goal (replacing any previous one).")
+method("goal/update", goal.GoalUpdateParams, goal.GoalResult,
+       "Update the active goal: status, milestones, decisions (lock/unlock), artifacts, next steps.")
+method("goal/get", common.SessionRef, goal.GoalResult, "The session's goal, with its tokens.")

@@ -6,6 +6,7 @@ from typing import Any, Union
 
 import msgspec
 
+from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.context import Budget
 from ctxd.protocol.message import Message
 
@@ -25,6 +26,20 @@ class SessionCreateParams(msgspec.Struct, rename="camel", omit_defaults=True):
     title: Union[str, None] = None
     tags: Union[list[str], None] = None
     metadata: Union[dict[str, Any], None] = None
+    settings: Union[SessionSettings, None] = None
+
+
+class SessionUpdateParams(msgspec.Struct, rename="camel", omit_defaults=True):
+    """Change a session's descriptive fields or settings; fields left out stay as they are.
+    ``title: null`` clears the title (it is then taken from the first user message again)."""
+
+    session_id: str
+    title: Union[str, None, msgspec.UnsetType] = msgspec.UNSET
+    tags: Union[list[str], None] = None
+    metadata: Union[dict[str, Any], None] = None
+    settings: Union[SessionSettings, None] = None
+    context_window: Union[int, None] = None
+    system_prompt: Union[str, None] = None
 
 
 class SessionInfo(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -41,6 +56,7 @@ class SessionInfo(msgspec.Struct, rename="camel", omit_defaults=True):
     tokens_estimated: bool
     last_seq: int
     compression_count: int = 0
+    checkpoint_count: int = 0
     model: Union[str, None] = None
     provider: Union[str, None] = None
     title: Union[str, None] = None
@@ -48,6 +64,8 @@ class SessionInfo(msgspec.Struct, rename="camel", omit_defaults=True):
     system_prompt: Union[str, None] = None
     system_prompt_tokens: int = 0
     metadata: dict[str, Any] = {}
+    settings: SessionSettings = msgspec.field(default_factory=SessionSettings)
+    model_info: dict[str, Any] = {}
 
 
 class SessionListParams(msgspec.Struct, rename="camel", omit_defaults=True):

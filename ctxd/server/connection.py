@@ -163,6 +163,8 @@ class CtxdProtocol(JsonRPCProtocol):
             log.error("internal error in request %r", msg_id, exc_info=exc)
             self.send_error(msg_id, ErrorCode.InternalError,
                             f"Internal error: {type(exc).__name__}: {exc}")
+        if self.connection is not None and self.connection.close_after_reply:
+            self.connection.close()
 
     def send_error(self, msg_id: Any, code: int, message: str, data: Any = None) -> None:
         error: dict[str, Any] = {"code": int(code), "message": message}
@@ -223,6 +225,9 @@ class Connection:
         self.initialized = False
         self.shutdown_requested = False
         self.closed = asyncio.Event()
+        # Set by a handler whose answer must be the last thing this connection sends
+        # (a refused token): the connection closes once that answer is written.
+        self.close_after_reply = False
         self._task: asyncio.Task[None] | None = None
         self.client_name: str | None = None
         self.subscriptions: set[str] = set()

@@ -7,12 +7,14 @@ are functions of a Service, each in the module named after it (``sessions.py``,
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from ctxd import __version__
 from ctxd.config import Config
 from ctxd.service.events import EventSink, NullEvents
 from ctxd.service.state import SessionCache
+from ctxd.service.summarizers import Summarizers
 from ctxd.store.db import Database
 
 
@@ -22,6 +24,8 @@ class Service:
         self.db = db
         self.events: EventSink = events or NullEvents()
         self.cache = SessionCache(db, config)
+        self.summarizers = Summarizers(config)
+        self.tasks: set[asyncio.Task[object]] = set()
         self.started = time.time()
         self.version = __version__
 
@@ -33,4 +37,10 @@ class Service:
         return cls(config, db, events)
 
     async def close(self) -> None:
+        """Stop background compressions (their work is not stored half-done), then storage."""
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.summarizers.aclose()
         await self.db.close()

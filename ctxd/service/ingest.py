@@ -15,13 +15,18 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
-from ctxd.protocol import notifications
+from ctxd.engine.context import Entry
+from ctxd.engine.goals import apply_markers, parse_markers
+from ctxd.engine.watermark import find_checkpoint_call
+from ctxd.protocol.compression import CompressedNotification
+from ctxd.protocol.goal import Goal
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params, session_not_found
 from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
-from ctxd.service.state import SessionState
+from ctxd.service import compression, notify
+from ctxd.service.state import Figures, SessionState, StoredState
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.messages import NewMessage, StoredMessage
@@ -98,14 +103,64 @@ def _count_all(counter: TokenCounter, messages: list[Message]) -> list[MessageTo
 
 
 @dataclass(slots=True)
+class _Derived:
+    """What pushed messages change besides history: the goal (markers) and the watermark
+    (a checkpoint tool call). Computed inside the push transaction so both are stored
+    atomically with the messages that caused them."""
+
+    goal: Goal | None | bool = False
+    watermark: tuple[int, str] | None = None
+
+
+@dataclass(slots=True)
 class _Outcome:
     results: list[PushedMessage]
     stored: list[StoredMessage]
     stats: SessionStats
     added_tokens: int
-    context_tokens: int
     last_seq: int
     now: str
+    derived: _Derived
+    title: str | None
+
+
+def _derive(state: SessionState, watermark_tools: tuple[str, ...], inserted: list[tuple[int, Message]],
+            now: str) -> _Derived:
+    out = _Derived()
+    goal = state.row.goal
+    changed = False
+    for seq, message in inserted:
+        if message.role != "assistant":
+            continue
+        markers = parse_markers(message, seq)
+        if markers:
+            goal = apply_markers(goal, markers, now)
+            changed = True
+        if watermark_tools:
+            entry = Entry.of(seq, message, _NO_TOKENS)
+            found = find_checkpoint_call([entry], watermark_tools, state.cstate.watermark_seq)
+            if found is not None:
+                out.watermark = found
+    if changed:
+        out.goal = goal
+    return out
+
+
+_NO_TOKENS = MessageTokens(0, 0, 0, 0, 0, 0)
+TITLE_LENGTH = 80
+
+
+def _title_of(message: Message) -> str | None:
+    """A session's default title: the first line of its first user message."""
+    if message.role != "user":
+        return None
+    content = message.content
+    text = content if isinstance(content, str) else "\n".join(
+        b.text for b in content or () if isinstance(b, TextBlock))
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if not line:
+        return None
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "\u2026"
 
 
 def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int) -> None:
@@ -158,41 +213,56 @@ def _copy_stats(stats: SessionStats) -> SessionStats:
 
 
 def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
-               counts: list[MessageTokens], now: str) -> _Outcome:
+               counts: list[MessageTokens], now: str, watermark_tools: tuple[str, ...]) -> _Outcome:
     """Runs on the writer thread inside the transaction; pure except for SQL."""
-    row = conn.execute("SELECT last_seq, context_tokens FROM sessions WHERE id = ?", (state.id,)).fetchone()
+    row = conn.execute("SELECT last_seq FROM sessions WHERE id = ?", (state.id,)).fetchone()
     if row is None:
         raise session_not_found(state.id)
-    last_seq, context_tokens = row
+    last_seq = row[0]
     keys = [key for _, _, key in prepared if key is not None]
     seen = message_store.find_keys(conn, state.id, keys) if keys else {}
     stats = _copy_stats(state.row.stats)
     results: list[PushedMessage] = []
     to_insert: list[tuple[int, NewMessage]] = []
     stored: list[StoredMessage] = []
-    added_tokens = 0
+    added_tokens = added_context = 0
+    context_before = state.stored.figures.prompt
     for (message, body, key), tokens in zip(prepared, counts):
         if key is not None and key in seen:
             seq, total = seen[key]
             results.append(PushedMessage(seq=seq, tokens=total, duplicate=True))
             continue
         last_seq += 1
-        new = NewMessage(message, body, tokens, key, now)
-        to_insert.append((last_seq, new))
-        stored.append(StoredMessage(last_seq, now, tokens, msgspec.structs.replace(message, idempotency_key=None)
-                                    if key else message))
+        clean = msgspec.structs.replace(message, idempotency_key=None) if key else message
+        to_insert.append((last_seq, NewMessage(message, body, tokens, key, now)))
+        stored.append(StoredMessage(last_seq, now, tokens, clean))
         if key is not None:
             seen[key] = (last_seq, tokens.total)
-        _add_stats(stats, message, tokens, context_tokens)
-        context_tokens += tokens.context
+        _add_stats(stats, message, tokens, context_before + added_context)
+        added_context += tokens.context
         added_tokens += tokens.total
         results.append(PushedMessage(seq=last_seq, tokens=tokens.total))
+    derived = _derive(state, watermark_tools, [(m.seq, m.message) for m in stored], now)
+    title = None
+    if state.row.title is None:
+        title = next((t for t in (_title_of(m.message) for m in stored) if t), None)
+        if title is not None:
+            session_store.update_metadata(conn, state.id, title=title)
+    figures = state.stored.figures
+    new_state = StoredState(
+        compression=msgspec.structs.replace(state.cstate, watermark_seq=derived.watermark[0],
+                                            watermark_tool_use_id=derived.watermark[1])
+        if derived.watermark else state.cstate,
+        figures=Figures(figures.system, figures.checkpoints, figures.pinned, figures.used + added_context,
+                        figures.checkpoint_count),
+    )
     if to_insert:
         message_store.insert_messages(conn, state.id, to_insert)
     session_store.update_totals(conn, state.id, last_activity=now, added_messages=len(to_insert),
-                                added_tokens=added_tokens, context_tokens=context_tokens,
+                                added_tokens=added_tokens, context_tokens=new_state.figures.prompt,
                                 last_seq=last_seq, stats=stats)
-    return _Outcome(results, stored, stats, added_tokens, context_tokens, last_seq, now)
+    session_store.save_context(conn, state.id, context_state=msgspec.json.encode(new_state), goal=derived.goal)
+    return _Outcome(results, stored, stats, added_tokens, last_seq, now, derived, title)
 
 
 async def push(svc: Service, params: SessionPushParams) -> PushResult:
@@ -203,24 +273,50 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
         counts = await anyio.to_thread.run_sync(_count_all, state.counter, messages)
     else:
         counts = _count_all(state.counter, messages)
+    watermark_tools = svc.cache.policy(state).watermark_tools
     async with state.lock:
         if state.deleted:
             raise session_not_found(params.session_id)
-        outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso())
+        outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools)
         row = state.row
         row.message_count += len(outcome.stored)
         row.token_count += outcome.added_tokens
-        row.context_tokens = outcome.context_tokens
         row.last_seq = outcome.last_seq
         row.last_activity = outcome.now
         row.stats = outcome.stats
-        svc.cache.appended(state, outcome.stored)
+        if outcome.title is not None:
+            row.title = outcome.title
+        svc.cache.appended(state, [Entry.of(m.seq, m.message, m.tokens) for m in outcome.stored])
+        await _adopt_derived(svc, state, outcome.derived)
         budget = svc.cache.budget(state)
-    svc.events.emit(state.id, "session/updated", notifications.SessionUpdated(
-        session_id=state.id, reason="push", last_seq=row.last_seq, message_count=row.message_count,
-        token_count=row.token_count, context_tokens=row.context_tokens, pushed=len(outcome.stored)))
+    notify.updated(svc, state, "push", pushed=len(outcome.stored))
+    notify.after_change(svc, state, budget)
+    compression.schedule(svc, state)
     return PushResult(
         session_id=state.id, messages=outcome.results, message_count=row.message_count,
         token_count=row.token_count, context_tokens=row.context_tokens,
         tokens_estimated=state.counter.estimated, budget=budget,
     )
+
+
+async def _adopt_derived(svc: Service, state: SessionState, derived: _Derived) -> None:
+    """Apply a committed goal change or watermark move to the live context (under the lock)."""
+    if derived.goal is False and derived.watermark is None:
+        return
+    cache = svc.cache
+    ctx = await cache.context(state)
+    before = ctx.prompt_tokens
+    if derived.goal is not False:
+        state.row.goal = derived.goal  # type: ignore[assignment]
+    if derived.watermark is not None:
+        ctx.state.watermark_seq, ctx.state.watermark_tool_use_id = derived.watermark
+    cache.refresh(state, system=derived.goal is not False)
+    encoded = state.encoded_state()
+    await svc.db.write(session_store.save_context, state.id, context_state=encoded,
+                       context_tokens=state.row.context_tokens)
+    if derived.watermark is not None:
+        after = ctx.prompt_tokens
+        svc.events.emit(state.id, "context/compressed", CompressedNotification(
+            session_id=state.id, layers=["watermark"], before_tokens=before, after_tokens=after,
+            freed_tokens=before - after, ratio=round(after / before, 4) if before else 1.0, checkpoint_ids=[],
+            duration_ms=0.0, compression_number=ctx.state.compression_count, summarizer=None, trigger="auto"))

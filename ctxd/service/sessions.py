@@ -1,20 +1,31 @@
-"""Creating, listing, inspecting and deleting sessions."""
+"""Creating, listing, inspecting, updating and deleting sessions."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+
+import msgspec
 
 from ctxd.protocol import notifications
 from ctxd.protocol.errors import invalid_params
-from ctxd.protocol.session import SessionCreateParams, SessionDeleteResult, SessionInfo, SessionListParams
+from ctxd.protocol.session import (
+    SessionCreateParams,
+    SessionDeleteResult,
+    SessionInfo,
+    SessionListParams,
+    SessionUpdateParams,
+)
+from ctxd.service import compression, notify
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
-from ctxd.service.state import SessionState
+from ctxd.service.state import SessionState, resolve_window
 from ctxd.store import sessions as store
 from ctxd.store.sessions import SessionRow, SessionStats
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
 
 MAX_ID_LENGTH = 200
+MIN_WINDOW = 256
 
 
 def session_info(svc: Service, state: SessionState) -> SessionInfo:
@@ -24,17 +35,39 @@ def session_info(svc: Service, state: SessionState) -> SessionInfo:
         message_count=row.message_count, token_count=row.token_count,
         context_tokens=row.context_tokens, context_window=state.context_window,
         encoding=row.encoding, tokens_estimated=row.tokens_estimated, last_seq=row.last_seq,
+        compression_count=state.cstate.compression_count, checkpoint_count=state.stored.figures.checkpoint_count,
         model=row.model, provider=row.provider, title=row.title, tags=row.tags,
         system_prompt=row.system_prompt, system_prompt_tokens=row.system_tokens, metadata=row.metadata,
+        settings=row.settings, model_info=row.model_info,
     )
+
+
+async def _model_info(svc: Service, params: SessionCreateParams) -> dict[str, object]:
+    """Ask the backend about the model when the session does not give its window
+    (Ollama ``/api/show``, an OpenAI-compatible ``/v1/models``)."""
+    if not params.model or params.context_window is not None:
+        return {}
+    info = await svc.summarizers.model_info(params.model)
+    if info is None:
+        return {}
+    out: dict[str, object] = {}
+    if info.context_length:
+        out["contextLength"] = info.context_length
+    if info.parameter_size:
+        out["parameterSize"] = info.parameter_size
+    if info.output_limit:
+        out["outputLimit"] = info.output_limit
+    if info.family:
+        out["family"] = info.family
+    return out
 
 
 async def create_session(svc: Service, params: SessionCreateParams) -> SessionInfo:
     session_id = params.session_id if params.session_id is not None else str(uuid.uuid4())
     if not session_id.strip() or len(session_id) > MAX_ID_LENGTH:
         raise invalid_params(f"sessionId must be 1 to {MAX_ID_LENGTH} characters", "sessionId")
-    if params.context_window is not None and params.context_window < 256:
-        raise invalid_params("contextWindow must be at least 256 tokens", "contextWindow")
+    if params.context_window is not None and params.context_window < MIN_WINDOW:
+        raise invalid_params(f"contextWindow must be at least {MIN_WINDOW} tokens", "contextWindow")
     counter = TokenCounter.for_model(params.model)
     system_tokens = counter.count_system(params.system_prompt or "")
     now = now_iso()
@@ -44,11 +77,14 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
         system_tokens=system_tokens, title=params.title, tags=params.tags or [],
         metadata=params.metadata or {}, encoding=counter.encoding, tokens_estimated=counter.estimated,
         message_count=0, token_count=0, context_tokens=PROMPT_PRIMING + system_tokens, last_seq=0,
-        stats=SessionStats(),
+        stats=SessionStats(), model_info=await _model_info(svc, params),
     )
+    if params.settings is not None:
+        row.settings = params.settings
+    state = svc.cache.adopt_new(row)
     await svc.db.write(store.insert_session, row)
-    state = svc.cache.adopt(row)
-    state.entries = []
+    svc.cache.register(state)
+    await svc.cache.context(state)
     return session_info(svc, state)
 
 
@@ -64,9 +100,53 @@ async def list_sessions(svc: Service, params: SessionListParams) -> list[Session
     return [session_info(svc, svc.cache.adopt(row)) for row in rows]
 
 
+async def update_session(svc: Service, params: SessionUpdateParams) -> SessionInfo:
+    state = await svc.cache.get(params.session_id)
+    if params.context_window is not None and params.context_window < MIN_WINDOW:
+        raise invalid_params(f"contextWindow must be at least {MIN_WINDOW} tokens", "contextWindow")
+    async with state.lock:
+        row = state.row
+        title = params.title if params.title is not msgspec.UNSET else False
+        await svc.db.write(store.update_metadata, state.id, title=title, tags=params.tags, metadata=params.metadata)
+        if title is not False:
+            row.title = title  # type: ignore[assignment]
+        if params.tags is not None:
+            row.tags = params.tags
+        if params.metadata is not None:
+            row.metadata = params.metadata
+        context_changed = False
+        if params.settings is not None:
+            row.settings = params.settings
+            context_changed = True
+        if params.context_window is not None:
+            row.context_window = params.context_window
+            state.context_window, state.output_limit = resolve_window(row, svc.config)
+            context_changed = True
+        if params.system_prompt is not None:
+            row.system_prompt = params.system_prompt or None
+            row.system_tokens = state.counter.count_system(params.system_prompt)
+            context_changed = True
+        if context_changed:
+            ctx = await svc.cache.context(state)
+            ctx.system_prompt = row.system_prompt
+            svc.cache.refresh(state, system=True)
+            await svc.db.write(store.save_session_settings, state.id, row.settings, row.context_window,
+                               row.system_prompt, row.system_tokens, state.encoded_state(), row.context_tokens)
+        budget = svc.cache.budget(state)
+    notify.updated(svc, state, "updated")
+    notify.after_change(svc, state, budget)
+    if context_changed:
+        compression.schedule(svc, state)
+    return session_info(svc, state)
+
+
 async def delete_session(svc: Service, session_id: str) -> SessionDeleteResult:
     state = await svc.cache.get(session_id)
-    async with state.lock:
+    task = state.compression_task
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    async with state.compress_lock, state.lock:
         deleted = await svc.db.write(store.delete_session, session_id)
         svc.cache.forget(session_id)
     svc.events.emit(session_id, "session/deleted", notifications.SessionDeleted(session_id=session_id))

@@ -1,10 +1,10 @@
-"""Per-session state held in memory: the session row, its token counter, its lock,
-and (loaded on first use) the messages of its active context.
+"""Per-session state held in memory: the session row, its token counter, its lock, and
+(loaded on first use) its active context.
 
-The lock orders everything that changes one session (pushes, compression, deletion),
-so per-session totals can be kept incrementally without races. Active contexts are
-cached up to a token budget and evicted least-recently-used, so memory stays bounded
-however many sessions the daemon holds.
+The lock orders everything that changes one session (pushes, compression updates,
+pins, deletion), so per-session totals are kept incrementally without races. Active
+contexts are cached up to a token budget and evicted least-recently-used; the budget
+figures are kept on the row, so stats and pushes never need the context loaded.
 """
 
 from __future__ import annotations
@@ -13,17 +13,53 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import msgspec
+
 from ctxd.config import Config
 from ctxd.engine.budget import BudgetPolicy, budget_for
+from ctxd.engine.checkpoints import render_section
+from ctxd.engine.context import ActiveContext, CompressionState, Entry
+from ctxd.engine.goals import render_goal
+from ctxd.engine.policy import CompressionPolicy
 from ctxd.models import model_facts
 from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import session_not_found
+from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.db import Database
-from ctxd.store.messages import StoredMessage
 from ctxd.store.sessions import SessionRow
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
+
+_encode = msgspec.json.Encoder().encode
+
+
+class Figures(msgspec.Struct, rename="camel"):
+    """The budget's inputs, kept on the row so no request needs the context loaded."""
+
+    system: int = 0
+    checkpoints: int = 0
+    pinned: int = 0
+    used: int = 0
+    checkpoint_count: int = 0
+
+    @property
+    def prompt(self) -> int:
+        return PROMPT_PRIMING + self.system + self.checkpoints + self.pinned + self.used
+
+
+class StoredState(msgspec.Struct, rename="camel", omit_defaults=True):
+    """``sessions.context_state``: the engine's state plus the figures."""
+
+    compression: CompressionState = msgspec.field(default_factory=CompressionState)
+    figures: Figures = msgspec.field(default_factory=Figures)
+
+
+_stored_decoder = msgspec.json.Decoder(StoredState)
+
+
+def decode_stored(data: bytes | None) -> StoredState:
+    return _stored_decoder.decode(data or b"{}")
 
 
 @dataclass(eq=False)
@@ -32,57 +68,113 @@ class SessionState:
     counter: TokenCounter
     context_window: int
     output_limit: int | None
+    stored: StoredState
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    entries: list[StoredMessage] | None = None
+    compress_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    ctx: ActiveContext | None = None
+    compression_task: asyncio.Task[object] | None = None
     deleted: bool = False
+    skip_reason: str | None = None
 
     @property
     def id(self) -> str:
         return self.row.id
 
-    def conversation_tokens(self) -> int:
-        """Tokens of the conversation part of the prompt (what the budget calls ``used``)."""
-        return self.row.context_tokens - PROMPT_PRIMING - self.row.system_tokens
+    @property
+    def cstate(self) -> CompressionState:
+        return self.stored.compression
+
+    def sync_figures(self) -> None:
+        """Copy the loaded context's figures to the stored state and the row."""
+        ctx = self.ctx
+        if ctx is not None:
+            self.stored.compression = ctx.state
+            self.stored.figures = Figures(ctx.system_tokens, ctx.checkpoint_tokens, ctx.pinned_tokens, ctx.used,
+                                          len(ctx.checkpoints))
+        self.row.context_tokens = self.stored.figures.prompt
+
+    def encoded_state(self) -> bytes:
+        return _encode(self.stored)
 
 
-def budget_policy(config: Config) -> BudgetPolicy:
+def budget_policy(config: Config, trigger_fraction: float | None = None) -> BudgetPolicy:
     b = config.budget
     return BudgetPolicy(
         usable_fraction=b.usable_fraction,
         reserved_output_cap=b.reserved_output_cap,
         reserved_output_fraction=b.reserved_output_fraction,
         safety_margin_fraction=b.safety_margin_fraction,
-        trigger_fraction=b.trigger_fraction,
+        trigger_fraction=trigger_fraction if trigger_fraction is not None else b.trigger_fraction,
+    )
+
+
+def compression_policy(config: Config, row: SessionRow) -> CompressionPolicy:
+    c = config.compression
+    s = row.settings
+    return CompressionPolicy(
+        auto=c.auto if s.auto_compress is None else s.auto_compress,
+        strategy=s.strategy or c.strategy,
+        overflow_policy=s.overflow_policy or c.overflow_policy,
+        keep_recent=c.keep_recent if s.keep_recent is None else s.keep_recent,
+        low_water_fraction=c.low_water_fraction,
+        min_growth_fraction=c.min_growth_fraction,
+        prune_minimum=c.prune_minimum,
+        prune_protect=c.prune_protect,
+        prune_minimum_fraction=c.prune_minimum_fraction,
+        prune_protect_fraction=c.prune_protect_fraction,
+        protected_tools=tuple(c.protected_tools),
+        watermark_tools=tuple(c.watermark_tools),
+        max_checkpoints=c.max_checkpoints,
+        fold_share=c.fold_share,
     )
 
 
 def resolve_window(row: SessionRow, config: Config) -> tuple[int, int | None]:
-    """The session's window: its own setting, else configuration, else the model table,
-    else the configured default; and the model's output limit when known."""
+    """The session's window: its own setting, else configuration, else what the backend
+    said about the model, else the model table, else the configured default."""
     facts = model_facts(row.model, config.models.context_windows, config.models.output_limits)
-    window = row.context_window or facts.context_window or config.budget.default_context_window
-    return window, facts.output_limit
+    backend_window = row.model_info.get("contextLength")
+    if facts.source == "config":
+        window = facts.context_window
+    else:
+        window = backend_window or facts.context_window
+    window = row.context_window or window or config.budget.default_context_window
+    output = facts.output_limit or row.model_info.get("outputLimit")
+    return int(window), output
 
 
 class SessionCache:
     def __init__(self, db: Database, config: Config, max_cached_tokens: int = 8_000_000) -> None:
         self.db = db
         self.config = config
-        self.policy = budget_policy(config)
         self.max_cached_tokens = max_cached_tokens
         self._states: dict[str, SessionState] = {}
         self._loaded: OrderedDict[str, int] = OrderedDict()
         self._loaded_tokens = 0
 
     def adopt(self, row: SessionRow) -> SessionState:
+        """The cached state of a stored session (created from ``row`` if not cached)."""
         existing = self._states.get(row.id)
         if existing is not None:
             return existing
-        window, output_limit = resolve_window(row, self.config)
-        state = SessionState(row=row, counter=TokenCounter.for_encoding(row.encoding, row.tokens_estimated),
-                             context_window=window, output_limit=output_limit)
+        state = self.adopt_new(row)
         self._states[row.id] = state
         return state
+
+    def register(self, state: SessionState) -> None:
+        """Cache the state of a session that was just stored."""
+        self._states[state.id] = state
+
+    def adopt_new(self, row: SessionRow) -> SessionState:
+        """A state for ``row``, not cached yet (``register`` it once it is stored)."""
+        window, output_limit = resolve_window(row, self.config)
+        stored = decode_stored(row.context_state)
+        if stored.figures == Figures() and row.context_tokens:
+            # A session row from before compression state existed: its totals are the figures.
+            stored.figures = Figures(system=row.system_tokens,
+                                     used=row.context_tokens - PROMPT_PRIMING - row.system_tokens)
+        return SessionState(row=row, counter=TokenCounter.for_encoding(row.encoding, row.tokens_estimated),
+                            context_window=window, output_limit=output_limit, stored=stored)
 
     async def get(self, session_id: str) -> SessionState:
         state = self._states.get(session_id)
@@ -97,6 +189,8 @@ class SessionCache:
         state = self._states.pop(session_id, None)
         if state is not None:
             state.deleted = True
+            if state.compression_task is not None:
+                state.compression_task.cancel()
         tokens = self._loaded.pop(session_id, None)
         if tokens is not None:
             self._loaded_tokens -= tokens
@@ -104,43 +198,80 @@ class SessionCache:
     def cached(self) -> int:
         return len(self._states)
 
-    async def entries(self, state: SessionState) -> list[StoredMessage]:
-        """The active context's messages, loading them from history on first use."""
-        if state.entries is None:
-            state.entries = await self.db.read(message_store.load_range, state.id, 0, None, None)
+    def states(self) -> list[SessionState]:
+        return list(self._states.values())
+
+    # --- the active context ------------------------------------------------------
+
+    def policy(self, state: SessionState) -> CompressionPolicy:
+        return compression_policy(self.config, state.row)
+
+    def budget(self, state: SessionState) -> Budget:
+        f = state.stored.figures
+        return budget_for(
+            budget_policy(self.config, state.row.settings.trigger_fraction),
+            context_window=state.context_window,
+            output_limit=state.output_limit,
+            system_tokens=f.system,
+            pinned_tokens=f.pinned,
+            checkpoint_tokens=f.checkpoints,
+            used=f.used,
+        )
+
+    def refresh(self, state: SessionState, *, system: bool = False) -> None:
+        """Recompute the loaded context's views (and system part) after a state change."""
+        ctx = state.ctx
+        assert ctx is not None
+        if system:
+            ctx.goal_text = render_goal(state.row.goal)
+            ctx.refresh_system(state.counter.count, render_section(ctx.checkpoints))
+        ctx.refresh(state.counter.count, self.policy(state).protected_tools)
+        state.sync_figures()
+        self._track(state)
+
+    async def context(self, state: SessionState) -> ActiveContext:
+        """The active context, rebuilt from history on first use."""
+        if state.ctx is not None:
+            self._loaded.move_to_end(state.id, last=True)
+            return state.ctx
+        cstate = state.cstate
+        db = self.db
+        checkpoints = await db.read(checkpoint_store.load_active, state.id)
+        kept = await db.read(message_store.load_seqs, state.id, list(cstate.kept_seqs)) if cstate.kept_seqs else []
+        recent = await db.read(message_store.load_range, state.id, cstate.boundary, None, None)
+        if state.ctx is not None:  # loaded by another request meanwhile
+            return state.ctx
+        ctx = ActiveContext(
+            system_prompt=state.row.system_prompt,
+            state=msgspec.structs.replace(cstate),
+            checkpoints=checkpoints,
+            kept=[Entry.of(m.seq, m.message, m.tokens) for m in kept],
+            recent=[Entry.of(m.seq, m.message, m.tokens) for m in recent],
+        )
+        state.ctx = ctx
+        self.refresh(state, system=True)
+        return ctx
+
+    def appended(self, state: SessionState, entries: list[Entry]) -> None:
+        """Keep the figures (and a loaded context) in step with a committed push."""
+        if state.ctx is not None:
+            state.ctx.append(entries)
+            state.sync_figures()
             self._track(state)
         else:
-            self._loaded.move_to_end(state.id, last=True)
-        return state.entries
-
-    def appended(self, state: SessionState, new: list[StoredMessage]) -> None:
-        """Keep a loaded active context in step with a committed push."""
-        if state.entries is None:
-            return
-        state.entries.extend(new)
-        self._track(state)
+            state.stored.figures.used += sum(e.tokens.context for e in entries)
+            state.row.context_tokens = state.stored.figures.prompt
 
     def _track(self, state: SessionState) -> None:
         tokens = state.row.context_tokens
         self._loaded_tokens += tokens - self._loaded.pop(state.id, 0)
         self._loaded[state.id] = tokens
         while self._loaded_tokens > self.max_cached_tokens and len(self._loaded) > 1:
-            victim, victim_tokens = self._loaded.popitem(last=False)
-            self._loaded_tokens -= victim_tokens
+            victim, victim_tokens = next(iter(self._loaded.items()))
             evicted = self._states.get(victim)
-            if evicted is not None and not evicted.lock.locked():
-                evicted.entries = None
-            elif evicted is not None:
-                self._loaded[victim] = victim_tokens
-                self._loaded_tokens += victim_tokens
-                self._loaded.move_to_end(victim, last=False)
-                break
-
-    def budget(self, state: SessionState) -> Budget:
-        return budget_for(
-            self.policy,
-            context_window=state.context_window,
-            output_limit=state.output_limit,
-            system_tokens=state.row.system_tokens,
-            used=state.conversation_tokens(),
-        )
+            if evicted is not None and (evicted.lock.locked() or evicted.compression_task is not None):
+                break  # in use: try again on the next change
+            self._loaded.popitem(last=False)
+            self._loaded_tokens -= victim_tokens
+            if evicted is not None:
+                evicted.ctx = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ctxd.protocol.context import ContextStatsResult, KindStats, RoleStats, UsageDrift
 from ctxd.service.core import Service
+from ctxd.service.notify import session_reliability
 
 
 def _ratio(reported: int, counted: int) -> float | None:
@@ -13,6 +14,8 @@ def _ratio(reported: int, counted: int) -> float | None:
 async def stats(svc: Service, session_id: str) -> ContextStatsResult:
     state = await svc.cache.get(session_id)
     row = state.row
+    budget = svc.cache.budget(state)
+    cstate = state.cstate
     s = row.stats
     drift = s.drift
     return ContextStatsResult(
@@ -33,5 +36,12 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
             counted_input_tokens=drift.counted_input,
             input_ratio=_ratio(drift.reported_input, drift.counted_input),
         ),
-        budget=svc.cache.budget(state),
+        budget=budget,
+        reliability=session_reliability(state, budget),
+        compression_count=cstate.compression_count,
+        checkpoint_count=state.stored.figures.checkpoint_count,
+        checkpoint_tokens=budget.checkpoint_tokens,
+        watermark_seq=cstate.watermark_seq,
+        pruned_through_seq=cstate.prune_horizon(),
+        pinned=list(cstate.pinned),
     )

@@ -12,7 +12,9 @@ from typing import Any
 
 import msgspec
 
+from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
+from ctxd.protocol.goal import Goal
 
 
 class RoleTotals(msgspec.Struct):
@@ -42,6 +44,8 @@ class SessionStats(msgspec.Struct):
 
 
 _stats_decoder = msgspec.json.Decoder(SessionStats)
+_goal_decoder = msgspec.json.Decoder(Goal)
+_settings_decoder = msgspec.json.Decoder(SessionSettings)
 _json = msgspec.json.Encoder()
 
 
@@ -65,35 +69,46 @@ class SessionRow:
     context_tokens: int
     last_seq: int
     stats: SessionStats = field(default_factory=SessionStats)
+    context_state: bytes = b"{}"
+    """The engine's CompressionState as JSON (opaque here)."""
+    goal: Goal | None = None
+    settings: SessionSettings = field(default_factory=SessionSettings)
+    model_info: dict[str, Any] = field(default_factory=dict)
 
 
 COLUMNS = (
     "id, created_at, last_activity, model, provider, context_window, system_prompt, "
     "system_tokens, title, tags, metadata, encoding, tokens_estimated, message_count, "
-    "token_count, context_tokens, last_seq, stats"
+    "token_count, context_tokens, last_seq, stats, context_state, goal, settings, model_info"
 )
 
 
 def _row(values: tuple[Any, ...]) -> SessionRow:
     (sid, created, activity, model, provider, window, system, system_tokens, title, tags,
-     metadata, encoding, estimated, count, tokens, context, last_seq, stats) = values
+     metadata, encoding, estimated, count, tokens, context, last_seq, stats, state, goal, settings,
+     model_info) = values
     return SessionRow(
         id=sid, created_at=created, last_activity=activity, model=model, provider=provider,
         context_window=window, system_prompt=system, system_tokens=system_tokens, title=title,
         tags=msgspec.json.decode(tags), metadata=msgspec.json.decode(metadata), encoding=encoding,
         tokens_estimated=bool(estimated), message_count=count, token_count=tokens,
         context_tokens=context, last_seq=last_seq, stats=_stats_decoder.decode(stats),
+        context_state=state.encode() if isinstance(state, str) else state,
+        goal=_goal_decoder.decode(goal) if goal else None,
+        settings=_settings_decoder.decode(settings), model_info=msgspec.json.decode(model_info),
     )
 
 
 def insert_session(conn: sqlite3.Connection, row: SessionRow) -> SessionRow:
     try:
         conn.execute(
-            f"INSERT INTO sessions ({COLUMNS}) VALUES ({', '.join('?' * 18)})",
+            f"INSERT INTO sessions ({COLUMNS}) VALUES ({', '.join('?' * 22)})",
             (row.id, row.created_at, row.last_activity, row.model, row.provider, row.context_window,
              row.system_prompt, row.system_tokens, row.title, _json.encode(row.tags),
              _json.encode(row.metadata), row.encoding, int(row.tokens_estimated), row.message_count,
-             row.token_count, row.context_tokens, row.last_seq, _json.encode(row.stats)),
+             row.token_count, row.context_tokens, row.last_seq, _json.encode(row.stats),
+             row.context_state.decode(), _json.encode(row.goal).decode() if row.goal else None,
+             _json.encode(row.settings).decode(), _json.encode(row.model_info).decode()),
         )
     except sqlite3.IntegrityError:
         raise CtxdError(ErrorCode.SessionExists, f"session {row.id!r} already exists",
@@ -156,3 +171,75 @@ def update_totals(
         (last_activity, added_messages, added_tokens, context_tokens, last_seq,
          _json.encode(stats), session_id),
     )
+
+
+def save_context(
+    conn: sqlite3.Connection,
+    session_id: str,
+    *,
+    context_state: bytes | None = None,
+    goal: Goal | None | bool = False,
+    context_tokens: int | None = None,
+    settings: SessionSettings | None = None,
+    model_info: dict[str, Any] | None = None,
+) -> None:
+    """Store what changed of a session's active context (``goal=False``: unchanged)."""
+    sets: list[str] = []
+    args: list[Any] = []
+    if context_state is not None:
+        sets.append("context_state = ?")
+        args.append(context_state.decode())
+    if goal is not False:
+        sets.append("goal = ?")
+        args.append(_json.encode(goal).decode() if goal is not None else None)
+    if context_tokens is not None:
+        sets.append("context_tokens = ?")
+        args.append(context_tokens)
+    if settings is not None:
+        sets.append("settings = ?")
+        args.append(_json.encode(settings).decode())
+    if model_info is not None:
+        sets.append("model_info = ?")
+        args.append(_json.encode(model_info).decode())
+    if not sets:
+        return
+    cursor = conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*args, session_id))
+    if cursor.rowcount == 0:
+        raise session_not_found(session_id)
+
+
+def update_metadata(
+    conn: sqlite3.Connection,
+    session_id: str,
+    *,
+    title: str | None | bool = False,
+    tags: list[str] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> None:
+    sets: list[str] = []
+    args: list[Any] = []
+    if title is not False:
+        sets.append("title = ?")
+        args.append(title)
+    if tags is not None:
+        sets.append("tags = ?")
+        args.append(_json.encode(tags).decode())
+    if metadata is not None:
+        sets.append("metadata = ?")
+        args.append(_json.encode(metadata).decode())
+    if sets:
+        cursor = conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*args, session_id))
+        if cursor.rowcount == 0:
+            raise session_not_found(session_id)
+
+
+def save_session_settings(conn: sqlite3.Connection, session_id: str, settings: SessionSettings,
+                          context_window: int | None, system_prompt: str | None, system_tokens: int,
+                          context_state: bytes, context_tokens: int) -> None:
+    cursor = conn.execute(
+        "UPDATE sessions SET settings = ?, context_window = ?, system_prompt = ?, system_tokens = ?, "
+        "context_state = ?, context_tokens = ? WHERE id = ?",
+        (_json.encode(settings).decode(), context_window, system_prompt, system_tokens,
+         context_state.decode(), context_tokens, session_id))
+    if cursor.rowcount == 0:
+        raise session_not_found(session_id)

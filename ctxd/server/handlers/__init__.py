@@ -15,4 +15,4 @@ def handles(method: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[.
     return register
 
 
-from ctxd.server.handlers import context, lifecycle, session  # noqa: E402,F401  (registration)
+from ctxd.server.handlers import compression, context, goal, lifecycle, session  # noqa: E402,F401  (registration)

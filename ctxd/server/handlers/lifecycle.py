@@ -33,7 +33,8 @@ async def initialize(req: "Request", params: InitializeParams) -> InitializeResu
     if conn.requires_token:
         given = (params.initialization_options.token if params.initialization_options else None) or ""
         if not hmac.compare_digest(given.encode(), req.daemon.tcp_token.encode()):
-            req.daemon.loop_later(conn.close)
+            # Not loop_later(conn.close): that would run before this error is written.
+            conn.close_after_reply = True
             raise CtxdError(ErrorCode.Unauthorized,
                             "initializationOptions.token is missing or wrong; read it from the daemon's token file",
                             {"field": "initializationOptions.token"})

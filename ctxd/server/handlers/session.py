@@ -13,6 +13,7 @@ from ctxd.protocol.session import (
     SessionListParams,
     SessionListResult,
     SessionPushParams,
+    SessionUpdateParams,
     SubscribeParams,
     SubscribeResult,
 )
@@ -42,6 +43,11 @@ async def get(req: "Request", params: SessionRef) -> SessionInfo:
 @handles("session/delete")
 async def delete(req: "Request", params: SessionRef) -> SessionDeleteResult:
     return await sessions.delete_session(req.service, params.session_id)
+
+
+@handles("session/update")
+async def update(req: "Request", params: SessionUpdateParams) -> SessionInfo:
+    return await sessions.update_session(req.service, params)
 
 
 @handles("session/push")

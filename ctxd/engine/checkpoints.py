@@ -1,0 +1,111 @@
+"""Checkpoints: how they read in the prompt, and how they age and merge (seed 000
+"Checkpoint Aging", seed 001 "Progressive Compression").
+
+Each new compression ages the older summary checkpoints one level down
+(detailed -> moderate -> compact); when more than ``max_checkpoints`` remain, the two
+oldest merge into one ``ultra`` checkpoint. Ageing and merging re-summarize the
+checkpoint's own summary (the summarizer never sees history again), so their cost
+is bounded by the checkpoints' size, not the session's. Folded and truncation
+checkpoints hold the user's words or a notice, not summaries: they never age.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from ctxd.engine.policy import LEVELS, lower, target_tokens
+from ctxd.protocol.compression import Checkpoint
+
+SECTION_HEADER = (
+    "## Earlier conversation, compressed by ctxd\n"
+    "The conversation before the messages below is summarized here, oldest first. "
+    "User messages are kept verbatim in the conversation itself."
+)
+
+
+def new_id() -> str:
+    return "ckpt_" + uuid.uuid4().hex[:12]
+
+
+def render_checkpoint(cp: Checkpoint) -> str:
+    if cp.kind == "folded":
+        title = f"### Earlier user messages {cp.seq_from}-{cp.seq_to} (folded to fit the window, verbatim)"
+    elif cp.kind == "truncated":
+        title = f"### Messages {cp.seq_from}-{cp.seq_to} (omitted)"
+    else:
+        title = f"### Messages {cp.seq_from}-{cp.seq_to} ({cp.level} summary)"
+    return f"{title}\n{cp.summary.strip()}"
+
+
+def render_section(checkpoints: list[Checkpoint]) -> str | None:
+    """The checkpoint section of the system part, or None without checkpoints."""
+    if not checkpoints:
+        return None
+    return "\n\n".join([SECTION_HEADER] + [render_checkpoint(cp) for cp in checkpoints])
+
+
+@dataclass(frozen=True)
+class AgeStep:
+    checkpoint_id: str
+    to_level: str
+    target_tokens: int
+
+
+@dataclass(frozen=True)
+class MergeStep:
+    checkpoint_ids: tuple[str, str]
+    target_tokens: int
+
+
+def ageable(cp: Checkpoint) -> bool:
+    return cp.kind == "summary" and LEVELS.index(cp.level) > LEVELS.index("compact")
+
+
+def plan_aging(checkpoints: list[Checkpoint], max_prompt: int) -> list[AgeStep]:
+    """One level down for every summary checkpoint above ``compact``."""
+    steps = []
+    for cp in checkpoints:
+        if ageable(cp):
+            level = lower(cp.level)
+            steps.append(AgeStep(cp.id, level, target_tokens(level, cp.tokens, max_prompt)))
+    return steps
+
+
+def plan_merge(checkpoints: list[Checkpoint], max_checkpoints: int, max_prompt: int) -> MergeStep | None:
+    """Merge the two oldest summary checkpoints when there are too many."""
+    summaries = [cp for cp in checkpoints if cp.kind == "summary"]
+    if len(summaries) <= max_checkpoints:
+        return None
+    first, second = summaries[0], summaries[1]
+    return MergeStep((first.id, second.id), target_tokens("ultra", first.tokens + second.tokens, max_prompt))
+
+
+def merged(first: Checkpoint, second: Checkpoint, summary: str, tokens: int, summarizer: str, now: str,
+           number: int) -> Checkpoint:
+    """The ultra checkpoint standing for two older ones (their ranges and facts joined)."""
+    def union(a: list[str], b: list[str]) -> list[str]:
+        return list(dict.fromkeys(a + b))
+
+    return Checkpoint(
+        id=new_id(), kind="summary", level="ultra",
+        seq_from=min(first.seq_from, second.seq_from), seq_to=max(first.seq_to, second.seq_to),
+        message_seqs=sorted(set(first.message_seqs) | set(second.message_seqs)),
+        summary=summary, tokens=tokens, original_tokens=first.original_tokens + second.original_tokens,
+        created_at=now, compressed_at=now, compression_number=number, summarizer=summarizer,
+        compression_count=max(first.compression_count, second.compression_count) + 1,
+        merged_from=[first.id, second.id],
+        key_decisions=union(first.key_decisions, second.key_decisions),
+        files_modified=union(first.files_modified, second.files_modified),
+        tools_used=first.tools_used + [t for t in second.tools_used if t.tool not in {u.tool for u in first.tools_used}],
+        next_steps=second.next_steps or first.next_steps,
+        errors=(first.errors + second.errors)[-5:],
+    )
+
+
+def truncation_notice(seq_from: int, seq_to: int, count: int, tokens: int, files: list[str]) -> str:
+    text = (f"{count} earlier messages ({tokens} tokens) were left out of the prompt to fit the "
+            f"context window. They are kept whole in the session history.")
+    if files:
+        text += " Files touched in them: " + ", ".join(files[:10]) + "."
+    return text

@@ -1,0 +1,267 @@
+"""The active context: what would be sent right now, as plain data.
+
+History is every message ever pushed. The active context is a view of it:
+
+    system part     system prompt, goal block, checkpoints (summaries of older turns)
+    kept            messages at or before the compression boundary that are still
+                    sent verbatim: the user's words and pinned messages
+    recent          every message after the boundary, as sent: tool outputs older than
+                    the pruning horizon replaced by a placeholder, tool blocks before
+                    the watermark removed
+
+Compression moves the boundary forward and adds checkpoints; it never edits history.
+:class:`CompressionState` is everything needed to rebuild this view from history,
+and is what gets stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+import msgspec
+
+from ctxd.protocol.compression import Checkpoint
+from ctxd.protocol.message import (
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from ctxd.tokens import MESSAGE_OVERHEAD, PROMPT_PRIMING, TOOL_BLOCK_OVERHEAD, MessageTokens
+
+
+class PruneEvent(msgspec.Struct, array_like=True):
+    """Tool outputs in messages up to ``through_seq`` were cleared at ``at``."""
+
+    through_seq: int
+    at: str
+
+
+class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
+    """The stored part of the active context (beside checkpoints and history)."""
+
+    boundary: int = 0
+    kept_seqs: list[int] = []
+    pinned: list[int] = []
+    watermark_seq: int = 0
+    watermark_tool_use_id: Union[str, None] = None
+    prunes: list[PruneEvent] = []
+    compression_count: int = 0
+    last_after_used: Union[int, None] = None
+    lossy: bool = False
+    """Something was truncated or folded (lowers reliability's context confidence)."""
+    reliability_level: Union[str, None] = None
+    threshold_level: Union[str, None] = None
+    snapshot_armed: bool = True
+
+    def prune_horizon(self) -> int:
+        return self.prunes[-1].through_seq if self.prunes else 0
+
+    def pruned_at(self, seq: int) -> str | None:
+        for event in self.prunes:
+            if seq <= event.through_seq:
+                return event.at
+        return None
+
+
+@dataclass(slots=True)
+class Entry:
+    """One history message in the active context, with what compression needs to know."""
+
+    seq: int
+    message: Message
+    tokens: MessageTokens
+    call_ids: tuple[str, ...]
+    result_ids: tuple[str, ...]
+    call_names: tuple[str, ...]
+    has_user_text: bool
+    # The message as sent and what it costs, refreshed by ActiveContext.refresh().
+    view: Message | None = None
+    view_tokens: int = 0
+
+    @classmethod
+    def of(cls, seq: int, message: Message, tokens: MessageTokens) -> "Entry":
+        calls: list[str] = []
+        names: list[str] = []
+        results: list[str] = []
+        has_text = False
+        content = message.content
+        if isinstance(content, str):
+            has_text = bool(content)
+        elif content:
+            for block in content:
+                if isinstance(block, TextBlock):
+                    has_text = has_text or bool(block.text)
+                elif isinstance(block, ToolUseBlock):
+                    calls.append(block.id)
+                    names.append(block.name)
+                elif isinstance(block, ToolResultBlock):
+                    results.append(block.tool_use_id)
+        for call in message.tool_calls or ():
+            calls.append(call.id)
+            names.append(call.function.name)
+        if message.role == "tool" and message.tool_call_id:
+            results.append(message.tool_call_id)
+        return cls(seq, message, tokens, tuple(calls), tuple(results), tuple(names),
+                   has_text and message.role == "user")
+
+    @property
+    def role(self) -> str:
+        return self.message.role
+
+
+PRUNED_TEXT = "[Old tool result cleared by ctxd at {at}; the full output is in history]"
+
+
+def _strip_tool_blocks(message: Message) -> Message | None:
+    """Seed 002's block filter: tool_use/tool_result blocks out, conversation in."""
+    if message.role == "tool":
+        return None
+    content = message.content
+    if isinstance(content, list):
+        kept = [b for b in content if isinstance(b, TextBlock)]
+        if not kept or not any(b.text for b in kept):
+            return None
+        return msgspec.structs.replace(message, content=kept, tool_calls=None)
+    if not content:
+        return None
+    return msgspec.structs.replace(message, tool_calls=None) if message.tool_calls else message
+
+
+def _user_words(message: Message) -> Message:
+    """A kept user message: its text, without the tool results it carried."""
+    content = message.content
+    if isinstance(content, list) and any(not isinstance(b, TextBlock) for b in content):
+        return msgspec.structs.replace(message, content=[b for b in content if isinstance(b, TextBlock)])
+    return message
+
+
+def _prune(message: Message, placeholder: str) -> Message:
+    if message.role == "tool":
+        return msgspec.structs.replace(message, content=placeholder)
+    content = message.content
+    if isinstance(content, list):
+        return msgspec.structs.replace(message, content=[
+            ToolResultBlock(tool_use_id=b.tool_use_id, content=placeholder, is_error=b.is_error)
+            if isinstance(b, ToolResultBlock) else b for b in content])
+    return message
+
+
+@dataclass
+class ActiveContext:
+    """The active context of one session, and the figures the budget needs."""
+
+    system_prompt: str | None
+    state: CompressionState
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    kept: list[Entry] = field(default_factory=list)
+    recent: list[Entry] = field(default_factory=list)
+    goal_text: str | None = None
+    # Maintained by refresh()/append():
+    system_text: str = ""
+    system_tokens: int = 0
+    """Tokens of system prompt + goal block."""
+    checkpoint_tokens: int = 0
+    """Tokens the checkpoint section adds to the system part."""
+    pinned_tokens: int = 0
+    used: int = 0
+    """Tokens of the conversation (kept + recent, as sent), pinned excluded."""
+    call_names: dict[str, str] = field(default_factory=dict)
+
+    # --- derived figures ----------------------------------------------------------
+
+    @property
+    def prompt_tokens(self) -> int:
+        return PROMPT_PRIMING + self.system_tokens + self.checkpoint_tokens + self.pinned_tokens + self.used
+
+    @property
+    def user_tokens(self) -> int:
+        return sum(e.view_tokens for e in self.kept if e.role == "user" and e.seq not in self.pinned_set)
+
+    @property
+    def pinned_set(self) -> set[int]:
+        return set(self.state.pinned)
+
+    def entries(self) -> list[Entry]:
+        return self.kept + self.recent
+
+    def conversation(self) -> list[Message]:
+        """The messages to send after the system part, oldest first."""
+        return [e.view for e in self.kept if e.view is not None] + \
+               [e.view for e in self.recent if e.view is not None]
+
+    # --- maintenance --------------------------------------------------------------
+
+    def refresh_system(self, count: Callable[[str], int], section: str | None) -> None:
+        """Recount the system part: system prompt + goal block, then the checkpoint section."""
+        head = [p for p in (self.system_prompt, self.goal_text) if p]
+        head_text = "\n\n".join(head)
+        full = "\n\n".join(head + ([section] if section else []))
+        self.system_tokens = count(head_text) + MESSAGE_OVERHEAD if head_text else 0
+        total = count(full) + MESSAGE_OVERHEAD if full else 0
+        self.checkpoint_tokens = total - self.system_tokens
+        self.system_text = full
+
+    def view_entry(self, entry: Entry, kept: bool, count: Callable[[str], int],
+                   protected: tuple[str, ...]) -> None:
+        state = self.state
+        tokens = entry.tokens
+        message = entry.message
+        pinned = entry.seq in self.pinned_set
+        if pinned:
+            entry.view, entry.view_tokens = message, tokens.context
+            return
+        if kept:
+            view = _user_words(message)
+            entry.view = view
+            entry.view_tokens = tokens.overhead + tokens.text if view is not message else tokens.context
+            return
+        if entry.seq < state.watermark_seq and (entry.call_ids or entry.result_ids):
+            view = _strip_tool_blocks(message)
+            entry.view = view
+            entry.view_tokens = 0 if view is None else tokens.overhead + tokens.text
+            return
+        if entry.result_ids and entry.seq <= state.prune_horizon():
+            names = [self.call_names.get(i, "") for i in entry.result_ids]
+            if not (protected and any(n in protected for n in names)):
+                at = state.pruned_at(entry.seq) or ""
+                placeholder = PRUNED_TEXT.format(at=at)
+                entry.view = _prune(message, placeholder)
+                per = count(placeholder)
+                if message.role == "tool":
+                    entry.view_tokens = tokens.overhead + per
+                else:
+                    entry.view_tokens = (tokens.context - tokens.tool_result
+                                         + len(entry.result_ids) * (TOOL_BLOCK_OVERHEAD + per))
+                return
+        entry.view, entry.view_tokens = message, tokens.context
+
+    def refresh(self, count: Callable[[str], int], protected: tuple[str, ...] = ()) -> None:
+        """Recompute every view and the totals (after any state change)."""
+        self.call_names = {}
+        for entry in self.kept + self.recent:
+            for call_id, name in zip(entry.call_ids, entry.call_names):
+                self.call_names[call_id] = name
+        pinned = self.pinned_set
+        used = pinned_tokens = 0
+        for entry in self.kept:
+            self.view_entry(entry, True, count, protected)
+        for entry in self.recent:
+            self.view_entry(entry, False, count, protected)
+        for entry in self.kept + self.recent:
+            if entry.seq in pinned:
+                pinned_tokens += entry.view_tokens
+            else:
+                used += entry.view_tokens
+        self.used = used
+        self.pinned_tokens = pinned_tokens
+
+    def append(self, entries: list[Entry]) -> None:
+        """New messages after the boundary: sent as they are (nothing applies to them yet)."""
+        for entry in entries:
+            for call_id, name in zip(entry.call_ids, entry.call_names):
+                self.call_names[call_id] = name
+            entry.view, entry.view_tokens = entry.message, entry.tokens.context
+            self.recent.append(entry)
+            self.used += entry.view_tokens

@@ -1,0 +1,290 @@
+"""Layer 3: the stages of a compression (seed 001 "Compression Process"), as pure
+functions. The service runs them in order, calling the summarizer between
+preparation and checkpoint creation:
+
+    identification (0-15%)    which messages go: all but the newest ``keep_recent``,
+                              cut only where no tool call is separated from its result
+    preparation (15-25%)      level by size, target size per level
+    summarization (25-70%)    (the service: summarizer chain, with its own window)
+    checkpoint (70-80%)       the checkpoint record, with extracted facts (seed 004)
+    update (80-90%)           boundary forward, checkpoint in, user words kept
+    validation (90-100%)      the summary must be smaller than what it replaces, and
+                              the prompt must fit
+
+Also here: when to compress at all (trigger and loop guard), truncation (the last
+resort when no summary can be had), and folding the user's words when even what may
+never be compressed no longer fits (the overflow policy).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from ctxd.engine.checkpoints import new_id, render_checkpoint, truncation_notice
+from ctxd.engine.context import ActiveContext, CompressionState, Entry
+from ctxd.engine.extract import extract
+from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
+from ctxd.protocol.compression import Checkpoint, ToolUse
+from ctxd.protocol.context import Budget
+from ctxd.protocol.message import Message, TextBlock
+
+STAGES = {
+    "identification": 0, "preparation": 15, "summarization": 25, "checkpoint": 70,
+    "update": 80, "validation": 90, "aging": 95,
+}
+
+
+# --- when -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    compress: bool
+    reason: str
+    skip_kind: str | None = None
+    """Set when the trigger was passed but compression may not run: worth telling clients."""
+
+
+def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy) -> Decision:
+    """Whether automatic compression should run now (seed 000: at 80% of available)."""
+    fits = budget.prompt_tokens <= budget.max_prompt_tokens
+    if budget.used <= budget.trigger_at and fits:
+        return Decision(False, "below the trigger")
+    if not policy.auto:
+        return Decision(False, "automatic compression is off for this session", "auto-off")
+    last = state.last_after_used
+    if fits and last is not None:
+        needed = last + math.ceil(policy.min_growth_fraction * budget.available)
+        if budget.used < needed:
+            return Decision(False, f"the conversation grew to {budget.used} tokens since the last compression "
+                                   f"left {last}; waiting for {needed} (no compaction loops)", "growth")
+    return Decision(True, "over the trigger" if fits else "the prompt no longer fits")
+
+
+# --- identification and preparation ---------------------------------------------------
+
+
+@dataclass
+class Selection:
+    cut: int
+    """How many entries of ``recent`` leave the active context."""
+    cut_seq: int
+    removed: list[Entry]
+    keep: list[Entry]
+    """Of the removed: the user's words and pinned messages, which stay verbatim."""
+    freed_tokens: int
+    """What the removed entries cost as sent, less what stays (the checkpoint replaces this)."""
+    level: str = "detailed"
+    target_tokens: int = 0
+
+    @property
+    def seq_from(self) -> int:
+        return self.removed[0].seq
+
+    @property
+    def message_seqs(self) -> list[int]:
+        keep = {e.seq for e in self.keep if e.message.role != "user"}
+        return [e.seq for e in self.removed if e.seq not in keep]
+
+    def summary_input(self) -> list[Message]:
+        """What the summarizer reads: the removed messages as stored (user messages too,
+        so the summary makes sense; they also stay verbatim in the prompt)."""
+        return [e.message for e in self.removed if e.seq not in {k.seq for k in self.keep if k.role != "user"}]
+
+
+def _safe_cut(recent: list[Entry], cut: int) -> int:
+    """Move the cut back until no tool call before it has its result after it."""
+    where: dict[str, int] = {}
+    for index, entry in enumerate(recent):
+        for call_id in entry.call_ids:
+            where.setdefault(call_id, index)
+    changed = True
+    while changed and cut > 0:
+        changed = False
+        for entry in recent[cut:]:
+            for result_id in entry.result_ids:
+                index = where.get(result_id)
+                if index is not None and index < cut:
+                    cut = index
+                    changed = True
+    return cut
+
+
+def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, keep_recent: int | None = None) -> Selection | None:
+    """Stage 1: the oldest messages after the boundary, all but the newest few."""
+    recent = ctx.recent
+    n = len(recent)
+    if n == 0:
+        return None
+    keep_n = min(policy.keep_recent if keep_recent is None else keep_recent, n)
+    cut = n - keep_n
+    cap = policy.recent_share * budget.available
+    tail = sum(e.view_tokens for e in recent[cut:])
+    while cut < n - 1 and tail > cap:
+        tail -= recent[cut].view_tokens
+        cut += 1
+    cut = _safe_cut(recent, cut)
+    if cut <= 0:
+        return None
+    removed = recent[:cut]
+    pinned = ctx.pinned_set
+    keep = [e for e in removed if e.seq in pinned or e.has_user_text]
+    stays = 0
+    for e in keep:
+        if e.seq in pinned:
+            stays += e.view_tokens
+        else:
+            stays += e.tokens.overhead + e.tokens.text
+    freed = sum(e.view_tokens for e in removed) - stays
+    if freed <= 0:
+        return None
+    return Selection(cut, removed[-1].seq, removed, keep, freed)
+
+
+def prepare(selection: Selection, budget: Budget) -> Selection:
+    """Stage 2: the level and target size of the new checkpoint."""
+    level = initial_level(selection.freed_tokens, budget.max_prompt_tokens)
+    selection.level = level
+    selection.target_tokens = min(target_tokens(level, selection.freed_tokens, budget.max_prompt_tokens),
+                                  max(1, selection.freed_tokens - 1))
+    return selection
+
+
+# --- checkpoint, update, validation ---------------------------------------------------
+
+
+def make_checkpoint(selection: Selection, summary: str, summarizer: str, *, now: str, number: int,
+                    count: Callable[[str], int], kind: str = "summary") -> Checkpoint:
+    """Stage 4: the checkpoint record, with seed 004's structured extraction."""
+    facts = extract(selection.summary_input())
+    cp = Checkpoint(
+        id=new_id(), kind=kind, level=selection.level if kind == "summary" else "compact",  # type: ignore[arg-type]
+        seq_from=selection.seq_from, seq_to=selection.cut_seq, message_seqs=selection.message_seqs,
+        summary=summary, tokens=0, original_tokens=selection.freed_tokens, created_at=now,
+        compression_number=number, summarizer=summarizer,
+        key_decisions=facts.key_decisions, files_modified=facts.files_modified,
+        tools_used=[ToolUse(t.name, t.count, list(t.notable_uses)) for t in facts.tools_used],
+        next_steps=facts.next_steps, errors=facts.errors,
+    )
+    cp.tokens = count(render_checkpoint(cp)) + 2  # its share of the section's separators
+    return cp
+
+
+def truncation_checkpoint(selection: Selection, *, now: str, number: int, count: Callable[[str], int]) -> Checkpoint:
+    """The last resort: a checkpoint that only says what was left out (and where it is)."""
+    removed = [e for e in selection.removed if e.seq in set(selection.message_seqs)]
+    facts = extract([e.message for e in removed])
+    notice = truncation_notice(selection.seq_from, selection.cut_seq, len(removed), selection.freed_tokens,
+                               facts.files_modified)
+    return make_checkpoint(selection, notice, "truncation", now=now, number=number, count=count, kind="truncated")
+
+
+def summary_rejection(cp: Checkpoint) -> str | None:
+    """Stage 6's first rule: a summary not smaller than what it replaces is refused."""
+    if cp.tokens >= cp.original_tokens:
+        return f"the summary ({cp.tokens} tokens) is not smaller than what it replaces ({cp.original_tokens})"
+    return None
+
+
+def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkpoint) -> None:
+    """Stage 5: the boundary moves forward; the checkpoint replaces what was removed."""
+    state = ctx.state
+    ctx.recent = ctx.recent[selection.cut:]
+    ctx.kept = sorted(ctx.kept + selection.keep, key=lambda e: e.seq)
+    ctx.checkpoints.append(checkpoint)
+    state.boundary = selection.cut_seq
+    state.kept_seqs = [e.seq for e in ctx.kept]
+    state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
+    state.compression_count += 1
+
+
+def fits(ctx: ActiveContext, budget: Budget) -> bool:
+    return ctx.prompt_tokens <= budget.max_prompt_tokens
+
+
+# --- overflow: folding the user's words -------------------------------------------------
+
+
+def _user_text(entry: Entry) -> str:
+    content = entry.message.content
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.text for b in content or () if isinstance(b, TextBlock))
+
+
+def _folded_line(entry: Entry) -> str:
+    """``[message N] words``; continuation lines are indented so entries stay separable."""
+    return f"[message {entry.seq}] " + _user_text(entry).replace("\n", "\n    ")
+
+
+def _folded_lines(summary: str) -> list[str]:
+    out: list[str] = []
+    for line in summary.split("\n"):
+        if line.startswith("[message "):
+            out.append(line)
+        elif line.startswith("    ") and out:
+            out[-1] += "\n" + line
+    return out
+
+
+def plan_fold(ctx: ActiveContext, goal_tokens: int) -> list[Entry]:
+    """The oldest kept user messages to fold until the conversation is at ``goal_tokens``.
+
+    The newest user message is never folded, nor are pinned messages."""
+    pinned = ctx.pinned_set
+    users = [e for e in ctx.kept if e.role == "user" and e.seq not in pinned]
+    if not any(e.role == "user" and e.has_user_text for e in ctx.recent) and users:
+        users = users[:-1]
+    excess = ctx.prompt_tokens - goal_tokens
+    chosen: list[Entry] = []
+    saved = 0
+    for entry in users:
+        if saved >= excess:
+            break
+        chosen.append(entry)
+        saved += entry.view_tokens
+    return chosen
+
+
+def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, number: int,
+         count: Callable[[str], int]) -> Checkpoint:
+    """Move ``entries`` into the folded checkpoint (created or grown), keeping their words
+    verbatim, newest first, as far as ``allowance`` tokens allow."""
+    previous = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
+    lines = [_folded_line(e) for e in entries]
+    seqs = [e.seq for e in entries]
+    prior_lines: list[str] = []
+    if previous is not None:
+        prior_lines = _folded_lines(previous.summary)
+        seqs = previous.message_seqs + seqs
+    all_lines = prior_lines + lines
+    kept_lines: list[str] = []
+    used = 0
+    for line in reversed(all_lines):
+        cost = count(line) + 1
+        if used + cost > allowance:
+            break
+        kept_lines.append(line)
+        used += cost
+    kept_lines.reverse()
+    dropped = len(all_lines) - len(kept_lines)
+    parts = []
+    if dropped:
+        parts.append(f"[{dropped} older user messages are folded out of the prompt; they are whole in history]")
+    parts += kept_lines
+    cp = Checkpoint(
+        id=previous.id if previous is not None else new_id(), kind="folded", level="compact",
+        seq_from=min(seqs), seq_to=max(seqs), message_seqs=sorted(seqs), summary="\n".join(parts),
+        tokens=0, original_tokens=(previous.original_tokens if previous else 0) + sum(e.view_tokens for e in entries),
+        created_at=previous.created_at if previous else now, compressed_at=now, compression_number=number,
+        summarizer="fold", compression_count=(previous.compression_count + 1) if previous else 1,
+    )
+    cp.tokens = count(render_checkpoint(cp)) + 2
+    folded = {e.seq for e in entries}
+    ctx.kept = [e for e in ctx.kept if e.seq not in folded]
+    ctx.state.kept_seqs = [e.seq for e in ctx.kept]
+    ctx.checkpoints = [cp] + [c for c in ctx.checkpoints if c.kind != "folded"]
+    ctx.state.lossy = True
+    return cp

@@ -1,0 +1,77 @@
+"""The knobs of compression, as one frozen value the engine functions take.
+
+``config.CompressionConfig`` (with a session's ``SessionSettings`` on top) fills it;
+the engine never reads configuration itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LEVELS = ("ultra", "compact", "moderate", "detailed")
+
+
+@dataclass(frozen=True)
+class CompressionPolicy:
+    auto: bool = True
+    strategy: str = "summarize"
+    """``summarize`` (checkpoints by summary) or ``truncate`` (checkpoints that only say
+    what was dropped; seed 000's ``strategy``)."""
+    overflow_policy: str = "fold"
+    keep_recent: int = 5
+    """Newest messages never summarized (seed 001 stage 1)."""
+    recent_share: float = 0.5
+    """At most this share of the available budget is protected as 'recent'."""
+    low_water_fraction: float = 0.5
+    """A compression aims to leave the conversation at this share of the available budget."""
+    min_growth_fraction: float = 0.10
+    """Automatic compression waits until the conversation grew by this share of the
+    available budget since the last one (no compaction loops)."""
+    prune_minimum: int = 20_000
+    prune_protect: int = 40_000
+    prune_minimum_fraction: float = 0.25
+    prune_protect_fraction: float = 0.5
+    protected_tools: tuple[str, ...] = ()
+    watermark_tools: tuple[str, ...] = ("compress_to_checkpoint", "deactivate_augments")
+    max_checkpoints: int = 4
+    """More summary checkpoints than this and the two oldest merge (seed 000 "Ultra")."""
+    fold_share: float = 0.25
+    """Folded user words may take this share of the prompt at most."""
+    critical_fraction: float = 0.95
+
+    def prune_thresholds(self, available: int) -> tuple[int, int]:
+        """(minimum, protect) for pruning: seed 004's 20k/40k, scaled down for windows
+        where those absolute figures would never apply."""
+        minimum = min(self.prune_minimum, math.ceil(available * self.prune_minimum_fraction))
+        protect = min(self.prune_protect, math.ceil(available * self.prune_protect_fraction))
+        return minimum, protect
+
+
+# Level targets: (share of the input it summarizes, share of the largest prompt it may take).
+# Seed 000: a new checkpoint is 50-70% compressed; ageing compresses to 60%, then 50%,
+# and merged checkpoints to 40%; seed 000's 8K figures (~2000/1200/800/400) are these caps.
+LEVEL_RATIO = {"detailed": 0.40, "moderate": 0.60, "compact": 0.50, "ultra": 0.40}
+LEVEL_CAP = {"detailed": 0.25, "moderate": 0.15, "compact": 0.08, "ultra": 0.05}
+MIN_TARGET = 48
+
+
+def target_tokens(level: str, input_tokens: int, max_prompt: int) -> int:
+    """How long a summary at ``level`` of ``input_tokens`` may be."""
+    target = min(input_tokens * LEVEL_RATIO[level], max_prompt * LEVEL_CAP[level])
+    return max(MIN_TARGET, int(target))
+
+
+def initial_level(input_tokens: int, max_prompt: int) -> str:
+    """Seed 001 stage 2 "level by size", its 2000/3000-token bounds scaled to the window
+    (they are a third and a half of an 8K prompt)."""
+    if input_tokens > max_prompt * 0.5:
+        return "compact"
+    if input_tokens > max_prompt / 3:
+        return "moderate"
+    return "detailed"
+
+
+def lower(level: str) -> str:
+    index = LEVELS.index(level)
+    return LEVELS[max(0, index - 1)]

@@ -1,0 +1,70 @@
+"""Layer 1: tool-output pruning (seed 004 layer 1, opencode's prune). Free, no LLM.
+
+Walking back from the newest message, tool outputs are protected until they add up
+to ``protect`` tokens; every older output is replaced by a placeholder that says it
+was cleared and when. Nothing happens below ``minimum`` tokens of tool output, and
+outputs of protected tools are never cleared. The result is a new pruning horizon
+(``PruneEvent``); history is untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ctxd.engine.context import ActiveContext, PruneEvent
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    through_seq: int
+    results: int
+    """Tool outputs newly cleared."""
+    tokens: int
+    """Tool-output tokens they held."""
+
+
+def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[str, ...] = ()) -> PrunePlan | None:
+    """Where the pruning horizon should move, or None when pruning would not help."""
+    horizon = ctx.state.prune_horizon()
+    recent = ctx.recent
+    total = 0
+    for entry in recent:
+        if entry.result_ids and entry.seq > horizon:
+            total += entry.tokens.tool_result
+    if total < minimum:
+        return None
+    names = ctx.call_names
+    seen = 0
+    cut = -1
+    for index in range(len(recent) - 1, -1, -1):
+        entry = recent[index]
+        if not entry.result_ids:
+            continue
+        seen += entry.tokens.tool_result
+        if seen > protect:
+            cut = index
+            break
+    if cut < 0:
+        return None
+    through = recent[cut].seq
+    if through <= horizon:
+        return None
+    results = tokens = 0
+    pinned = ctx.pinned_set
+    for entry in recent[: cut + 1]:
+        if not entry.result_ids or entry.seq <= horizon or entry.seq in pinned:
+            continue
+        if entry.seq < ctx.state.watermark_seq:
+            continue  # already filtered out by the watermark
+        if protected and any(names.get(i, "") in protected for i in entry.result_ids):
+            continue
+        results += len(entry.result_ids)
+        tokens += entry.tokens.tool_result
+    if results == 0:
+        return None
+    return PrunePlan(through, results, tokens)
+
+
+def apply_prune(ctx: ActiveContext, plan: PrunePlan, at: str) -> None:
+    """Record the new horizon; the caller refreshes the views."""
+    ctx.state.prunes = [*ctx.state.prunes, PruneEvent(plan.through_seq, at)]

@@ -1,0 +1,273 @@
+"""Compression: checkpoints, watermarks, pins, the ``context/compress`` request and
+the notifications that tell clients what compression did."""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+from ctxd.protocol.message import Message
+
+Layer = Literal["prune", "watermark", "summarize", "truncate", "fold"]
+Level = Literal["detailed", "moderate", "compact", "ultra"]
+CheckpointKind = Literal["summary", "truncated", "folded"]
+ReliabilityLevel = Literal["high", "medium", "low", "critical"]
+ProgressToken = Union[str, int]
+
+
+class ToolUse(msgspec.Struct, rename="camel"):
+    tool: str
+    count: int
+    notable_uses: list[str] = []
+
+
+class Checkpoint(msgspec.Struct, rename="camel", omit_defaults=True):
+    """A compressed stretch of conversation (seed 000 "Checkpoint Structure", seed 004
+    "ConversationSummary"). ``messageSeqs`` are the history messages it stands for;
+    ``checkpoint/expand`` returns them whole."""
+
+    id: str
+    kind: CheckpointKind
+    level: Level
+    seq_from: int
+    seq_to: int
+    message_seqs: list[int]
+    summary: str
+    tokens: int
+    original_tokens: int
+    created_at: str
+    compression_number: int
+    summarizer: str
+    compressed_at: Union[str, None] = None
+    compression_count: int = 1
+    merged_from: list[str] = []
+    key_decisions: list[str] = []
+    files_modified: list[str] = []
+    tools_used: list[ToolUse] = []
+    next_steps: list[str] = []
+    errors: list[str] = []
+
+    @property
+    def ratio(self) -> float:
+        return round(self.tokens / self.original_tokens, 4) if self.original_tokens else 1.0
+
+
+class SessionSettings(msgspec.Struct, rename="camel", omit_defaults=True):
+    """Per-session overrides of the ``[compression]`` configuration (absent: use config)."""
+
+    auto_compress: Union[bool, None] = None
+    strategy: Union[Literal["summarize", "truncate"], None] = None
+    overflow_policy: Union[Literal["fold", "error"], None] = None
+    keep_recent: Union[int, None] = None
+    trigger_fraction: Union[float, None] = None
+
+
+class CompressParams(msgspec.Struct, rename="camel", omit_defaults=True):
+    """Compress now, whatever the budget says (like ``/compact``); ``focus`` steers the summary."""
+
+    session_id: str
+    focus: Union[str, None] = None
+    work_done_token: Union[ProgressToken, None] = None
+
+
+class CompressResult(msgspec.Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    compressed: bool
+    layers: list[Layer]
+    before_tokens: int
+    after_tokens: int
+    checkpoint_ids: list[str] = []
+    summarizer: Union[str, None] = None
+    reason: Union[str, None] = None
+    duration_ms: float = 0.0
+
+
+class CheckpointsResult(msgspec.Struct, rename="camel"):
+    session_id: str
+    checkpoints: list[Checkpoint]
+    tokens: int
+
+
+class CheckpointRef(msgspec.Struct, rename="camel"):
+    session_id: str
+    checkpoint_id: str
+
+
+class HistoryMessage(msgspec.Struct, rename="camel", omit_defaults=True):
+    """A message from history with where it sits."""
+
+    seq: int
+    message: Message
+    tokens: int
+    created_at: str
+
+
+class ExpandResult(msgspec.Struct, rename="camel"):
+    session_id: str
+    checkpoint: Checkpoint
+    messages: list[HistoryMessage]
+
+
+class WatermarkParams(msgspec.Struct, rename="camel", omit_defaults=True):
+    """Set the watermark at a tool call (``toolUseId``) or a message (``seq``); tool
+    blocks before it stop being sent. The watermark only moves forward."""
+
+    session_id: str
+    tool_use_id: Union[str, None] = None
+    seq: Union[int, None] = None
+
+
+class WatermarkResult(msgspec.Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    changed: bool
+    watermark_seq: int
+    tool_use_id: Union[str, None] = None
+    reason: Union[str, None] = None
+    blocks_removed: int = 0
+    tokens_freed: int = 0
+
+
+class PinParams(msgspec.Struct, rename="camel"):
+    """Pin (or unpin) a message: pinned messages are sent verbatim and never compressed."""
+
+    session_id: str
+    seq: int
+    pinned: bool = True
+
+
+class PinResult(msgspec.Struct, rename="camel"):
+    session_id: str
+    seq: int
+    pinned: bool
+    pinned_tokens: int
+
+
+class Reliability(msgspec.Struct, rename="camel"):
+    """Seed 000's reliability score: model size x compression penalty x context confidence."""
+
+    score: float
+    level: ReliabilityLevel
+    model_factor: float
+    compression_penalty: float
+    context_confidence: float
+    compression_count: int
+    model_size_billions: Union[float, None]
+    recommendations: list[str] = []
+
+
+# --- notifications -------------------------------------------------------------------
+
+
+class CompressingNotification(msgspec.Struct, rename="camel", omit_defaults=True):
+    """``context/compressing``: a compression stage started (seed 001's six stages)."""
+
+    session_id: str
+    stage: Literal["identification", "preparation", "summarization", "checkpoint", "update",
+                   "validation", "aging"]
+    percentage: int
+    message: Union[str, None] = None
+
+
+class CompressedNotification(msgspec.Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    layers: list[Layer]
+    before_tokens: int
+    after_tokens: int
+    freed_tokens: int
+    ratio: float
+    checkpoint_ids: list[str]
+    duration_ms: float
+    compression_number: int
+    summarizer: Union[str, None] = None
+    trigger: Literal["auto", "request", "prompt"] = "auto"
+
+
+class CompressionSkippedNotification(msgspec.Struct, rename="camel"):
+    session_id: str
+    reason: str
+    used: int
+    trigger_at: int
+
+
+class CompressionFailedNotification(msgspec.Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    reason: str
+    fallback: Union[str, None] = None
+
+
+class CheckpointCreatedNotification(msgspec.Struct, rename="camel"):
+    session_id: str
+    checkpoint: Checkpoint
+
+
+class CheckpointAgedNotification(msgspec.Struct, rename="camel"):
+    session_id: str
+    checkpoint_id: str
+    from_level: Level
+    to_level: Level
+    before_tokens: int
+    after_tokens: int
+
+
+class CheckpointMergedNotification(msgspec.Struct, rename="camel"):
+    session_id: str
+    merged_ids: list[str]
+    into_id: str
+    tokens: int
+
+
+class ThresholdNotification(msgspec.Struct, rename="camel"):
+    """``context/threshold``: ``warning`` when the conversation passes the compression
+    trigger, ``critical`` when the prompt passes 95% of what may be sent."""
+
+    session_id: str
+    level: Literal["warning", "critical"]
+    prompt_tokens: int
+    max_prompt_tokens: int
+    used: int
+    trigger_at: int
+
+
+class OverflowNotification(msgspec.Struct, rename="camel", omit_defaults=True):
+    """``context/overflow``: what may never be compressed no longer fits."""
+
+    session_id: str
+    policy: Literal["fold", "error"]
+    prompt_tokens: int
+    max_prompt_tokens: int
+    system_tokens: int
+    pinned_tokens: int
+    checkpoint_tokens: int
+    user_tokens: int
+    action: str
+    folded_messages: int = 0
+
+
+class ReliabilityNotification(msgspec.Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    reliability: Reliability
+    previous_level: Union[ReliabilityLevel, None] = None
+
+
+class ProgressBegin(msgspec.Struct, tag="begin", tag_field="kind", omit_defaults=True):
+    title: str
+    cancellable: bool = False
+    message: Union[str, None] = None
+    percentage: Union[int, None] = None
+
+
+class ProgressReport(msgspec.Struct, tag="report", tag_field="kind", omit_defaults=True):
+    message: Union[str, None] = None
+    percentage: Union[int, None] = None
+
+
+class ProgressEnd(msgspec.Struct, tag="end", tag_field="kind", omit_defaults=True):
+    message: Union[str, None] = None
+
+
+class ProgressParams(msgspec.Struct):
+    """LSP ``$/progress`` for a request that carried a ``workDoneToken``."""
+
+    token: ProgressToken
+    value: Union[ProgressBegin, ProgressReport, ProgressEnd]

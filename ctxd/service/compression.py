@@ -1,0 +1,424 @@
+"""Running a compression: the engine's decisions, the summarizer's I/O, storage, events.
+
+One pass, cheapest layer first:
+
+1. tool-output pruning (free); enough on its own when it brings the conversation
+   down to the low-water mark;
+2. summarization of the oldest turns into a checkpoint (seed 001's stages, reported
+   as ``context/compressing`` and ``$/progress``), falling back from the LLM to the
+   extractive summarizer to truncation, so a pass always ends with a smaller prompt;
+3. ageing of older checkpoints and merging of the oldest;
+4. validation: if the prompt still does not fit, the overflow policy (fold the
+   oldest user messages, or leave it to ``context/prompt`` to refuse with figures).
+
+History is never touched. Passes of one session never overlap (``compress_lock``);
+pushes go on meanwhile and only append after the part being compressed. Engine
+state changes are made under the session lock, and stored in one transaction at the
+end of the pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ctxd.engine import checkpoints as ckpts
+from ctxd.engine.context import ActiveContext
+from ctxd.engine.pipeline import (
+    STAGES,
+    Selection,
+    apply_selection,
+    decide,
+    fits,
+    fold,
+    identify,
+    make_checkpoint,
+    plan_fold,
+    prepare,
+    summary_rejection,
+    truncation_checkpoint,
+)
+from ctxd.engine.prune import apply_prune, plan_prune
+from ctxd.protocol.compression import (
+    Checkpoint,
+    CheckpointAgedNotification,
+    CheckpointCreatedNotification,
+    CheckpointMergedNotification,
+    CompressedNotification,
+    CompressingNotification,
+    CompressionFailedNotification,
+    CompressionSkippedNotification,
+    CompressResult,
+    OverflowNotification,
+)
+from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
+from ctxd.protocol.message import Message
+from ctxd.service import notify
+from ctxd.service.clock import now_iso
+from ctxd.service.core import Service
+from ctxd.service.events import NullProgress, Progress
+from ctxd.service.state import SessionState, decode_stored
+from ctxd.store import checkpoints as checkpoint_store
+from ctxd.store import sessions as session_store
+from ctxd.summarize import SummaryRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pass:
+    """What one pass did, for the result, the notification and the compressions record."""
+
+    trigger: str
+    started: float
+    before: int
+    layers: list[str] = field(default_factory=list)
+    created: list[Checkpoint] = field(default_factory=list)
+    summarizer: str | None = None
+    fallback: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class _Stages:
+    """Seed 001's stages as ``context/compressing`` notifications and ``$/progress``."""
+
+    def __init__(self, svc: Service, state: SessionState, progress: Progress) -> None:
+        self.svc, self.state, self.progress = svc, state, progress
+
+    def __call__(self, stage: str, message: str) -> None:
+        percentage = STAGES[stage]
+        self.svc.events.emit(self.state.id, "context/compressing", CompressingNotification(
+            session_id=self.state.id, stage=stage, percentage=percentage, message=message))  # type: ignore[arg-type]
+        self.progress.report(percentage, message)
+
+
+def schedule(svc: Service, state: SessionState) -> None:
+    """After a push: start a background pass when the budget says so (single flight)."""
+    if state.compression_task is not None or state.deleted:
+        return
+    budget = svc.cache.budget(state)
+    policy = svc.cache.policy(state)
+    decision = decide(state.cstate, budget, policy)
+    if decision.compress:
+        state.skip_reason = None
+        task = asyncio.get_running_loop().create_task(_background(svc, state), name=f"compress-{state.id}")
+        state.compression_task = task
+        svc.tasks.add(task)
+        task.add_done_callback(svc.tasks.discard)
+    elif decision.skip_kind is not None and state.skip_reason != decision.skip_kind:
+        state.skip_reason = decision.skip_kind
+        svc.events.emit(state.id, "context/compressionSkipped", CompressionSkippedNotification(
+            session_id=state.id, reason=decision.reason, used=budget.used, trigger_at=budget.trigger_at))
+
+
+async def _background(svc: Service, state: SessionState) -> None:
+    try:
+        await compress(svc, state, trigger="auto")
+    except asyncio.CancelledError:
+        raise
+    except CtxdError as exc:
+        log.warning("automatic compression of %s failed: %s", state.id, exc.message)
+    except Exception:
+        log.exception("automatic compression of %s failed", state.id)
+    finally:
+        state.compression_task = None
+
+
+async def compress(svc: Service, state: SessionState, *, trigger: str, focus: str | None = None,
+                   progress: Progress | None = None, force: bool = False) -> CompressResult:
+    """One compression pass; ``force`` (``context/compress``) skips the trigger check."""
+    progress = progress or NullProgress()
+    async with state.compress_lock:
+        if state.deleted:
+            raise session_not_found(state.id)
+        ctx = await svc.cache.context(state)
+        budget = svc.cache.budget(state)
+        policy = svc.cache.policy(state)
+        if not force:
+            decision = decide(state.cstate, budget, policy)
+            if not decision.compress:
+                return CompressResult(session_id=state.id, compressed=False, layers=[],
+                                      before_tokens=ctx.prompt_tokens, after_tokens=ctx.prompt_tokens,
+                                      reason=decision.reason)
+        run = _Pass(trigger=trigger, started=time.perf_counter(), before=ctx.prompt_tokens)
+        progress.begin("Compressing context", f"{ctx.prompt_tokens} tokens")
+        stage = _Stages(svc, state, progress)
+        try:
+            await _run_layers(svc, state, ctx, run, stage, focus=focus, force=force)
+        except asyncio.CancelledError:
+            progress.end("cancelled")
+            await _reload(svc, state)
+            raise
+        except Exception as exc:
+            progress.end("failed")
+            await _reload(svc, state)
+            reason = exc.message if isinstance(exc, CtxdError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, CtxdError):
+                log.exception("compression of %s failed", state.id)
+            svc.events.emit(state.id, "context/compressionFailed", CompressionFailedNotification(
+                session_id=state.id, reason=reason, fallback="the active context is unchanged"))
+            raise CtxdError(ErrorCode.CompressionFailed, f"compression failed: {reason}") from exc
+        result = await _finish(svc, state, ctx, run)
+        progress.end(f"{result.before_tokens} -> {result.after_tokens} tokens")
+        return result
+
+
+async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, stage: _Stages,
+                      *, focus: str | None, force: bool) -> None:
+    cache = svc.cache
+    policy = cache.policy(state)
+    budget = cache.budget(state)
+    low_water = math.floor(policy.low_water_fraction * budget.available)
+
+    # Layer 1: pruning.
+    minimum, protect = policy.prune_thresholds(budget.available)
+    plan = plan_prune(ctx, minimum, protect, policy.protected_tools)
+    if plan is not None:
+        async with state.lock:
+            apply_prune(ctx, plan, now_iso())
+            cache.refresh(state)
+        run.layers.append("prune")
+        run.detail["pruned"] = {"results": plan.results, "tokens": plan.tokens, "throughSeq": plan.through_seq}
+        budget = cache.budget(state)
+        if not force and ctx.used <= low_water and fits(ctx, budget):
+            return
+
+    # Layer 3: summarization into a checkpoint (the watermark layer acts when it is set).
+    stage("identification", "choosing messages to compress")
+    selection = identify(ctx, budget, policy)
+    if selection is not None:
+        prepare(selection, budget)
+        stage("preparation", f"{len(selection.removed)} messages, {selection.freed_tokens} tokens, "
+                             f"{selection.level} level, target {selection.target_tokens}")
+        checkpoint = await _checkpoint_for(svc, state, ctx, selection, run, stage, focus, policy.strategy)
+        stage("update", "updating the active context")
+        async with state.lock:
+            apply_selection(ctx, selection, checkpoint)
+            cache.refresh(state, system=True)
+        run.created.append(checkpoint)
+        run.layers.append("truncate" if checkpoint.kind == "truncated" else "summarize")
+        svc.events.emit(state.id, "checkpoint/created",
+                        CheckpointCreatedNotification(session_id=state.id, checkpoint=checkpoint))
+        stage("aging", "ageing older checkpoints")
+        await _age_and_merge(svc, state, ctx, run, exclude=checkpoint.id)
+
+    # Validation: the prompt must fit; if what is never compressed does not, the overflow policy.
+    stage("validation", "checking the prompt fits")
+    budget = cache.budget(state)
+    if not fits(ctx, budget):
+        await _squeeze(svc, state, ctx, run, low_water)
+
+
+async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext, selection: Selection,
+                          run: _Pass, stage: _Stages, focus: str | None, strategy: str) -> Checkpoint:
+    """Stages 3-4 and 6's first rule: a summary smaller than its input, or truncation."""
+    number = state.cstate.compression_count + 1
+    count = state.counter.count
+    if strategy == "truncate":
+        run.summarizer = "truncation"
+        return truncation_checkpoint(selection, now=now_iso(), number=number, count=count)
+    stage("summarization", f"summarizing {selection.freed_tokens} tokens into ~{selection.target_tokens}")
+    chain = svc.summarizers.chain(state.counter, state.row.model)
+    request = SummaryRequest(messages=selection.summary_input(), level=selection.level,  # type: ignore[arg-type]
+                             target_tokens=selection.target_tokens, goal=ctx.goal_text, focus=focus)
+    result = await chain.summarize(request)
+    run.summarizer = result.summarizer
+    run.fallback = result.fallback_reason
+    stage("checkpoint", f"checkpoint from {result.summarizer}")
+    checkpoint = make_checkpoint(selection, result.text, result.summarizer, now=now_iso(), number=number, count=count)
+    rejection = summary_rejection(checkpoint)
+    if rejection is None:
+        return checkpoint
+    run.fallback = "; ".join(filter(None, [run.fallback, rejection]))
+    svc.events.emit(state.id, "context/compressionFailed", CompressionFailedNotification(
+        session_id=state.id, reason=rejection, fallback="truncation"))
+    run.summarizer = "truncation"
+    return truncation_checkpoint(selection, now=now_iso(), number=number, count=count)
+
+
+async def _resummarize(svc: Service, state: SessionState, texts: list[str], level: str, target: int,
+                       goal: str | None) -> tuple[str, str] | None:
+    chain = svc.summarizers.chain(state.counter, state.row.model)
+    request = SummaryRequest(messages=[Message(role="assistant", content=t) for t in texts], level=level,  # type: ignore[arg-type]
+                             target_tokens=target, goal=goal, kind="checkpoint_merge")
+    result = await chain.summarize(request)
+    return result.text, result.summarizer
+
+
+async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, exclude: str) -> None:
+    """Seed 000's ageing: older checkpoints one level down, then the oldest merged."""
+    cache = svc.cache
+    count = state.counter.count
+    budget = cache.budget(state)
+    older = [cp for cp in ctx.checkpoints if cp.id != exclude]
+    for step in ckpts.plan_aging(older, budget.max_prompt_tokens):
+        cp = next(c for c in ctx.checkpoints if c.id == step.checkpoint_id)
+        out = await _resummarize(svc, state, [cp.summary], step.to_level, step.target_tokens, ctx.goal_text)
+        if out is None:
+            continue
+        text, summarizer = out
+        aged = msgspec.structs.replace(cp, level=step.to_level, summary=text, compressed_at=now_iso(),  # type: ignore[arg-type]
+                                       compression_count=cp.compression_count + 1, summarizer=summarizer)
+        aged.tokens = count(ckpts.render_checkpoint(aged)) + 2
+        if aged.tokens >= cp.tokens:
+            continue  # a re-summary that does not shrink is not an ageing
+        async with state.lock:
+            ctx.checkpoints = [aged if c.id == cp.id else c for c in ctx.checkpoints]
+            cache.refresh(state, system=True)
+        run.detail.setdefault("aged", []).append(cp.id)
+        svc.events.emit(state.id, "checkpoint/aged", CheckpointAgedNotification(
+            session_id=state.id, checkpoint_id=cp.id, from_level=cp.level, to_level=aged.level,
+            before_tokens=cp.tokens, after_tokens=aged.tokens))
+    policy = cache.policy(state)
+    while True:
+        step = ckpts.plan_merge(ctx.checkpoints, policy.max_checkpoints, budget.max_prompt_tokens)
+        if step is None:
+            break
+        first = next(c for c in ctx.checkpoints if c.id == step.checkpoint_ids[0])
+        second = next(c for c in ctx.checkpoints if c.id == step.checkpoint_ids[1])
+        out = await _resummarize(svc, state, [first.summary, second.summary], "ultra", step.target_tokens,
+                                 ctx.goal_text)
+        if out is None:
+            break
+        text, summarizer = out
+        merged = ckpts.merged(first, second, text, 0, summarizer, now_iso(), state.cstate.compression_count)
+        merged.tokens = count(ckpts.render_checkpoint(merged)) + 2
+        async with state.lock:
+            index = ctx.checkpoints.index(first)
+            rest = [c for c in ctx.checkpoints if c.id not in step.checkpoint_ids]
+            rest.insert(index, merged)
+            ctx.checkpoints = rest
+            cache.refresh(state, system=True)
+        run.created.append(merged)
+        run.detail.setdefault("merged", []).append([first.id, second.id, merged.id])
+        svc.events.emit(state.id, "checkpoint/merged", CheckpointMergedNotification(
+            session_id=state.id, merged_ids=[first.id, second.id], into_id=merged.id, tokens=merged.tokens))
+
+
+async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, low_water: int) -> None:
+    """The prompt still does not fit: truncate what may be, then apply the overflow policy."""
+    cache = svc.cache
+    policy = cache.policy(state)
+    budget = cache.budget(state)
+    selection = identify(ctx, budget, policy, keep_recent=1)
+    if selection is not None:
+        prepare(selection, budget)
+        cp = truncation_checkpoint(selection, now=now_iso(), number=state.cstate.compression_count + 1,
+                                   count=state.counter.count)
+        async with state.lock:
+            apply_selection(ctx, selection, cp)
+            ctx.state.lossy = True
+            cache.refresh(state, system=True)
+        run.created.append(cp)
+        run.layers.append("truncate")
+        svc.events.emit(state.id, "checkpoint/created", CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
+        budget = cache.budget(state)
+        if fits(ctx, budget):
+            return
+    user_tokens = ctx.user_tokens
+    action = ("folding the oldest user messages into a checkpoint" if policy.overflow_policy == "fold"
+              else "context/prompt will answer with ContextOverflow")
+    svc.events.emit(state.id, "context/overflow", OverflowNotification(
+        session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
+        max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
+        pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=user_tokens,
+        action=action))
+    if policy.overflow_policy != "fold":
+        return
+    goal = max(0, budget.max_prompt_tokens - (budget.available - low_water))
+    chosen = plan_fold(ctx, goal)
+    if not chosen:
+        return
+    allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
+    async with state.lock:
+        cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=state.cstate.compression_count + 1,
+                  count=state.counter.count)
+        ctx.state.compression_count += 1
+        cache.refresh(state, system=True)
+    run.created.append(cp)
+    run.layers.append("fold")
+    run.detail["folded"] = [e.seq for e in chosen]
+    svc.events.emit(state.id, "checkpoint/created", CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
+
+
+async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> CompressResult:
+    """Store the pass in one transaction, then tell the clients."""
+    duration = round((time.perf_counter() - run.started) * 1000, 2)
+    after = ctx.prompt_tokens
+    compressed = bool(run.layers)
+    if compressed:
+        ctx.state.last_after_used = ctx.used
+    state.sync_figures()
+    ids = [cp.id for cp in run.created]
+    encoded = state.encoded_state()
+    active = list(ctx.checkpoints)
+
+    def job(conn: Any) -> None:
+        checkpoint_store.save_active(conn, state.id, active)
+        session_store.save_context(conn, state.id, context_state=encoded, context_tokens=state.row.context_tokens)
+        if compressed:
+            checkpoint_store.record_compression(
+                conn, state.id, at=now_iso(), trigger=run.trigger, layers=run.layers, before=run.before,
+                after=after, checkpoint_ids=ids, summarizer=run.summarizer, duration_ms=duration,
+                detail={**run.detail, **({"fallback": run.fallback} if run.fallback else {})})
+
+    try:
+        await svc.db.write(job)
+    except CtxdError:
+        await _reload(svc, state)
+        raise
+    budget = svc.cache.budget(state)
+    if compressed:
+        freed = run.before - after
+        svc.events.emit(state.id, "context/compressed", CompressedNotification(
+            session_id=state.id, layers=run.layers, before_tokens=run.before, after_tokens=after,  # type: ignore[arg-type]
+            freed_tokens=freed, ratio=round(after / run.before, 4) if run.before else 1.0, checkpoint_ids=ids,
+            duration_ms=duration, compression_number=ctx.state.compression_count, summarizer=run.summarizer,
+            trigger=run.trigger))  # type: ignore[arg-type]
+        notify.updated(svc, state, "compressed")
+    notify.after_change(svc, state, budget)
+    return CompressResult(session_id=state.id, compressed=compressed, layers=run.layers,  # type: ignore[arg-type]
+                          before_tokens=run.before, after_tokens=after, checkpoint_ids=ids,
+                          summarizer=run.summarizer, duration_ms=duration,
+                          reason=run.fallback if compressed else "nothing could be compressed")
+
+
+async def _reload(svc: Service, state: SessionState) -> None:
+    """After a failed pass: forget the in-memory context, rebuild it from what is stored."""
+    row = await svc.db.read(session_store.get_session, state.id)
+    async with state.lock:
+        state.ctx = None
+        if row is not None:
+            state.stored = decode_stored(row.context_state)
+            state.row.context_tokens = row.context_tokens
+
+
+async def ensure_fits(svc: Service, state: SessionState) -> None:
+    """Before handing out a prompt: compress now if it would not fit (never hand out one
+    that does not), or refuse with the figures when that is impossible or not allowed."""
+    budget = svc.cache.budget(state)
+    if budget.prompt_tokens <= budget.max_prompt_tokens:
+        return
+    policy = svc.cache.policy(state)
+    if policy.auto:
+        await compress(svc, state, trigger="prompt")
+        budget = svc.cache.budget(state)
+        if budget.prompt_tokens <= budget.max_prompt_tokens:
+            return
+        why = "it does not fit even after compression"
+        if policy.overflow_policy == "error":
+            why += " (overflow policy is 'error')"
+    else:
+        why = "automatic compression is off for this session; call context/compress"
+    raise CtxdError(ErrorCode.ContextOverflow, f"the prompt needs {budget.prompt_tokens} tokens but at most "
+                    f"{budget.max_prompt_tokens} may be sent: {why}", {
+                        "promptTokens": budget.prompt_tokens, "maxPromptTokens": budget.max_prompt_tokens,
+                        "contextWindow": budget.context_window, "systemTokens": budget.system_tokens,
+                        "pinnedTokens": budget.pinned_tokens, "checkpointTokens": budget.checkpoint_tokens,
+                        "used": budget.used})

@@ -1,0 +1,118 @@
+"""Client controls over the active context: ``context/compress``, ``context/watermark``,
+``message/pin``, ``context/checkpoints`` and ``checkpoint/expand``."""
+
+from __future__ import annotations
+
+from ctxd.engine.context import Entry
+from ctxd.engine.watermark import WatermarkMove, apply_watermark, plan_watermark
+from ctxd.protocol.compression import (
+    CheckpointRef,
+    CheckpointsResult,
+    CompressedNotification,
+    CompressParams,
+    CompressResult,
+    ExpandResult,
+    HistoryMessage,
+    PinParams,
+    PinResult,
+    WatermarkParams,
+    WatermarkResult,
+)
+from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
+from ctxd.service import compression, notify
+from ctxd.service.core import Service
+from ctxd.service.events import Progress
+from ctxd.store import checkpoints as checkpoint_store
+from ctxd.store import messages as message_store
+from ctxd.store import sessions as session_store
+
+
+async def compress(svc: Service, params: CompressParams, progress: Progress | None = None) -> CompressResult:
+    state = await svc.cache.get(params.session_id)
+    return await compression.compress(svc, state, trigger="request", focus=params.focus, progress=progress,
+                                      force=True)
+
+
+async def checkpoints(svc: Service, session_id: str) -> CheckpointsResult:
+    state = await svc.cache.get(session_id)
+    async with state.lock:
+        ctx = await svc.cache.context(state)
+        active = list(ctx.checkpoints)
+    return CheckpointsResult(session_id=state.id, checkpoints=active, tokens=ctx.checkpoint_tokens)
+
+
+async def expand(svc: Service, params: CheckpointRef) -> ExpandResult:
+    """The original messages a checkpoint stands for, from history (never from a summary)."""
+    state = await svc.cache.get(params.session_id)
+    cp = await svc.db.read(checkpoint_store.get_checkpoint, state.id, params.checkpoint_id)
+    if cp is None:
+        raise CtxdError(ErrorCode.CheckpointNotFound,
+                        f"no checkpoint {params.checkpoint_id!r} in session {state.id!r}",
+                        {"field": "checkpointId", "checkpointId": params.checkpoint_id})
+    stored = await svc.db.read(message_store.load_seqs, state.id, cp.message_seqs)
+    return ExpandResult(session_id=state.id, checkpoint=cp, messages=[
+        HistoryMessage(seq=m.seq, message=m.message, tokens=m.tokens.total, created_at=m.created_at)
+        for m in stored])
+
+
+async def watermark(svc: Service, params: WatermarkParams) -> WatermarkResult:
+    if params.tool_use_id is None and params.seq is None:
+        raise invalid_params("give toolUseId or seq", "toolUseId")
+    state = await svc.cache.get(params.session_id)
+    async with state.lock:
+        ctx = await svc.cache.context(state)
+        planned = plan_watermark(ctx, tool_use_id=params.tool_use_id, seq=params.seq)
+        if not isinstance(planned, WatermarkMove):
+            return WatermarkResult(session_id=state.id, changed=False, watermark_seq=ctx.state.watermark_seq,
+                                   tool_use_id=ctx.state.watermark_tool_use_id, reason=planned)
+        before = ctx.prompt_tokens
+        apply_watermark(ctx, planned)
+        svc.cache.refresh(state)
+        await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
+                           context_tokens=state.row.context_tokens)
+        after = ctx.prompt_tokens
+        budget = svc.cache.budget(state)
+    svc.events.emit(state.id, "context/compressed", CompressedNotification(
+        session_id=state.id, layers=["watermark"], before_tokens=before, after_tokens=after,
+        freed_tokens=before - after, ratio=round(after / before, 4) if before else 1.0, checkpoint_ids=[],
+        duration_ms=0.0, compression_number=ctx.state.compression_count, trigger="request"))
+    notify.updated(svc, state, "watermark")
+    notify.after_change(svc, state, budget)
+    return WatermarkResult(session_id=state.id, changed=True, watermark_seq=planned.seq,
+                           tool_use_id=planned.tool_use_id, blocks_removed=planned.blocks,
+                           tokens_freed=before - after)
+
+
+async def pin(svc: Service, params: PinParams) -> PinResult:
+    """Pinned messages are sent verbatim whatever compression does; a pinned message
+    already behind the boundary comes back into the prompt."""
+    state = await svc.cache.get(params.session_id)
+    if not 1 <= params.seq <= state.row.last_seq:
+        raise CtxdError(ErrorCode.MessageNotFound, f"no message {params.seq} in session {state.id!r}",
+                        {"field": "seq", "seq": params.seq})
+    async with state.lock:
+        ctx = await svc.cache.context(state)
+        pinned = set(ctx.state.pinned)
+        changed = (params.seq in pinned) != params.pinned
+        if changed:
+            if params.pinned:
+                pinned.add(params.seq)
+                if params.seq <= ctx.state.boundary and not any(e.seq == params.seq for e in ctx.kept):
+                    [stored] = await svc.db.read(message_store.load_seqs, state.id, [params.seq])
+                    ctx.kept = sorted(ctx.kept + [Entry.of(stored.seq, stored.message, stored.tokens)],
+                                      key=lambda e: e.seq)
+            else:
+                pinned.discard(params.seq)
+                keep_user = {e.seq for e in ctx.kept if e.has_user_text}
+                ctx.kept = [e for e in ctx.kept if e.seq != params.seq or e.seq in keep_user]
+            ctx.state.pinned = sorted(pinned)
+            ctx.state.kept_seqs = [e.seq for e in ctx.kept]
+            svc.cache.refresh(state)
+            await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
+                               context_tokens=state.row.context_tokens)
+        budget = svc.cache.budget(state)
+    if changed:
+        notify.updated(svc, state, "pin")
+        notify.after_change(svc, state, budget)
+        compression.schedule(svc, state)
+    return PinResult(session_id=state.id, seq=params.seq, pinned=params.pinned, pinned_tokens=ctx.pinned_tokens)

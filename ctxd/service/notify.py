@@ -1,0 +1,54 @@
+"""Notifications that follow from a session's figures: thresholds and reliability.
+
+Each is sent when its level changes, not on every push, so a client sees one warning
+when the trigger is passed, one when the prompt nears its limit, and one each time the
+reliability level moves.
+"""
+
+from __future__ import annotations
+
+from ctxd.engine.reliability import reliability
+from ctxd.protocol import notifications
+from ctxd.protocol.compression import Reliability, ReliabilityNotification, ThresholdNotification
+from ctxd.protocol.context import Budget
+from ctxd.service.core import Service
+from ctxd.service.state import SessionState
+
+
+def session_reliability(state: SessionState, budget: Budget) -> Reliability:
+    return reliability(state.row.model, state.row.model_info.get("parameterSize"),
+                       state.cstate.compression_count, budget, state.cstate.lossy)
+
+
+def threshold_level(budget: Budget, critical_fraction: float = 0.95) -> str | None:
+    if budget.max_prompt_tokens > 0 and budget.prompt_tokens >= critical_fraction * budget.max_prompt_tokens:
+        return "critical"
+    if budget.used > budget.trigger_at:
+        return "warning"
+    return None
+
+
+def after_change(svc: Service, state: SessionState, budget: Budget) -> None:
+    """Send ``context/threshold`` and ``context/reliability`` when their level changed."""
+    cstate = state.cstate
+    level = threshold_level(budget)
+    if level != cstate.threshold_level:
+        cstate.threshold_level = level
+        if level is not None:
+            svc.events.emit(state.id, "context/threshold", ThresholdNotification(
+                session_id=state.id, level=level, prompt_tokens=budget.prompt_tokens,  # type: ignore[arg-type]
+                max_prompt_tokens=budget.max_prompt_tokens, used=budget.used, trigger_at=budget.trigger_at))
+    rel = session_reliability(state, budget)
+    if rel.level != cstate.reliability_level:
+        previous = cstate.reliability_level
+        cstate.reliability_level = rel.level
+        if previous is not None or rel.level != "high":
+            svc.events.emit(state.id, "context/reliability", ReliabilityNotification(
+                session_id=state.id, reliability=rel, previous_level=previous))  # type: ignore[arg-type]
+
+
+def updated(svc: Service, state: SessionState, reason: str, pushed: int = 0) -> None:
+    row = state.row
+    svc.events.emit(state.id, "session/updated", notifications.SessionUpdated(
+        session_id=state.id, reason=reason, last_seq=row.last_seq, message_count=row.message_count,  # type: ignore[arg-type]
+        token_count=row.token_count, context_tokens=row.context_tokens, pushed=pushed))

@@ -1,0 +1,83 @@
+"""Which summarizer writes checkpoints, built once from ``[summarizer]``.
+
+The extractive summarizer is always there, as the embedded default and as the
+fallback behind an LLM backend; a backend is shared by all sessions (one HTTP
+connection pool), with one chain per (encoding, model) because targets are counted in
+the session's own tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ctxd.config import Config
+from ctxd.llm.base import ChatBackend, ModelInfo
+from ctxd.llm.factory import make_backend
+from ctxd.llm.settings import BackendSettings
+from ctxd.summarize import ExtractiveSummarizer, LLMSummarizer, SummarizerChain
+from ctxd.tokens import TokenCounter
+
+log = logging.getLogger(__name__)
+
+
+class Summarizers:
+    def __init__(self, config: Config) -> None:
+        self.config = config.summarizer
+        self.backend: ChatBackend | None = None
+        self.settings: BackendSettings | None = None
+        if self.config.backend != "extractive":
+            cfg = self.config
+            self.settings = BackendSettings(
+                kind=cfg.backend,  # type: ignore[arg-type]
+                model=cfg.model or "",
+                base_url=cfg.base_url or None,
+                api_key_env=("" if cfg.api_key_env.lower() == "none" else cfg.api_key_env or None),
+                api_key_file=cfg.api_key_file or None,
+                timeout_seconds=cfg.timeout_seconds,
+                max_retries=cfg.max_retries,
+                context_window=cfg.context_window or None,
+            )
+            self.backend = make_backend(self.settings)
+        self._chains: dict[tuple[str, str], SummarizerChain] = {}
+
+    @property
+    def name(self) -> str:
+        if self.settings is None:
+            return "extractive"
+        model = self.settings.model or "(session model)"
+        return f"{self.settings.kind}:{model} -> extractive"
+
+    def chain(self, counter: TokenCounter, session_model: str | None) -> SummarizerChain:
+        model = (self.settings.model if self.settings else "") or session_model or ""
+        key = (counter.encoding, model)
+        chain = self._chains.get(key)
+        if chain is None:
+            extractive = ExtractiveSummarizer(counter.count)
+            if self.backend is not None and self.settings is not None and model:
+                settings = self.settings if self.settings.model == model else _with_model(self.settings, model)
+                chain = SummarizerChain([LLMSummarizer(self.backend, settings, counter.count), extractive],
+                                        counter.count, timeout_seconds=self.config.chain_timeout_seconds)
+            else:
+                chain = SummarizerChain([extractive], counter.count)
+            self._chains[key] = chain
+        return chain
+
+    async def model_info(self, model: str) -> ModelInfo | None:
+        """What the backend says about a session's model (None when it cannot be asked)."""
+        if self.backend is None or not self.config.query_model_info:
+            return None
+        try:
+            return await self.backend.model_info(model)
+        except Exception as exc:  # an unreachable backend must not stop session creation
+            log.info("model info for %s unavailable: %s", model, exc)
+            return None
+
+    async def aclose(self) -> None:
+        if self.backend is not None:
+            await self.backend.aclose()
+
+
+def _with_model(settings: BackendSettings, model: str) -> BackendSettings:
+    import msgspec
+
+    return msgspec.structs.replace(settings, model=model)
