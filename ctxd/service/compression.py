@@ -331,7 +331,9 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         action=action))
     if policy.overflow_policy != "fold":
         return
-    goal = max(0, budget.max_prompt_tokens - (budget.available - low_water))
+    # Fold until the conversation is back at the low-water mark (not just barely fitting),
+    # so the next turns do not overflow again at once.
+    goal = max(0, budget.prompt_tokens - budget.used + low_water)
     chosen = plan_fold(ctx, goal)
     if not chosen:
         return
