@@ -76,11 +76,15 @@ class BudgetConfig(_Section):
     default_context_window: int = 8192
     """Window for a model ctxd does not know, when the session gives none."""
     usable_fraction: float = 0.85
-    """Share of the window a prompt plus its reply may use (seed 000's Ollama 85%)."""
+    """Share of the window a prompt plus its reply may use with a local runtime or an unknown
+    model (seed 000's Ollama 85%, which leaves the runtime its headroom)."""
+    hosted_usable_fraction: float = 1.0
+    """The same for hosted APIs (provider openai/anthropic/google, or a gpt/o-series/claude/gemini
+    model), whose windows are exact (seed 004: window minus reserved output)."""
     reserved_output_cap: int = 32_000
     """Most tokens reserved for the reply (seed 004)."""
     reserved_output_fraction: float = 0.125
-    """Reply reservation as a share of the window, when below the model's output limit and the cap."""
+    """Reply reservation as a share of the window for a model whose output limit is unknown."""
     safety_margin_fraction: float = 0.02
     """Extra headroom kept free of conversation, as a share of the window."""
     trigger_fraction: float = 0.80
@@ -153,6 +157,29 @@ class SummarizerConfig(_Section):
     """Ask the backend for a session model's window and size when the session does not say."""
 
 
+class SnapshotsConfig(_Section):
+    """Rollback points of the active context (seed 003)."""
+
+    auto: bool = True
+    """Take snapshots automatically (at the threshold, and before a compression)."""
+    auto_threshold: float = 0.85
+    """Snapshot when the prompt reaches this share of the usable window."""
+    before_compression: bool = True
+    """Snapshot before a compression pass when anything changed since the last snapshot,
+    so every compression can be undone."""
+    keep: int = 5
+    """Automatic snapshots kept per session (newest); manual ones are kept until deleted."""
+    max_age_days: float = 0
+    """Delete snapshots older than this (0: never by age)."""
+
+
+class SessionsConfig(_Section):
+    """Retention of whole sessions."""
+
+    max_sessions: int = 100
+    """Keep this many sessions, removing the least recently active beyond it (0: keep all)."""
+
+
 class ModelsConfig(_Section):
     """Per-model facts that override ctxd's built-in table."""
 
@@ -169,6 +196,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
     compression: CompressionConfig = msgspec.field(default_factory=CompressionConfig)
     summarizer: SummarizerConfig = msgspec.field(default_factory=SummarizerConfig)
+    snapshots: SnapshotsConfig = msgspec.field(default_factory=SnapshotsConfig)
+    sessions: SessionsConfig = msgspec.field(default_factory=SessionsConfig)
     models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
 
     # --- resolved paths ------------------------------------------------------------

@@ -22,6 +22,7 @@ from ctxd.server.subscriptions import Hub
 from ctxd.server.transports import SocketLock, load_or_create_token, open_stdio, serve_tcp, serve_unix
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
+from ctxd.service.sessions import enforce_retention
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class Daemon:
 
     def watch_parent(self, pid: int) -> None:
         """Exit when the process that spawned us over stdio goes away."""
+        if not 0 < pid <= 0x7FFFFFFF:  # 0 and negatives name process groups; huge ones overflow kill()
+            log.warning("initialize: processId %d is not a process id; not watching it", pid)
+            return
 
         async def watch() -> None:
             while not self._stop.is_set():
@@ -104,6 +108,7 @@ class Daemon:
     async def start(self) -> None:
         """Open storage and listeners; raises StoreOpenError/TransportError on failure."""
         self.service = await Service.open(self.config, events=self.hub)
+        await enforce_retention(self.service)
         try:
             if self.unix:
                 path = self.config.socket_path

@@ -10,7 +10,7 @@ Compression Triggers", seed 004 "usable context"), as one pure function.
 Seed 000's 8K example is ``usable_fraction=0.85`` of 8000 with nothing reserved
 (6800 - 500 = 6300, trigger 5040); seed 001's is 8192 with 1000 reserved for the
 reply and a 1000 margin (6963 - 500 - 1000 - 1000 = 4463, trigger at 0.75: 3347).
-Both are tests in tests/unit/test_budget.py.
+Both are tests in tests/unit/test_engine_budget.py.
 """
 
 from __future__ import annotations
@@ -33,12 +33,16 @@ class BudgetPolicy:
     trigger_fraction: float = 0.80
 
 
+MAX_RESERVED_SHARE = 0.25
+
+
 def reserved_output(window: int, output_limit: int | None, policy: BudgetPolicy) -> int:
-    """Tokens kept for the reply: the model's output limit, capped (seed 004), and never
-    more than ``reserved_output_fraction`` of the window so small windows stay usable."""
-    share = math.ceil(window * policy.reserved_output_fraction)
-    limit = output_limit if output_limit is not None else share
-    return max(0, min(limit, policy.reserved_output_cap, share))
+    """Tokens kept for the reply. Seed 004: the model's output limit, capped (32k); a limit
+    that would take more than a quarter of the window is held to that quarter. For a
+    model whose limit is unknown, ``reserved_output_fraction`` of the window."""
+    if output_limit is not None:
+        return max(0, min(output_limit, policy.reserved_output_cap, math.ceil(window * MAX_RESERVED_SHARE)))
+    return max(0, min(policy.reserved_output_cap, math.ceil(window * policy.reserved_output_fraction)))
 
 
 def compute_budget(

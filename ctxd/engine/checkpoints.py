@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
 from ctxd.engine.policy import LEVELS, lower, target_tokens
-from ctxd.protocol.compression import Checkpoint
+from ctxd.protocol.compression import Checkpoint, ToolUse
 
 SECTION_HEADER = (
     "## Earlier conversation, compressed by ctxd\n"
@@ -72,6 +73,31 @@ def plan_aging(checkpoints: list[Checkpoint], max_prompt: int) -> list[AgeStep]:
     return steps
 
 
+def merge_truncated(checkpoints: list[Checkpoint], max_checkpoints: int, count: Callable[[str], int],
+                    now: str) -> list[Checkpoint]:
+    """Truncation notices beyond ``max_checkpoints`` merge into one notice (no summarizer
+    needed: they only say what was left out)."""
+    notices = [cp for cp in checkpoints if cp.kind == "truncated"]
+    while len(notices) > max_checkpoints:
+        first, second = notices[0], notices[1]
+        seqs = sorted(set(first.message_seqs) | set(second.message_seqs))
+        files = list(dict.fromkeys(first.files_modified + second.files_modified))
+        original = first.original_tokens + second.original_tokens
+        cp = Checkpoint(
+            id=new_id(), kind="truncated", level="compact", seq_from=first.seq_from, seq_to=second.seq_to,
+            message_seqs=seqs, summary=truncation_notice(first.seq_from, second.seq_to, len(seqs), original, files),
+            tokens=0, original_tokens=original, created_at=now, compressed_at=now,
+            compression_number=second.compression_number, summarizer="truncation",
+            compression_count=max(first.compression_count, second.compression_count) + 1,
+            merged_from=[first.id, second.id], files_modified=files)
+        cp.tokens = count(render_checkpoint(cp)) + 2
+        index = checkpoints.index(first)
+        checkpoints = [c for c in checkpoints if c.id not in (first.id, second.id)]
+        checkpoints.insert(index, cp)
+        notices = [c for c in checkpoints if c.kind == "truncated"]
+    return checkpoints
+
+
 def plan_merge(checkpoints: list[Checkpoint], max_checkpoints: int, max_prompt: int) -> MergeStep | None:
     """Merge the two oldest summary checkpoints when there are too many."""
     summaries = [cp for cp in checkpoints if cp.kind == "summary"]
@@ -87,6 +113,15 @@ def merged(first: Checkpoint, second: Checkpoint, summary: str, tokens: int, sum
     def union(a: list[str], b: list[str]) -> list[str]:
         return list(dict.fromkeys(a + b))
 
+    tools: dict[str, ToolUse] = {}
+    for use in first.tools_used + second.tools_used:
+        known = tools.get(use.tool)
+        if known is None:
+            tools[use.tool] = ToolUse(use.tool, use.count, list(use.notable_uses))
+        else:  # calls of one tool in both: counted together, up to three notable uses
+            known.count += use.count
+            known.notable_uses = union(known.notable_uses, use.notable_uses)[:3]
+
     return Checkpoint(
         id=new_id(), kind="summary", level="ultra",
         seq_from=min(first.seq_from, second.seq_from), seq_to=max(first.seq_to, second.seq_to),
@@ -97,7 +132,7 @@ def merged(first: Checkpoint, second: Checkpoint, summary: str, tokens: int, sum
         merged_from=[first.id, second.id],
         key_decisions=union(first.key_decisions, second.key_decisions),
         files_modified=union(first.files_modified, second.files_modified),
-        tools_used=first.tools_used + [t for t in second.tools_used if t.tool not in {u.tool for u in first.tools_used}],
+        tools_used=sorted(tools.values(), key=lambda t: -t.count),  # most used first, as extracted
         next_steps=second.next_steps or first.next_steps,
         errors=(first.errors + second.errors)[-5:],
     )

@@ -54,6 +54,14 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     reliability_level: Union[str, None] = None
     threshold_level: Union[str, None] = None
     snapshot_armed: bool = True
+    """The next rise above the snapshot threshold takes an automatic snapshot."""
+    snapshot_seq: int = 0
+    """History's last seq when the last automatic snapshot was taken."""
+    rolled_back: list[tuple[int, int]] = []
+    """Ranges of history (inclusive) that a snapshot restore took out of the active context."""
+
+    def is_rolled_back(self, seq: int) -> bool:
+        return any(low <= seq <= high for low, high in self.rolled_back)
 
     def prune_horizon(self) -> int:
         return self.prunes[-1].through_seq if self.prunes else 0

@@ -22,8 +22,10 @@ SHOW_ARTIFACTS = 30
 
 _MARKER = re.compile(r"^[ \t>*\-]*\[(GOAL|CHECKPOINT|DECISION|ARTIFACT|NEXT)\][ \t]*(.+?)[ \t]*$",
                      re.MULTILINE | re.IGNORECASE)
-_STATUS = re.compile(r"\s+[-\u2013\u2014:]\s*(COMPLETED|COMPLETE|DONE|IN[ -]PROGRESS|PENDING|TODO)\s*$", re.IGNORECASE)
-_LOCK = re.compile(r"\s+[-\u2013\u2014:]\s*(LOCKED|ARCHITECTURE)\s*$", re.IGNORECASE)
+# "text - STATUS" (a dash needs a space before it: "auto-complete" is no status) or "text: STATUS".
+_STATUS = re.compile(r"(?:\s+[-\u2013\u2014]|\s*:)\s*(COMPLETED|COMPLETE|DONE|IN[ -]PROGRESS|PENDING|TODO)\s*$",
+                     re.IGNORECASE)
+_LOCK = re.compile(r"(?:\s+[-\u2013\u2014]|\s*:)\s*(LOCKED|ARCHITECTURE)\s*$", re.IGNORECASE)
 _ARTIFACT = re.compile(r"^(CREATED|MODIFIED|DELETED|UPDATED|EDITED)\s*:?\s+(\S.*)$", re.IGNORECASE)
 
 
@@ -131,7 +133,11 @@ def apply_markers(goal: Goal | None, markers: Markers, now: str) -> Goal | None:
     if not markers:
         return goal
     if markers.goal and (goal is None or _key(goal.description) != _key(markers.goal)):
+        previous = goal
         goal = new_goal(markers.goal, now)
+        if previous is not None:
+            # A new goal never loses a locked or architecture decision (seed 000).
+            goal.decisions = [d for d in previous.decisions if d.locked or d.architecture]
     elif goal is None:
         goal = new_goal("(goal not stated)", now)
     else:

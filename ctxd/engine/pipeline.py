@@ -19,7 +19,7 @@ never be compressed no longer fits (the overflow policy).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ctxd.engine.checkpoints import new_id, render_checkpoint, truncation_notice
@@ -32,7 +32,7 @@ from ctxd.protocol.message import Message, TextBlock
 
 STAGES = {
     "identification": 0, "preparation": 15, "summarization": 25, "checkpoint": 70,
-    "update": 80, "validation": 90, "aging": 95,
+    "update": 80, "aging": 85, "validation": 90,
 }
 
 
@@ -78,6 +78,9 @@ class Selection:
     """What the removed entries cost as sent, less what stays (the checkpoint replaces this)."""
     level: str = "detailed"
     target_tokens: int = 0
+    earlier_truncations: list[Checkpoint] = field(default_factory=list)
+    """The active truncation checkpoints: a new truncation absorbs them (see
+    :func:`truncation_checkpoint`), so notices of what was left out never pile up."""
 
     @property
     def seq_from(self) -> int:
@@ -85,35 +88,45 @@ class Selection:
 
     @property
     def message_seqs(self) -> list[int]:
-        keep = {e.seq for e in self.keep if e.message.role != "user"}
+        # Pinned messages are sent whole, never summarized; only the user's words are both
+        # (an Anthropic-style tool result is a user-role message but not the user's words).
+        keep = {e.seq for e in self.keep if not e.has_user_text}
         return [e.seq for e in self.removed if e.seq not in keep]
 
     def summary_input(self) -> list[Message]:
         """What the summarizer reads: the removed messages as stored (user messages too,
         so the summary makes sense; they also stay verbatim in the prompt)."""
-        return [e.message for e in self.removed if e.seq not in {k.seq for k in self.keep if k.role != "user"}]
+        verbatim = {k.seq for k in self.keep if not k.has_user_text}
+        return [e.message for e in self.removed if e.seq not in verbatim]
 
 
 def _safe_cut(recent: list[Entry], cut: int) -> int:
-    """Move the cut back until no tool call before it has its result after it."""
-    where: dict[str, int] = {}
+    """Move the cut back until no tool call before it has its result after it.
+
+    A result answers the nearest call before it with its id (some clients number their
+    calls per turn, so ids repeat within a session)."""
+    last: dict[str, int] = {}
+    answers: list[list[int]] = []  # per entry: the indexes of the calls its results answer
     for index, entry in enumerate(recent):
+        answers.append([last[r] for r in entry.result_ids if r in last])
         for call_id in entry.call_ids:
-            where.setdefault(call_id, index)
+            last[call_id] = index
     changed = True
     while changed and cut > 0:
         changed = False
-        for entry in recent[cut:]:
-            for result_id in entry.result_ids:
-                index = where.get(result_id)
-                if index is not None and index < cut:
-                    cut = index
+        for index in range(cut, len(recent)):
+            for call_index in answers[index]:
+                if call_index < cut:
+                    cut = call_index
                     changed = True
     return cut
 
 
-def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, keep_recent: int | None = None) -> Selection | None:
-    """Stage 1: the oldest messages after the boundary, all but the newest few."""
+def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, keep_recent: int | None = None,
+             min_freed: int = 0) -> Selection | None:
+    """Stage 1: the oldest messages after the boundary, all but the newest few; None when
+    nothing can go, or when it would free less than ``min_freed`` (what a checkpoint
+    itself costs: compressing less would make the prompt bigger)."""
     recent = ctx.recent
     n = len(recent)
     if n == 0:
@@ -138,9 +151,10 @@ def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, k
         else:
             stays += e.tokens.overhead + e.tokens.text
     freed = sum(e.view_tokens for e in removed) - stays
-    if freed <= 0:
+    if freed <= max(0, min_freed):
         return None
-    return Selection(cut, removed[-1].seq, removed, keep, freed)
+    return Selection(cut, removed[-1].seq, removed, keep, freed,
+                     earlier_truncations=[c for c in ctx.checkpoints if c.kind == "truncated"])
 
 
 def prepare(selection: Selection, budget: Budget) -> Selection:
@@ -174,11 +188,29 @@ def make_checkpoint(selection: Selection, summary: str, summarizer: str, *, now:
 
 def truncation_checkpoint(selection: Selection, *, now: str, number: int, count: Callable[[str], int]) -> Checkpoint:
     """The last resort: a checkpoint that only says what was left out (and where it is)."""
-    removed = [e for e in selection.removed if e.seq in set(selection.message_seqs)]
+    summarized = set(selection.message_seqs)
+    removed = [e for e in selection.removed if e.seq in summarized]
     facts = extract([e.message for e in removed])
-    notice = truncation_notice(selection.seq_from, selection.cut_seq, len(removed), selection.freed_tokens,
-                               facts.files_modified)
-    return make_checkpoint(selection, notice, "truncation", now=now, number=number, count=count, kind="truncated")
+    earlier = selection.earlier_truncations
+    if not earlier:
+        notice = truncation_notice(selection.seq_from, selection.cut_seq, len(removed), selection.freed_tokens,
+                                   facts.files_modified)
+        return make_checkpoint(selection, notice, "truncation", now=now, number=number, count=count,
+                               kind="truncated")
+    # One notice for everything left out (like the one folded checkpoint): the oldest
+    # truncation checkpoint grows, keeping its id, instead of a new one per pass.
+    oldest = earlier[0]
+    seqs = sorted({s for c in earlier for s in c.message_seqs} | summarized)
+    files = list(dict.fromkeys([f for c in earlier for f in c.files_modified] + facts.files_modified))
+    tokens = selection.freed_tokens + sum(c.original_tokens for c in earlier)
+    notice = truncation_notice(oldest.seq_from, selection.cut_seq, len(seqs), tokens, files)
+    cp = make_checkpoint(selection, notice, "truncation", now=now, number=number, count=count, kind="truncated")
+    cp.id, cp.created_at, cp.compressed_at = oldest.id, oldest.created_at, now
+    cp.seq_from, cp.message_seqs, cp.original_tokens, cp.files_modified = oldest.seq_from, seqs, tokens, files
+    cp.compression_count = max(c.compression_count for c in earlier) + 1
+    cp.merged_from = list(dict.fromkeys(oldest.merged_from + [c.id for c in earlier[1:]]))
+    cp.tokens = count(render_checkpoint(cp)) + 2
+    return cp
 
 
 def summary_rejection(cp: Checkpoint) -> str | None:
@@ -193,7 +225,14 @@ def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkp
     state = ctx.state
     ctx.recent = ctx.recent[selection.cut:]
     ctx.kept = sorted(ctx.kept + selection.keep, key=lambda e: e.seq)
-    ctx.checkpoints.append(checkpoint)
+    absorbed = {c.id for c in selection.earlier_truncations} if checkpoint.kind == "truncated" else set()
+    if absorbed:  # the grown truncation checkpoint takes the place of the oldest it absorbed
+        index = next(i for i, c in enumerate(ctx.checkpoints) if c.id in absorbed)
+        rest = [c for c in ctx.checkpoints if c.id not in absorbed]
+        rest.insert(min(index, len(rest)), checkpoint)
+        ctx.checkpoints = rest
+    else:
+        ctx.checkpoints.append(checkpoint)
     state.boundary = selection.cut_seq
     state.kept_seqs = [e.seq for e in ctx.kept]
     state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
@@ -229,22 +268,30 @@ def _folded_lines(summary: str) -> list[str]:
     return out
 
 
-def plan_fold(ctx: ActiveContext, goal_tokens: int) -> list[Entry]:
-    """The oldest kept user messages to fold until the conversation is at ``goal_tokens``.
+def plan_fold(ctx: ActiveContext, goal_tokens: int, allowance: int | None = None) -> list[Entry]:
+    """The oldest kept user messages to fold until the prompt is at ``goal_tokens``.
 
-    The newest user message is never folded, nor are pinned messages."""
+    The newest user message is never folded, nor are pinned messages. Given the
+    ``allowance`` that :func:`fold` will get, the plan counts what folding really saves:
+    folded words stay in the prompt (in the folded checkpoint) up to the allowance, so
+    only what goes beyond it is freed. Without it, every folded token counts as freed."""
     pinned = ctx.pinned_set
     users = [e for e in ctx.kept if e.role == "user" and e.seq not in pinned]
     if not any(e.role == "user" and e.has_user_text for e in ctx.recent) and users:
         users = users[:-1]
     excess = ctx.prompt_tokens - goal_tokens
+    prior = next((cp.tokens for cp in ctx.checkpoints if cp.kind == "folded"), 0)
     chosen: list[Entry] = []
-    saved = 0
+    moved = saved = 0
     for entry in users:
         if saved >= excess:
             break
         chosen.append(entry)
-        saved += entry.view_tokens
+        moved += entry.view_tokens
+        if allowance is None:
+            saved = moved
+        else:
+            saved = moved - max(0, min(allowance, prior + moved) - prior)
     return chosen
 
 
@@ -288,3 +335,37 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     ctx.checkpoints = [cp] + [c for c in ctx.checkpoints if c.kind != "folded"]
     ctx.state.lossy = True
     return cp
+
+
+def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
+    """Take message ``seq`` out of the folded checkpoint (it is being pinned, so it will be
+    sent verbatim and must not appear twice). True if it was folded."""
+    folded = next((cp for cp in ctx.checkpoints if cp.kind == "folded" and seq in cp.message_seqs), None)
+    if folded is None:
+        return False
+    lines = [line for line in _folded_lines(folded.summary) if not line.startswith(f"[message {seq}] ")]
+    seqs = [s for s in folded.message_seqs if s != seq]
+    if not seqs:
+        ctx.checkpoints = [c for c in ctx.checkpoints if c.id != folded.id]
+        return True
+    head = [line for line in folded.summary.split("\n") if line.startswith("[") and not line.startswith("[message ")]
+    folded.summary = "\n".join(head + lines)
+    folded.message_seqs = seqs
+    folded.seq_from, folded.seq_to = min(seqs), max(seqs)
+    folded.tokens = count(render_checkpoint(folded)) + 2
+    return True
+
+
+def tool_partners(entries: list[Entry], seq: int) -> list[int]:
+    """Messages holding the other half of ``seq``'s tool calls or results (pinning one
+    half alone would send a call without its result, or a result without its call)."""
+    target = next((e for e in entries if e.seq == seq), None)
+    if target is None:
+        return []
+    partners = []
+    for entry in entries:
+        if entry.seq == seq:
+            continue
+        if set(target.call_ids) & set(entry.result_ids) or set(target.result_ids) & set(entry.call_ids):
+            partners.append(entry.seq)
+    return partners

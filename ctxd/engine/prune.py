@@ -2,8 +2,10 @@
 
 Walking back from the newest message, tool outputs are protected until they add up
 to ``protect`` tokens; every older output is replaced by a placeholder that says it
-was cleared and when. Nothing happens below ``minimum`` tokens of tool output, and
-outputs of protected tools are never cleared. The result is a new pruning horizon
+was cleared and when. Outputs of protected tools are never cleared. Pruning happens
+only when it frees at least ``minimum`` tokens (opencode's reading of the minimum:
+clearing a few small outputs would change the prompt, and break providers' prompt
+caches, for nothing). The result is a new pruning horizon
 (``PruneEvent``); history is untouched.
 """
 
@@ -27,12 +29,6 @@ def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[
     """Where the pruning horizon should move, or None when pruning would not help."""
     horizon = ctx.state.prune_horizon()
     recent = ctx.recent
-    total = 0
-    for entry in recent:
-        if entry.result_ids and entry.seq > horizon:
-            total += entry.tokens.tool_result
-    if total < minimum:
-        return None
     names = ctx.call_names
     seen = 0
     cut = -1
@@ -60,7 +56,7 @@ def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[
             continue
         results += len(entry.result_ids)
         tokens += entry.tokens.tool_result
-    if results == 0:
+    if results == 0 or tokens < minimum:
         return None
     return PrunePlan(through, results, tokens)
 

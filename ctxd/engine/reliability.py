@@ -20,6 +20,7 @@ from ctxd.protocol.compression import Reliability
 from ctxd.protocol.context import Budget
 
 _SIZE = re.compile(r"(?<![a-z0-9.])(?:(\d+)x)?(\d+(?:\.\d+)?)\s*b(?![a-z])", re.IGNORECASE)
+_SIZE_M = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)\s*m(?![a-z])", re.IGNORECASE)
 _FRONTIER = ("gpt-4", "gpt-5", "o1", "o3", "o4", "claude", "gemini", "chatgpt")
 
 RECOMMENDATIONS = {
@@ -44,15 +45,14 @@ def model_size_billions(model: str | None, parameter_size: str | None = None) ->
     for text in (parameter_size, model):
         if not text:
             continue
-        match = _SIZE.search(text.lower().replace("_", "-"))
+        lowered = text.lower().replace("_", "-")
+        match = _SIZE.search(lowered)
         if match:
             experts = int(match.group(1)) if match.group(1) else 1
             return float(match.group(2)) * experts
-        if text is parameter_size and text.upper().endswith("M"):
-            try:
-                return float(text[:-1]) / 1000
-            except ValueError:
-                pass
+        match = _SIZE_M.search(lowered)  # "494.03M", "smollm2:135m"
+        if match:
+            return float(match.group(1)) / 1000
     return None
 
 

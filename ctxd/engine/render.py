@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
+import msgspec
+
 from ctxd.protocol.message import (
     Message,
     TextBlock,
@@ -89,6 +91,12 @@ class Rendered:
     repairs: list[str]
 
 
+def _compact_json(value: Any) -> str:
+    """A tool_use input as OpenAI ``arguments`` text: the compact JSON ctxd counted it as
+    (``tokens.count_message``), so the rendered prompt costs what its ``tokens`` says."""
+    return msgspec.json.encode(value).decode()
+
+
 def _arguments_to_input(arguments: str) -> dict[str, Any]:
     try:
         value = json.loads(arguments) if arguments.strip() else {}
@@ -123,7 +131,7 @@ def _to_turn(message: Message) -> _Turn:
                 if block.text:
                     turn.texts.append(block.text)
             elif isinstance(block, ToolUseBlock) and role == "assistant":
-                turn.calls.append(_Call(block.id, block.name, block.input, json.dumps(block.input)))
+                turn.calls.append(_Call(block.id, block.name, block.input, _compact_json(block.input)))
             elif isinstance(block, ToolResultBlock):
                 turn.results.append(_Result(block.tool_use_id, tool_result_text(block), block.is_error))
     for call in message.tool_calls or ():
@@ -231,7 +239,8 @@ def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
 def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     """System text goes to ``system`` (system-role messages of the conversation join
     it, in order); roles alternate, consecutive turns of one role merge, tool results
-    open the user message that follows their calls."""
+    open the user message that follows their calls. Whitespace-only text is left out
+    (Anthropic rejects text blocks without non-whitespace text)."""
     turns, extra, repairs = _pair(plan.messages, count)
     system_parts = list(plan.system_parts)
     out: list[AnthropicMessage] = []
@@ -251,11 +260,11 @@ def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
             add("user", [AnthropicToolResult(tool_use_id=r.id, content=r.text, is_error=r.is_error)
                          for r in turn.results])
         elif turn.role == "assistant":
-            blocks: list[Any] = [AnthropicText(text=t) for t in turn.texts]
+            blocks: list[Any] = [AnthropicText(text=t) for t in turn.texts if t.strip()]
             blocks += [AnthropicToolUse(id=c.id, name=c.name, input=c.input) for c in turn.calls]
             add("assistant", blocks)
         else:
-            add("user", [AnthropicText(text=t) for t in turn.texts])
+            add("user", [AnthropicText(text=t) for t in turn.texts if t.strip()])
     if out and out[0].role == "assistant":
         out.insert(0, AnthropicMessage(role="user", content=[AnthropicText(text=ANTHROPIC_OPENER)]))
         extra += MESSAGE_OVERHEAD + count(ANTHROPIC_OPENER)

@@ -56,9 +56,12 @@ def validate_anthropic(system: str | None, messages: list[AnthropicMessage]) -> 
             problems.append(f"[{i}] two {m.role} messages in a row")
         if not m.content:
             problems.append(f"[{i}] empty content")
+        has_text = any(isinstance(b, AnthropicText) and b.text.strip() for b in m.content)
         for block in m.content:
             if isinstance(block, AnthropicText) and not block.text:
                 problems.append(f"[{i}] empty text block")
+            elif isinstance(block, AnthropicText) and not block.text.strip() and not has_text:
+                problems.append(f"[{i}] text block without non-whitespace text")
         if m.role == "user":
             results = [b for b in m.content if isinstance(b, AnthropicToolResult)]
             ids = {b.tool_use_id for b in results}

@@ -141,6 +141,8 @@ class PinResult(msgspec.Struct, rename="camel"):
     seq: int
     pinned: bool
     pinned_tokens: int
+    seqs: list[int] = []
+    """Every message whose pin changed: ``seq`` and the other half of its tool calls/results."""
 
 
 class Reliability(msgspec.Struct, rename="camel"):

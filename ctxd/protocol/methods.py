@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ctxd.protocol import common, compression, context, goal, lifecycle, notifications, session
+from ctxd.protocol import common, compression, context, goal, history, lifecycle, notifications, session, snapshot
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,34 @@ method("goal/set", goal.GoalSetParams, goal.GoalResult,
 method("goal/update", goal.GoalUpdateParams, goal.GoalResult,
        "Update the active goal: status, milestones, decisions (lock/unlock), artifacts, next steps.")
 method("goal/get", common.SessionRef, goal.GoalResult, "The session's goal, with its tokens.")
+
+# --- snapshots ---------------------------------------------------------------------
+method("snapshot/create", snapshot.SnapshotCreateParams, snapshot.SnapshotInfo,
+       "Snapshot the active context now (a manual snapshot: kept until deleted).")
+method("snapshot/list", common.SessionRef, snapshot.SnapshotListResult, "The session's snapshots, newest first.")
+method("snapshot/get", snapshot.SnapshotRef, snapshot.SnapshotContent,
+       "A snapshot's content: every user message, the other context messages, checkpoints, goal, watermark.")
+method("snapshot/restore", snapshot.SnapshotRef, snapshot.SnapshotRestoreResult,
+       "Make the snapshot's context the active one (after snapshotting the current one); history keeps "
+       "everything, marking later messages rolled back.")
+method("snapshot/delete", snapshot.SnapshotRef, snapshot.SnapshotDeleteResult, "Delete one snapshot.")
+notification("snapshot/created", snapshot.SnapshotCreated, "A snapshot was taken (automatic or requested).")
+notification("snapshot/restored", snapshot.SnapshotRestored, "The active context was restored from a snapshot.")
+notification("snapshot/deleted", snapshot.SnapshotDeleted, "Snapshots were deleted (request, rolling cleanup, age).")
+notification("snapshot/error", snapshot.SnapshotError, "A snapshot could not be written or restored.")
+
+# --- history, search, export/import, retention -------------------------------------
+method("session/history", history.HistoryParams, history.HistoryResult,
+       "Page through the whole history (every message as pushed, with where it stands now), "
+       "plus compressions and events on the first page.")
+method("session/search", history.SearchParams, history.SearchResult,
+       "Full-text search across all sessions (or one), ranked, with snippets.")
+method("history/search", history.HistorySearchParams, history.SearchResult,
+       "Search one session and get the original messages: recall what was summarized away.")
+method("session/export", history.ExportParams, history.ExportResult,
+       "The session as a document: json (everything), markdown (to read) or jsonl (OpenAI chat lines).")
+method("session/import", history.ImportParams, history.ImportResult,
+       "Create session(s) from a ctxd export or a transcript (Claude Code JSONL, OpenAI chat, agent logs).")
+method("session/cleanup", history.CleanupParams, history.DeletedSessions,
+       "Keep the `keep` most recently active sessions, delete the rest.")
+method("session/clear", history.ClearParams, history.DeletedSessions, "Delete every session (`all: true`).")

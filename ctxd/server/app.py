@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ctxd.server.subscriptions import Hub
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`")
 
 
 @dataclass(slots=True)
@@ -67,6 +68,9 @@ def decode_params(spec: MethodSpec, raw: Any) -> Any:
         field = match.group(1) if match else ""
         if match:
             text = text[: match.start()] + (f" (at params.{field})" if field else "")
+        missing = _MISSING.match(text)
+        if missing:  # point at the missing field itself
+            field = f"{field}.{missing.group(1)}" if field else missing.group(1)
         raise CtxdError(ErrorCode.InvalidParams, f"Invalid params: {text}",
                         {"field": field or "params"}) from None
 

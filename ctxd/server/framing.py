@@ -131,6 +131,12 @@ class FrameReader:
             await self._discard(length)
             return FrameError(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes}; skipped")
         body = await self._body(length)
+        if len(body) < length:
+            # The client sent less than it announced. Even when those bytes happen to
+            # parse, the frame is malformed: answer it, never run it.
+            self._recover_from(body)
+            return FrameError(f"frame body stopped after {len(body)} of the {length} bytes in its "
+                              f"Content-Length; skipped")
         try:
             message = _json_decode(body)
         except msgspec.DecodeError as exc:

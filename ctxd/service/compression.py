@@ -44,6 +44,7 @@ from ctxd.engine.pipeline import (
     summary_rejection,
     truncation_checkpoint,
 )
+from ctxd.engine.policy import MIN_TARGET
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.protocol.compression import (
     Checkpoint,
@@ -59,7 +60,7 @@ from ctxd.protocol.compression import (
 )
 from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.message import Message
-from ctxd.service import notify
+from ctxd.service import notify, snapshots
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.events import NullProgress, Progress
@@ -146,6 +147,7 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
                 return CompressResult(session_id=state.id, compressed=False, layers=[],
                                       before_tokens=ctx.prompt_tokens, after_tokens=ctx.prompt_tokens,
                                       reason=decision.reason)
+        await snapshots.before_compression(svc, state)
         run = _Pass(trigger=trigger, started=time.perf_counter(), before=ctx.prompt_tokens)
         progress.begin("Compressing context", f"{ctx.prompt_tokens} tokens")
         stage = _Stages(svc, state, progress)
@@ -190,12 +192,16 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
             return
 
     # Layer 3: summarization into a checkpoint (the watermark layer acts when it is set).
-    stage("identification", "choosing messages to compress")
-    selection = identify(ctx, budget, policy)
-    if selection is not None:
+    # Pushes go on during a slow summary; if they alone overflow the prompt again, another
+    # round summarizes them rather than truncating.
+    for _ in range(MAX_ROUNDS):
+        selection = identify(ctx, budget, policy, min_freed=_checkpoint_cost(state, ctx))
+        if selection is None:
+            break
         prepare(selection, budget)
-        stage("preparation", f"{len(selection.removed)} messages, {selection.freed_tokens} tokens, "
-                             f"{selection.level} level, target {selection.target_tokens}")
+        stage("identification", f"{len(selection.removed)} messages up to {selection.cut_seq}")
+        stage("preparation", f"{selection.freed_tokens} tokens, {selection.level} level, "
+                             f"target {selection.target_tokens}")
         checkpoint = await _checkpoint_for(svc, state, ctx, selection, run, stage, focus, policy.strategy)
         stage("update", "updating the active context")
         async with state.lock:
@@ -207,12 +213,28 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
                         CheckpointCreatedNotification(session_id=state.id, checkpoint=checkpoint))
         stage("aging", "ageing older checkpoints")
         await _age_and_merge(svc, state, ctx, run, exclude=checkpoint.id)
+        budget = cache.budget(state)
+        if fits(ctx, budget):
+            break
 
     # Validation: the prompt must fit; if what is never compressed does not, the overflow policy.
-    stage("validation", "checking the prompt fits")
     budget = cache.budget(state)
+    if run.layers:
+        stage("validation", "checking the prompt fits")
     if not fits(ctx, budget):
         await _squeeze(svc, state, ctx, run, low_water)
+
+
+MAX_ROUNDS = 3
+
+
+def _checkpoint_cost(state: SessionState, ctx: ActiveContext) -> int:
+    """The least a new checkpoint adds to the prompt: its header line and a minimal summary,
+    plus the section header when it is the first."""
+    cost = MIN_TARGET + 16
+    if not ctx.checkpoints:
+        cost += state.counter.count(ckpts.SECTION_HEADER) + 4
+    return cost
 
 
 async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext, selection: Selection,
@@ -230,6 +252,9 @@ async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext,
     result = await chain.summarize(request)
     run.summarizer = result.summarizer
     run.fallback = result.fallback_reason
+    if result.fallback_reason:
+        svc.events.emit(state.id, "context/compressionFailed", CompressionFailedNotification(
+            session_id=state.id, reason=result.fallback_reason, fallback=result.summarizer))
     stage("checkpoint", f"checkpoint from {result.summarizer}")
     checkpoint = make_checkpoint(selection, result.text, result.summarizer, now=now_iso(), number=number, count=count)
     rejection = summary_rejection(checkpoint)
@@ -276,6 +301,11 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             session_id=state.id, checkpoint_id=cp.id, from_level=cp.level, to_level=aged.level,
             before_tokens=cp.tokens, after_tokens=aged.tokens))
     policy = cache.policy(state)
+    merged_notices = ckpts.merge_truncated(ctx.checkpoints, policy.max_checkpoints, count, now_iso())
+    if merged_notices != ctx.checkpoints:
+        async with state.lock:
+            ctx.checkpoints = merged_notices
+            cache.refresh(state, system=True)
     while True:
         step = ckpts.plan_merge(ctx.checkpoints, policy.max_checkpoints, budget.max_prompt_tokens)
         if step is None:
@@ -334,10 +364,10 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     # Fold until the conversation is back at the low-water mark (not just barely fitting),
     # so the next turns do not overflow again at once.
     goal = max(0, budget.prompt_tokens - budget.used + low_water)
-    chosen = plan_fold(ctx, goal)
+    allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
+    chosen = plan_fold(ctx, goal, allowance=allowance)
     if not chosen:
         return
-    allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
     async with state.lock:
         cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=state.cstate.compression_count + 1,
                   count=state.counter.count)
@@ -354,8 +384,9 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
     duration = round((time.perf_counter() - run.started) * 1000, 2)
     after = ctx.prompt_tokens
     compressed = bool(run.layers)
-    if compressed:
-        ctx.state.last_after_used = ctx.used
+    # Even a pass that found nothing to compress resets the loop guard: the next automatic
+    # pass waits for the conversation to grow instead of retrying on every push.
+    ctx.state.last_after_used = ctx.used
     state.sync_figures()
     ids = [cp.id for cp in run.created]
     encoded = state.encoded_state()
@@ -384,6 +415,10 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
             duration_ms=duration, compression_number=ctx.state.compression_count, summarizer=run.summarizer,
             trigger=run.trigger))  # type: ignore[arg-type]
         notify.updated(svc, state, "compressed")
+    else:
+        svc.events.emit(state.id, "context/compressionSkipped", CompressionSkippedNotification(
+            session_id=state.id, reason="nothing could be compressed (everything left is recent, pinned "
+                                        "or the user's own words)", used=budget.used, trigger_at=budget.trigger_at))
     notify.after_change(svc, state, budget)
     return CompressResult(session_id=state.id, compressed=compressed, layers=run.layers,  # type: ignore[arg-type]
                           before_tokens=run.before, after_tokens=after, checkpoint_ids=ids,

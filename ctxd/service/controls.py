@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ctxd.engine.context import Entry
+from ctxd.engine.pipeline import tool_partners, unfold
 from ctxd.engine.watermark import WatermarkMove, apply_watermark, plan_watermark
 from ctxd.protocol.compression import (
     CheckpointRef,
@@ -83,31 +84,42 @@ async def watermark(svc: Service, params: WatermarkParams) -> WatermarkResult:
                            tokens_freed=before - after)
 
 
+PARTNER_WINDOW = 50
+
+
 async def pin(svc: Service, params: PinParams) -> PinResult:
     """Pinned messages are sent verbatim whatever compression does; a pinned message
-    already behind the boundary comes back into the prompt."""
+    already behind the boundary comes back into the prompt. A tool call and its result
+    are pinned (and unpinned) together."""
     state = await svc.cache.get(params.session_id)
     if not 1 <= params.seq <= state.row.last_seq:
         raise CtxdError(ErrorCode.MessageNotFound, f"no message {params.seq} in session {state.id!r}",
                         {"field": "seq", "seq": params.seq})
     async with state.lock:
         ctx = await svc.cache.context(state)
+        nearby = await svc.db.read(message_store.load_range, state.id, max(0, params.seq - PARTNER_WINDOW - 1),
+                                   params.seq + PARTNER_WINDOW, None)
+        entries = {m.seq: Entry.of(m.seq, m.message, m.tokens) for m in nearby}
+        seqs = [params.seq] + tool_partners(list(entries.values()), params.seq)
         pinned = set(ctx.state.pinned)
-        changed = (params.seq in pinned) != params.pinned
+        changed = any((seq in pinned) != params.pinned for seq in seqs)
         if changed:
-            if params.pinned:
-                pinned.add(params.seq)
-                if params.seq <= ctx.state.boundary and not any(e.seq == params.seq for e in ctx.kept):
-                    [stored] = await svc.db.read(message_store.load_seqs, state.id, [params.seq])
-                    ctx.kept = sorted(ctx.kept + [Entry.of(stored.seq, stored.message, stored.tokens)],
-                                      key=lambda e: e.seq)
-            else:
-                pinned.discard(params.seq)
-                keep_user = {e.seq for e in ctx.kept if e.has_user_text}
-                ctx.kept = [e for e in ctx.kept if e.seq != params.seq or e.seq in keep_user]
+            kept_users = {e.seq for e in ctx.kept if e.has_user_text}
+            for seq in seqs:
+                if params.pinned:
+                    pinned.add(seq)
+                    unfold(ctx, seq, state.counter.count)
+                    if seq <= ctx.state.boundary and not any(e.seq == seq for e in ctx.kept) \
+                            and not ctx.state.is_rolled_back(seq):
+                        ctx.kept.append(entries[seq])
+                else:
+                    pinned.discard(seq)
+                    ctx.kept = [e for e in ctx.kept if e.seq != seq or e.seq in kept_users]
+            ctx.kept.sort(key=lambda e: e.seq)
             ctx.state.pinned = sorted(pinned)
             ctx.state.kept_seqs = [e.seq for e in ctx.kept]
-            svc.cache.refresh(state)
+            svc.cache.refresh(state, system=True)
+            await svc.db.write(checkpoint_store.save_active, state.id, list(ctx.checkpoints))
             await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
                                context_tokens=state.row.context_tokens)
         budget = svc.cache.budget(state)
@@ -115,4 +127,5 @@ async def pin(svc: Service, params: PinParams) -> PinResult:
         notify.updated(svc, state, "pin")
         notify.after_change(svc, state, budget)
         compression.schedule(svc, state)
-    return PinResult(session_id=state.id, seq=params.seq, pinned=params.pinned, pinned_tokens=ctx.pinned_tokens)
+    return PinResult(session_id=state.id, seq=params.seq, pinned=params.pinned, pinned_tokens=ctx.pinned_tokens,
+                     seqs=seqs)

@@ -25,7 +25,7 @@ from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultB
 from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
-from ctxd.service import compression, notify
+from ctxd.service import compression, notify, snapshots
 from ctxd.service.state import Figures, SessionState, StoredState
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
@@ -54,6 +54,12 @@ def check_message(message: Message, index: int) -> None:
     if message.tool_call_id is not None and role != "tool":
         raise invalid_params(f"{where}.toolCallId: only tool messages answer a tool call",
                              f"{where}.toolCallId")
+    call_ids = [c.id for c in message.tool_calls or ()]
+    if isinstance(message.content, list):
+        call_ids += [b.id for b in message.content if isinstance(b, ToolUseBlock)]
+    if len(set(call_ids)) != len(call_ids):
+        raise invalid_params(f"{where}: tool call ids repeat within one message ({', '.join(call_ids)}); "
+                             "providers reject that", f"{where}.toolCalls")
     if isinstance(message.content, list):
         for j, block in enumerate(message.content):
             if isinstance(block, ToolUseBlock) and role != "assistant":
@@ -288,6 +294,7 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
             row.title = outcome.title
         svc.cache.appended(state, [Entry.of(m.seq, m.message, m.tokens) for m in outcome.stored])
         await _adopt_derived(svc, state, outcome.derived)
+        await snapshots.auto_at_threshold(svc, state)
         budget = svc.cache.budget(state)
     notify.updated(svc, state, "push", pushed=len(outcome.stored))
     notify.after_change(svc, state, budget)

@@ -8,7 +8,7 @@ import uuid
 import msgspec
 
 from ctxd.protocol import notifications
-from ctxd.protocol.errors import invalid_params
+from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
 from ctxd.protocol.session import (
     SessionCreateParams,
     SessionDeleteResult,
@@ -85,6 +85,7 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
     await svc.db.write(store.insert_session, row)
     svc.cache.register(state)
     await svc.cache.context(state)
+    await enforce_retention(svc, exclude={state.id})
     return session_info(svc, state)
 
 
@@ -151,3 +152,37 @@ async def delete_session(svc: Service, session_id: str) -> SessionDeleteResult:
         svc.cache.forget(session_id)
     svc.events.emit(session_id, "session/deleted", notifications.SessionDeleted(session_id=session_id))
     return SessionDeleteResult(session_id=session_id, deleted_messages=deleted)
+
+
+def _victims(conn: object, keep: int, exclude: set[str]) -> list[str]:
+    """Sessions beyond the ``keep`` most recently active (``exclude`` counts as kept)."""
+    rows = conn.execute("SELECT id FROM sessions ORDER BY last_activity DESC, id").fetchall()  # type: ignore[attr-defined]
+    ids = [sid for (sid,) in rows]
+    kept = [sid for sid in ids if sid in exclude]
+    others = [sid for sid in ids if sid not in exclude]
+    return others[max(0, keep - len(kept)):]
+
+
+async def delete_sessions(svc: Service, ids: list[str]) -> list[str]:
+    deleted = []
+    for session_id in ids:
+        try:
+            await delete_session(svc, session_id)
+        except CtxdError as exc:
+            if exc.code != ErrorCode.SessionNotFound:  # gone already: a concurrent delete
+                raise
+            continue
+        deleted.append(session_id)
+    return deleted
+
+
+async def delete_beyond(svc: Service, keep: int, exclude: set[str] | None = None) -> list[str]:
+    """Delete the least recently active sessions beyond the ``keep`` newest (``exclude``
+    counts as kept), each with its history and snapshots."""
+    return await delete_sessions(svc, await svc.db.read(_victims, keep, exclude or set()))
+
+
+async def enforce_retention(svc: Service, exclude: set[str] | None = None) -> list[str]:
+    """Apply ``sessions.max_sessions`` (0 keeps every session)."""
+    keep = svc.config.sessions.max_sessions
+    return await delete_beyond(svc, keep, exclude) if keep > 0 else []

@@ -97,10 +97,23 @@ class SessionState:
         return _encode(self.stored)
 
 
-def budget_policy(config: Config, trigger_fraction: float | None = None) -> BudgetPolicy:
+HOSTED_PROVIDERS = ("openai", "anthropic", "google", "gemini", "azure", "bedrock", "vertex", "mistral")
+HOSTED_MODELS = ("gpt-", "o1", "o3", "o4", "chatgpt", "claude", "gemini")
+
+
+def is_hosted(row: SessionRow) -> bool:
+    """A hosted API (exact windows) rather than a local runtime (seed 000's 85% headroom)."""
+    provider = (row.provider or "").lower()
+    if provider:
+        return provider in HOSTED_PROVIDERS
+    return (row.model or "").lower().split("/")[-1].startswith(HOSTED_MODELS)
+
+
+def budget_policy(config: Config, row: SessionRow) -> BudgetPolicy:
     b = config.budget
+    trigger_fraction = row.settings.trigger_fraction
     return BudgetPolicy(
-        usable_fraction=b.usable_fraction,
+        usable_fraction=b.hosted_usable_fraction if is_hosted(row) else b.usable_fraction,
         reserved_output_cap=b.reserved_output_cap,
         reserved_output_fraction=b.reserved_output_fraction,
         safety_margin_fraction=b.safety_margin_fraction,
@@ -209,7 +222,7 @@ class SessionCache:
     def budget(self, state: SessionState) -> Budget:
         f = state.stored.figures
         return budget_for(
-            budget_policy(self.config, state.row.settings.trigger_fraction),
+            budget_policy(self.config, state.row),
             context_window=state.context_window,
             output_limit=state.output_limit,
             system_tokens=f.system,
@@ -239,6 +252,8 @@ class SessionCache:
         checkpoints = await db.read(checkpoint_store.load_active, state.id)
         kept = await db.read(message_store.load_seqs, state.id, list(cstate.kept_seqs)) if cstate.kept_seqs else []
         recent = await db.read(message_store.load_range, state.id, cstate.boundary, None, None)
+        if cstate.rolled_back:
+            recent = [m for m in recent if not cstate.is_rolled_back(m.seq)]
         if state.ctx is not None:  # loaded by another request meanwhile
             return state.ctx
         ctx = ActiveContext(

@@ -22,6 +22,7 @@ import logging
 import os
 import sqlite3
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -38,6 +39,16 @@ MAX_GROUP = 256
 
 class StoreOpenError(Exception):
     """The database cannot be used; the message names the file and a way out."""
+
+
+def _backfill_search(conn: sqlite3.Connection) -> None:
+    from ctxd.store.search import backfill
+
+    backfill(conn)
+
+
+# Steps SQL cannot express, run inside the migration's transaction.
+_AFTER_MIGRATION: dict[int, Callable[[sqlite3.Connection], None]] = {3: _backfill_search}
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -146,6 +157,9 @@ class Database:
             try:
                 for statement in _split_sql(sql):
                     conn.execute(statement)
+                after = _AFTER_MIGRATION.get(version)
+                if after is not None:
+                    after(conn)
                 conn.execute(f"PRAGMA user_version = {version}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -164,16 +178,18 @@ class Database:
 
     # --- reads and writes ----------------------------------------------------------
 
-    async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` on the reader connection (sees every committed write)."""
+    async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, *args, **kwargs)`` on the reader connection (sees every committed write)."""
         assert self._reader_conn is not None, "database is not open"
+        if kwargs:
+            fn = partial(fn, **kwargs)
         try:
             return await self._reader_conn._execute(fn, self._reader_conn._conn, *args)
         except sqlite3.Error as exc:
             raise CtxdError(ErrorCode.StorageError, f"database read failed: {exc}") from exc
 
-    async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` inside the writer's next transaction; return once committed.
+    async def write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, *args, **kwargs)`` inside the writer's next transaction; return once committed.
 
         Cancelling the caller before the job starts withdraws it; once it has started,
         it commits and the caller still gets its result, so a cancelled request never
@@ -181,6 +197,8 @@ class Database:
         """
         if self._writer_task is None:
             raise CtxdError(ErrorCode.StorageError, "database is closed")
+        if kwargs:
+            fn = partial(fn, **kwargs)
         job = _Job(fn, args, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(job)
         try:
@@ -192,6 +210,16 @@ class Database:
             raise
 
     async def _writer_loop(self) -> None:
+        try:
+            await self._write_batches()
+        finally:
+            # Whatever is still queued will never run: fail it rather than leave callers waiting.
+            while not self._queue.empty():
+                job = self._queue.get_nowait()
+                if job is not None and not job.future.done():
+                    job.future.set_exception(CtxdError(ErrorCode.StorageError, "the database was closed"))
+
+    async def _write_batches(self) -> None:
         assert self._writer_conn is not None
         conn = self._writer_conn
         while True:
@@ -211,7 +239,12 @@ class Database:
                 j.started = True
             if batch:
                 try:
-                    outcomes = await conn._execute(self._run_group, conn._conn, batch)
+                    outcomes = await asyncio.shield(conn._execute(self._run_group, conn._conn, batch))
+                except asyncio.CancelledError:
+                    for j in batch:
+                        if not j.future.done():
+                            j.future.set_exception(CtxdError(ErrorCode.StorageError, "the database was closed"))
+                    raise
                 except Exception as exc:  # the connection itself failed
                     outcomes = [(False, exc)] * len(batch)
                 for j, (ok, value) in zip(batch, outcomes):

@@ -15,4 +15,12 @@ def handles(method: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[.
     return register
 
 
-from ctxd.server.handlers import compression, context, goal, lifecycle, session  # noqa: E402,F401  (registration)
+from ctxd.server.handlers import (  # noqa: E402,F401  (registration)
+    compression,
+    context,
+    goal,
+    history,
+    lifecycle,
+    session,
+    snapshot,
+)

@@ -1,0 +1,254 @@
+"""Output for ctxd-cli: rich tables and colours on a terminal, plain aligned text otherwise.
+
+Scripts read ctxd-cli's stdout through a pipe, so anything decorative (box drawing,
+colour, live progress) is drawn only when stdout is a terminal; ``--json`` bypasses
+all of this and prints the daemon's result as it came.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import click
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+@dataclass(frozen=True)
+class Styled:
+    """A cell with a rich style; the style is dropped in plain output."""
+
+    text: str
+    style: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    justify: str = "left"  # "left" | "right"
+    no_wrap: bool = False
+
+
+def is_terminal() -> bool:
+    """Whether stdout is an interactive terminal (the only case that gets colour and live output)."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@lru_cache(maxsize=1)
+def console() -> "Console":
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+@lru_cache(maxsize=1)
+def err_console() -> "Console":
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+# --- printing ----------------------------------------------------------------------
+
+
+def print_json(value: Any, *, compact: bool = False) -> None:
+    """The one thing ``--json`` prints: the value, as JSON, on stdout."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":")) if compact else \
+        json.dumps(value, ensure_ascii=False, indent=2)
+    click.echo(text)
+
+
+def line(*parts: "str | Styled", sep: str = " ") -> None:
+    """One line on stdout; styled parts are coloured on a terminal."""
+    if is_terminal():
+        from rich.text import Text
+
+        text = Text()
+        for i, part in enumerate(parts):
+            if i:
+                text.append(sep)
+            text.append(str(part), style=part.style if isinstance(part, Styled) else "")
+        console().print(text)
+    else:
+        click.echo(sep.join(str(p) for p in parts))
+
+
+def note(message: str, *, style: str = "dim") -> None:
+    """An informational line on stderr (never on stdout, so it cannot spoil piped output)."""
+    if sys.stderr.isatty():
+        from rich.text import Text
+
+        err_console().print(Text(message, style=style))
+    else:
+        click.echo(message, err=True)
+
+
+def table(columns: Sequence[Column], rows: Iterable[Sequence["str | Styled"]], *, title: str | None = None) -> None:
+    rows = [list(r) for r in rows]
+    if is_terminal():
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(title=title, title_justify="left", title_style="bold", header_style="bold")
+        for col in columns:
+            t.add_column(col.header, justify=col.justify, no_wrap=col.no_wrap,  # type: ignore[arg-type]
+                         overflow="fold" if col.no_wrap else "ellipsis")
+        for row in rows:
+            t.add_row(*(Text(str(c), style=c.style if isinstance(c, Styled) else "") for c in row))
+        console().print(t)
+        return
+    if title:
+        click.echo(title)
+    cells = [[c.header for c in columns]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    for r in cells:
+        out = []
+        for i, (value, col) in enumerate(zip(r, columns)):
+            last = i == len(columns) - 1
+            if col.justify == "right":
+                out.append(value.rjust(widths[i]))
+            else:
+                out.append(value if last else value.ljust(widths[i]))
+        click.echo("  ".join(out).rstrip())
+
+
+def fields(pairs: Sequence[tuple[str, "str | Styled"]], *, title: str | None = None) -> None:
+    """A key/value block (``sessions show``, ``daemon status``, summaries)."""
+    if is_terminal():
+        from rich.table import Table
+        from rich.text import Text
+
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for key, value in pairs:
+            grid.add_row(key, Text(str(value), style=value.style if isinstance(value, Styled) else ""))
+        if title:
+            console().print(Text(title, style="bold underline"))
+        console().print(grid)
+        return
+    if title:
+        click.echo(title)
+    width = max((len(k) for k, _ in pairs), default=0)
+    indent = "  " if title else ""
+    for key, value in pairs:
+        click.echo(f"{indent}{key.ljust(width)}  {value}".rstrip())
+
+
+# --- numbers and times -------------------------------------------------------------
+
+
+def num(value: int | float | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.2f}"
+    return f"{int(value):,}"
+
+
+def count(n: int | None, noun: str) -> str:
+    """``1 message``, ``2 messages``, ``1,024 tokens``."""
+    return f"{num(n)} {noun}{'' if n == 1 else 's'}"
+
+
+def percent(part: float, whole: float) -> str:
+    if not whole:
+        return "-"
+    return f"{100 * part / whole:.0f}%"
+
+
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def window_use(context_tokens: int, window: int) -> "str | Styled":
+    """``1,234 / 8,192 (15%)``, red when over the window."""
+    text = f"{num(context_tokens)} / {num(window)} ({percent(context_tokens, window)})"
+    return Styled(text, "bold red") if window and context_tokens > window else text
+
+
+def parse_time(iso: str) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def ago(iso: str | None, now: datetime | None = None) -> str:
+    """A timestamp as people say it: ``just now``, ``5 min ago``, ``3 days ago``."""
+    moment = parse_time(iso or "")
+    if moment is None:
+        return iso or "-"
+    seconds = ((now or datetime.now(timezone.utc)) - moment).total_seconds()
+    if seconds < 0:
+        return "just now" if seconds > -60 else moment.strftime("%Y-%m-%d %H:%M")
+    if seconds < 10:
+        return "just now"
+    if seconds < 60:
+        return f"{seconds:.0f} s ago"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min ago"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f} h ago"
+    if seconds < 86400 * 30:
+        days = int(seconds // 86400)
+        return f"{days} day{'s' if days != 1 else ''} ago"
+    return moment.strftime("%Y-%m-%d")
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    return f"{hours // 24} days {hours % 24} h"
+
+
+def budget_pairs(budget: dict[str, Any]) -> list[tuple[str, "str | Styled"]]:
+    """The budget figures everyone asks about, in the order they are derived."""
+    free = budget.get("free", 0)
+    used = budget.get("used", 0)
+    trigger = budget.get("triggerAt", 0)
+    free_cell: "str | Styled" = num(free)
+    if free < 0:
+        free_cell = Styled(f"{num(free)} (over budget)", "bold red")
+    used_cell: "str | Styled" = num(used)
+    if trigger and used > trigger:
+        used_cell = Styled(f"{num(used)} (past the compression trigger)", "yellow")
+    return [
+        ("window", num(budget.get("contextWindow"))),
+        ("max prompt", (f"{num(budget.get('maxPromptTokens'))} (usable {num(budget.get('usable'))}"
+                        f" - reserved output {num(budget.get('reservedOutput'))})")),
+        ("available", (f"{num(budget.get('available'))} (after system {num(budget.get('systemTokens'))}, "
+                       f"pinned {num(budget.get('pinnedTokens'))}, checkpoints {num(budget.get('checkpointTokens'))}, "
+                       f"margin {num(budget.get('safetyMargin'))})")),
+        ("trigger at", num(trigger)),
+        ("used", used_cell),
+        ("prompt", num(budget.get("promptTokens"))),
+        ("free", free_cell),
+    ]
+
+
+def session_label(info: dict[str, Any]) -> str:
+    title = info.get("title")
+    model = info.get("model")
+    if title and model:
+        return f"{title} ({model})"
+    return title or model or "-"

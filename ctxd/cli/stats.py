@@ -1,0 +1,80 @@
+"""``ctxd-cli stats``: where a session's tokens go, and whether the counts can be trusted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ctxd.cli import render
+from ctxd.cli.main import json_option, run, settings_of
+from ctxd.cli.sessions import session_argument
+from ctxd.client import Client
+
+
+def drift_cell(value: float | None) -> Any:
+    """A drift ratio, highlighted when the encoding is clearly not the model's."""
+    if value is None:
+        return "-"
+    text = render.ratio(value)
+    return render.Styled(text, "yellow") if abs(value - 1.0) > 0.15 else text
+
+
+@click.command("stats")
+@session_argument
+@json_option
+@click.pass_context
+def stats(ctx: click.Context, session_id: str) -> None:
+    """Counts and tokens by role and kind, counted-vs-reported drift, and the budget."""
+    settings = settings_of(ctx)
+
+    async def work(client: Client) -> Any:
+        return await client.request("context/stats", {"sessionId": session_id})
+
+    result = run(settings, work)
+    if settings.json:
+        render.print_json(result)
+        return
+    total = result["tokenCount"]
+    render.fields([
+        ("session", result["sessionId"]),
+        ("messages", render.num(result["messageCount"])),
+        ("history tokens", render.num(total)),
+        ("context", render.window_use(result["contextTokens"], result["budget"]["contextWindow"])),
+        ("encoding", result["encoding"] + (" (estimated: not the model's own tokenizer)"
+                                           if result.get("tokensEstimated") else "")),
+    ])
+    by_role = sorted(result["byRole"].items(), key=lambda kv: -kv[1].get("tokens", 0))
+    render.table([render.Column("ROLE"), render.Column("MESSAGES", "right"), render.Column("TOKENS", "right"),
+                  render.Column("SHARE", "right")],
+                 ([role, render.num(v.get("messages", 0)), render.num(v.get("tokens", 0)),
+                   render.percent(v.get("tokens", 0), total)] for role, v in by_role),
+                 title="By role")
+    kind_total = sum(v.get("tokens", 0) for v in result["byKind"].values())
+    render.table([render.Column("KIND"), render.Column("BLOCKS", "right"), render.Column("TOKENS", "right"),
+                  render.Column("SHARE", "right")],
+                 ([kind, render.num(v.get("blocks", 0)), render.num(v.get("tokens", 0)),
+                   render.percent(v.get("tokens", 0), kind_total)] for kind, v in result["byKind"].items()),
+                 title="By kind")
+    drift = result["usageDrift"]
+    render.fields([
+        ("messages with usage", render.num(drift.get("messagesWithUsage", 0))),
+        ("output", (f"reported {render.num(drift.get('reportedOutputTokens', 0))}, "
+                    f"counted {render.num(drift.get('countedOutputTokens', 0))}")),
+        ("output ratio", drift_cell(drift.get("outputRatio"))),
+        ("input", (f"reported {render.num(drift.get('reportedInputTokens', 0))}, "
+                   f"counted {render.num(drift.get('countedInputTokens', 0))}")),
+        ("input ratio", drift_cell(drift.get("inputRatio"))),
+    ], title="Drift (reported / counted)")
+    if "compressionCount" in result:
+        reliability = result.get("reliability") or {}
+        render.fields([
+            ("compressions", render.num(result.get("compressionCount"))),
+            ("checkpoints", (f"{render.num(result.get('checkpointCount'))} "
+                             f"({render.num(result.get('checkpointTokens'))} tokens)")),
+            ("pruned through", f"seq {result.get('prunedThroughSeq', 0)}"),
+            ("watermark", f"seq {result.get('watermarkSeq', 0)}"),
+            ("pinned", ", ".join(str(s) for s in result.get("pinned") or []) or "none"),
+            ("reliability", f"{reliability.get('level', '-')} (score {reliability.get('score', '-')})"),
+        ], title="Compression")
+    render.fields(render.budget_pairs(result["budget"]), title="Budget")

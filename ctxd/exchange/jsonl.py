@@ -1,0 +1,131 @@
+"""JSONL export: one OpenAI chat message per line.
+
+Each history message becomes the OpenAI chat message(s) a provider would accept
+(``role``, ``content``, ``tool_calls``, ``tool_call_id``, ``name``) plus a ``ctxd`` key
+with its sequence number and time. When the OpenAI shape cannot hold the message as it
+was (Anthropic content blocks, thinking, usage, metadata, timestamps), ``ctxd.message``
+carries the original, and the extra OpenAI lines it needs are marked ``ctxd.part``;
+an importer that does not know ctxd still reads a valid chat log.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
+from ctxd.exchange.document import from_header, header
+from ctxd.protocol.message import (
+    FunctionCall,
+    Message,
+    TextBlock,
+    ToolCall,
+    ToolResultBlock,
+    ToolUseBlock,
+    tool_result_text,
+)
+
+_to_builtins = msgspec.to_builtins
+
+
+def _is_plain(m: Message) -> bool:
+    return (isinstance(m.content, str) or m.content is None) and m.usage is None and m.metadata is None \
+        and m.timestamp is None
+
+
+def _openai_lines(m: Message) -> list[dict[str, Any]]:
+    if _is_plain(m):
+        line: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.name is not None:
+            line["name"] = m.name
+        if m.tool_calls is not None:
+            line["tool_calls"] = [{"id": c.id, "type": "function",
+                                   "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                  for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            line["tool_call_id"] = m.tool_call_id
+        return [line]
+    blocks = m.content if isinstance(m.content, list) else []
+    text = "\n\n".join(b.text for b in blocks if isinstance(b, TextBlock)) or (
+        m.content if isinstance(m.content, str) else "")
+    lines: list[dict[str, Any]] = []
+    if m.role == "assistant":
+        calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+                 for b in blocks if isinstance(b, ToolUseBlock)]
+        calls += [{"id": c.id, "type": "function",
+                   "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                  for c in m.tool_calls or ()]
+        line = {"role": "assistant", "content": text or None}
+        if calls:
+            line["tool_calls"] = calls
+        lines.append(line)
+    else:
+        results = [b for b in blocks if isinstance(b, ToolResultBlock)]
+        for b in results:
+            lines.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": tool_result_text(b)})
+        if m.role == "tool" and not results:
+            lines.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": text})
+        elif text or not results:
+            lines.append({"role": m.role, "content": text})
+    return lines
+
+
+def export_jsonl(doc: SessionDocument) -> str:
+    out = [json.dumps({"ctxd": {"session": header(doc)}}, ensure_ascii=False)]
+    for item in doc.messages:
+        lines = _openai_lines(item.message)
+        for part, line in enumerate(lines):
+            meta: dict[str, Any] = {"seq": item.seq, "createdAt": item.created_at}
+            if part:
+                meta["part"] = part
+            elif not _is_plain(item.message):
+                meta["message"] = _to_builtins(item.message)
+            line["ctxd"] = meta
+            out.append(json.dumps(line, ensure_ascii=False))
+    return "\n".join(out) + "\n"
+
+
+def _from_openai(line: dict[str, Any]) -> Message:
+    calls = None
+    if line.get("tool_calls") is not None:
+        calls = [ToolCall(id=c["id"], function=FunctionCall(name=c["function"]["name"],
+                                                            arguments=c["function"].get("arguments", "")))
+                 for c in line["tool_calls"]]
+    return Message(role=line["role"], content=line.get("content"), name=line.get("name"),
+                   tool_calls=calls, tool_call_id=line.get("tool_call_id"))
+
+
+def is_ctxd_jsonl(text: str) -> bool:
+    first = text.lstrip().split("\n", 1)[0]
+    try:
+        data = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("ctxd"), dict) and "session" in data["ctxd"]
+
+
+def import_jsonl(text: str) -> SessionDocument:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise DocumentError("the document is empty")
+    try:
+        head = json.loads(lines[0])["ctxd"]["session"]
+    except (ValueError, KeyError, TypeError):
+        raise DocumentError("line 1: not a ctxd JSONL export header") from None
+    messages: list[ExportedMessage] = []
+    for number, raw in enumerate(lines[1:], start=2):
+        try:
+            line = json.loads(raw)
+            meta = line.pop("ctxd")
+            if meta.get("part"):
+                continue
+            if "message" in meta:
+                message = msgspec.convert(meta["message"], Message)
+            else:
+                message = _from_openai(line)
+            messages.append(ExportedMessage(int(meta["seq"]), meta.get("createdAt", ""), message))
+        except (ValueError, KeyError, TypeError, msgspec.ValidationError) as exc:
+            raise DocumentError(f"line {number}: {exc}") from None
+    return from_header(head, messages)

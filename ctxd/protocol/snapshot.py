@@ -1,0 +1,116 @@
+"""Snapshots (seed 003): the active context at a point in time, for rollback.
+
+A snapshot records what the active context was (its state, checkpoints, goal and
+figures) and refers to history by sequence number; history is append-only, so the
+snapshot's content (``snapshot/get``) is exact however long ago it was taken.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+from ctxd.protocol.compression import Checkpoint
+from ctxd.protocol.goal import Goal
+from ctxd.protocol.message import Message
+
+SnapshotTrigger = Literal["auto", "manual", "restore"]
+
+
+class SnapshotInfo(msgspec.Struct, rename="camel", omit_defaults=True):
+    snapshot_id: str
+    session_id: str
+    created_at: str
+    trigger: SnapshotTrigger
+    last_seq: int
+    message_count: int
+    token_count: int
+    context_tokens: int
+    checkpoint_count: int
+    compression_count: int
+    user_message_count: int
+    context_window: int
+    compression_ratio: float
+    """Tokens sent / tokens in history at that point."""
+    label: Union[str, None] = None
+    model: Union[str, None] = None
+    watermark_seq: int = 0
+
+
+class SnapshotCreateParams(msgspec.Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    label: Union[str, None] = None
+
+
+class SnapshotRef(msgspec.Struct, rename="camel"):
+    session_id: str
+    snapshot_id: str
+
+
+class SnapshotListResult(msgspec.Struct, rename="camel"):
+    session_id: str
+    snapshots: list[SnapshotInfo]
+
+
+class SnapshotMessage(msgspec.Struct, rename="camel", omit_defaults=True):
+    seq: int
+    message: Message
+    tokens: int
+    in_context: bool
+    """False for user messages that were only kept in the snapshot's checkpoints' ranges
+    (folded), True for messages the snapshot's prompt contained verbatim."""
+
+
+class SnapshotContent(msgspec.Struct, rename="camel", omit_defaults=True):
+    """Seed 003's snapshot: every user message in full, the other messages of the active
+    context, checkpoints, goal, reasoning (thinking blocks travel with their messages),
+    the watermark, and the metadata."""
+
+    info: SnapshotInfo
+    user_messages: list[SnapshotMessage]
+    messages: list[SnapshotMessage]
+    checkpoints: list[Checkpoint]
+    goal: Union[Goal, None] = None
+    watermark_seq: int = 0
+    pinned: list[int] = []
+    thinking_tokens: int = 0
+
+
+class SnapshotRestoreResult(msgspec.Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    snapshot_id: str
+    backup_snapshot_id: str
+    rolled_back_from: Union[int, None] = None
+    rolled_back_to: Union[int, None] = None
+    context_tokens: int = 0
+
+
+class SnapshotDeleteResult(msgspec.Struct, rename="camel"):
+    session_id: str
+    deleted: list[str]
+
+
+class SnapshotCreated(msgspec.Struct, rename="camel"):
+    session_id: str
+    snapshot: SnapshotInfo
+
+
+class SnapshotRestored(msgspec.Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    snapshot_id: str
+    backup_snapshot_id: str
+    rolled_back_from: Union[int, None] = None
+    rolled_back_to: Union[int, None] = None
+
+
+class SnapshotDeleted(msgspec.Struct, rename="camel"):
+    session_id: str
+    snapshot_ids: list[str]
+    reason: Literal["request", "rolling", "age", "session"]
+
+
+class SnapshotError(msgspec.Struct, rename="camel"):
+    session_id: str
+    operation: Literal["create", "restore", "delete"]
+    reason: str

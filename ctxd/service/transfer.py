@@ -1,0 +1,173 @@
+"""``session/export`` and ``session/import``: moving a session between machines.
+
+Import is all or nothing: every message is validated and counted first, then the
+session and its whole history are written in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+import msgspec
+
+from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
+from ctxd.exchange.document import export_json, import_json
+from ctxd.exchange.jsonl import export_jsonl, import_jsonl, is_ctxd_jsonl
+from ctxd.exchange.markdown import export_markdown, import_markdown, is_ctxd_markdown
+from ctxd.importers import TranscriptError, load_transcripts_from_bytes
+from ctxd.protocol.compression import SessionSettings
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.goal import Goal
+from ctxd.protocol.history import ExportParams, ExportResult, ImportParams, ImportResult
+from ctxd.protocol.message import Message
+from ctxd.service import compression
+from ctxd.service.clock import now_iso
+from ctxd.service.core import Service
+from ctxd.service.ingest import _add_stats, _title_of, check_message
+from ctxd.service.sessions import MIN_WINDOW, enforce_retention
+from ctxd.service.state import Figures, StoredState
+from ctxd.store import checkpoints as checkpoint_store
+from ctxd.store import messages as message_store
+from ctxd.store import sessions as session_store
+from ctxd.store import snapshots as snapshot_store
+from ctxd.store.messages import NewMessage
+from ctxd.store.sessions import SessionRow, SessionStats
+from ctxd.tokens import PROMPT_PRIMING, TokenCounter
+
+MEDIA = {"json": "application/json", "jsonl": "application/jsonl", "markdown": "text/markdown"}
+SUFFIX = {"json": "json", "jsonl": "jsonl", "markdown": "md"}
+_encode = msgspec.json.Encoder().encode
+
+
+def _filename(doc: SessionDocument, fmt: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", (doc.title or doc.session_id))[:60].strip("-") or "session"
+    return f"{base}.{SUFFIX[fmt]}"
+
+
+async def export(svc: Service, params: ExportParams) -> ExportResult:
+    state = await svc.cache.get(params.session_id)
+    rows = await svc.db.read(message_store.load_range, state.id, 0, None, None)
+    active = await svc.db.read(checkpoint_store.load_active, state.id)
+    compressions = await svc.db.read(checkpoint_store.list_compressions, state.id)
+    events = await svc.db.read(snapshot_store.list_events, state.id)
+    row = state.row
+    doc = SessionDocument(
+        session_id=row.id, created_at=row.created_at,
+        messages=[ExportedMessage(m.seq, m.created_at, m.message) for m in rows],
+        title=row.title, model=row.model, provider=row.provider, context_window=row.context_window,
+        system_prompt=row.system_prompt, tags=row.tags, metadata=row.metadata,
+        settings=msgspec.to_builtins(row.settings), goal=msgspec.to_builtins(row.goal) if row.goal else None,
+        checkpoints=[msgspec.to_builtins(cp) for cp in active], compressions=compressions, events=events,
+    )
+    now = now_iso()
+    if params.format == "markdown":
+        document = export_markdown(doc, now)
+    elif params.format == "jsonl":
+        document = export_jsonl(doc)
+    else:
+        document = export_json(doc, now)
+    return ExportResult(session_id=row.id, format=params.format, media_type=MEDIA[params.format],
+                        filename=_filename(doc, params.format), document=document, message_count=len(rows))
+
+
+def _parse(params: ImportParams) -> tuple[list[SessionDocument], str, list[str]]:
+    text = params.document
+    fmt = params.format
+    if fmt == "auto":
+        stripped = text.lstrip()
+        if stripped.startswith("{") and '"format": "ctxd.session"' in stripped[:200] or \
+                stripped.startswith('{"format":"ctxd.session"'):
+            fmt = "json"
+        elif is_ctxd_jsonl(text):
+            fmt = "jsonl"
+        elif is_ctxd_markdown(text):
+            fmt = "markdown"
+    try:
+        if fmt == "json":
+            return [import_json(json.loads(text))], fmt, []
+        if fmt == "jsonl":
+            return [import_jsonl(text)], fmt, []
+        if fmt == "markdown":
+            return [import_markdown(text)], fmt, []
+    except (DocumentError, ValueError) as exc:
+        raise CtxdError(ErrorCode.ImportFailed, f"document ({fmt}): {exc}", {"field": "document"}) from None
+    try:
+        transcripts = load_transcripts_from_bytes(text.encode("utf-8"), format=fmt, name="document")
+    except TranscriptError as exc:
+        raise CtxdError(ErrorCode.ImportFailed, str(exc), {"field": "document"}) from None
+    docs, warnings = [], []
+    for t in transcripts:
+        docs.append(SessionDocument(
+            session_id="", created_at="", messages=[ExportedMessage(i + 1, "", m) for i, m in enumerate(t.messages)],
+            title=t.title, model=t.model, provider=t.provider, system_prompt=t.system_prompt,
+            metadata={"importedFrom": t.source_format}))
+        warnings += t.warnings
+        fmt = t.source_format
+    return docs, fmt, warnings
+
+
+def _import_job(conn: Any, row: SessionRow, items: list[tuple[Message, bytes, Any, str]],
+                stored_state: bytes) -> None:
+    session_store.insert_session(conn, row)
+    message_store.insert_messages(conn, row.id, [
+        (seq, NewMessage(m, body, tokens, None, created)) for seq, (m, body, tokens, created) in
+        enumerate(items, start=1)])
+    session_store.save_context(conn, row.id, context_state=stored_state)
+
+
+async def import_session(svc: Service, params: ImportParams) -> ImportResult:
+    docs, fmt, warnings = _parse(params)
+    if params.session_id is not None and len(docs) > 1:
+        raise CtxdError(ErrorCode.InvalidParams, f"the document holds {len(docs)} conversations; "
+                        "sessionId can name only one", {"field": "sessionId"})
+    ids: list[str] = []
+    total = 0
+    limit = svc.config.limits.max_message_bytes
+    for doc in docs:
+        session_id = params.session_id or doc.session_id or str(uuid.uuid4())
+        counter = TokenCounter.for_model(doc.model)
+        now = now_iso()
+        items: list[tuple[Message, bytes, Any, str]] = []
+        stats = SessionStats()
+        used = 0
+        system_tokens = counter.count_system(doc.system_prompt or "")
+        for index, item in enumerate(doc.messages):
+            message = msgspec.structs.replace(item.message, idempotency_key=None)
+            try:
+                check_message(message, index)
+            except CtxdError as exc:
+                raise CtxdError(ErrorCode.ImportFailed, f"document: {exc.message}", exc.data) from None
+            body = _encode(message)
+            if len(body) > limit:
+                raise CtxdError(ErrorCode.MessageTooLarge, f"document: message {index + 1} is {len(body)} bytes; "
+                                f"the limit is {limit}", {"field": f"messages[{index}]"})
+            tokens = counter.count_message(message)
+            _add_stats(stats, message, tokens, PROMPT_PRIMING + system_tokens + used)
+            used += tokens.context
+            items.append((message, body, tokens, item.created_at or now))
+        window = doc.context_window if doc.context_window and doc.context_window >= MIN_WINDOW else None
+        goal = msgspec.convert(doc.goal, Goal) if doc.goal else None
+        settings = msgspec.convert(doc.settings, SessionSettings) if doc.settings else SessionSettings()
+        first_user = next((m for m, *_ in items if m.role == "user"), None)
+        title = params.title or doc.title
+        if title is None and first_user is not None:
+            title = _title_of(first_user)
+        row = SessionRow(
+            id=session_id, created_at=doc.created_at or now, last_activity=now, model=doc.model,
+            provider=doc.provider, context_window=window, system_prompt=doc.system_prompt,
+            system_tokens=system_tokens, title=title, tags=doc.tags, metadata=doc.metadata,
+            encoding=counter.encoding, tokens_estimated=counter.estimated, message_count=len(items),
+            token_count=sum(t.total for _, _, t, _ in items), context_tokens=PROMPT_PRIMING + system_tokens + used,
+            last_seq=len(items), stats=stats, goal=goal, settings=settings,
+        )
+        stored = StoredState(figures=Figures(system=system_tokens, used=used))
+        await svc.db.write(_import_job, row, items, _encode(stored))
+        state = svc.cache.adopt(row)
+        ids.append(session_id)
+        total += len(items)
+        compression.schedule(svc, state)
+    await enforce_retention(svc, exclude=set(ids))
+    return ImportResult(session_ids=ids, message_count=total, format=fmt, warnings=warnings[:50])

@@ -1,0 +1,99 @@
+"""Full-text search over every message (SQLite FTS5, bm25 ranking).
+
+Messages are indexed in the same transaction that stores them (``insert_messages``),
+so a message is searchable as soon as its push is acknowledged; deleting a session
+removes its rows from the index by trigger.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+
+import msgspec
+
+from ctxd.protocol.message import Message, message_text
+
+_decoder = msgspec.json.Decoder(Message)
+_WORD = re.compile(r"\w+", re.UNICODE)
+SNIPPET_TOKENS = 24
+
+
+class QueryError(ValueError):
+    """The query cannot be searched (empty, or invalid FTS5 syntax)."""
+
+
+def fts_query(text: str, syntax: str = "words") -> str:
+    """User text as an FTS5 query: each word quoted (so no character is syntax), all required."""
+    if syntax == "fts":
+        if not text.strip():
+            raise QueryError("the query is empty")
+        return text
+    words = _WORD.findall(text)
+    if not words:
+        raise QueryError("the query has no words to search for")
+    return " ".join(f'"{w}"' for w in words)
+
+
+@dataclass(slots=True)
+class Hit:
+    session_id: str
+    seq: int
+    role: str
+    created_at: str
+    snippet: str
+    score: float
+    title: str | None
+    body: bytes | None
+
+    def message(self) -> Message | None:
+        return _decoder.decode(self.body) if self.body is not None else None
+
+
+def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = None, role: str | None = None,
+           limit: int = 20, with_body: bool = False) -> list[Hit]:
+    sql = (
+        "SELECT m.session_id, m.seq, m.role, m.created_at, "
+        f"snippet(messages_fts, 0, '[', ']', '…', {SNIPPET_TOKENS}), bm25(messages_fts), s.title"
+        + (", m.body" if with_body else ", NULL")
+        + " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
+        " JOIN sessions s ON s.id = m.session_id WHERE messages_fts MATCH ?"
+    )
+    args: list[object] = [query]
+    if session_id is not None:
+        sql += " AND m.session_id = ?"
+        args.append(session_id)
+    if role is not None:
+        sql += " AND m.role = ?"
+        args.append(role)
+    sql += " ORDER BY bm25(messages_fts) LIMIT ?"
+    args.append(limit)
+    try:
+        rows = conn.execute(sql, args).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "fts5" in str(exc) or "syntax" in str(exc) or "no such column" in str(exc):
+            raise QueryError(f"invalid search syntax: {exc}") from None
+        raise
+    return [Hit(sid, seq, r, created, snip, round(-score, 4), title, body)
+            for sid, seq, r, created, snip, score, title, body in rows]
+
+
+def like_scan(conn: sqlite3.Connection, needle: str, limit: int = 20) -> list[tuple[str, int]]:
+    """The baseline the search benchmark compares against: a plain LIKE over stored bodies."""
+    return conn.execute("SELECT session_id, seq FROM messages WHERE body LIKE ? LIMIT ?",
+                        (f"%{needle}%", limit)).fetchall()
+
+
+def backfill(conn: sqlite3.Connection) -> int:
+    """Index messages stored before search existed (schema 3 upgrade)."""
+    done = 0
+    last = 0
+    while True:
+        rows = conn.execute("SELECT id, body FROM messages WHERE id > ? ORDER BY id LIMIT 2000", (last,)).fetchall()
+        if not rows:
+            return done
+        conn.executemany("INSERT INTO messages_fts (rowid, text) VALUES (?, ?)",
+                         [(i, message_text(_decoder.decode(b))) for i, b in rows])
+        last = rows[-1][0]
+        done += len(rows)

@@ -1,0 +1,139 @@
+"""The dynamic budget: seed 000's and seed 001's worked examples, and the defaults."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ctxd.engine.budget import BudgetPolicy, budget_for, compute_budget, reserved_output
+from ctxd.tokens import PROMPT_PRIMING
+
+
+def seed000(checkpoint_tokens: int = 0, used: int = 0):
+    return compute_budget(context_window=8000, usable_fraction=0.85, reserved_output=0, safety_margin=0,
+                          trigger_fraction=0.80, system_tokens=500, checkpoint_tokens=checkpoint_tokens, used=used)
+
+
+def test_seed000_initial_state():
+    b = seed000()
+    assert b.usable == 6800  # "Ollama context: 6800 tokens (FIXED, 85% of 8K)"
+    assert b.max_prompt_tokens == 6800
+    assert b.available == 6300
+    assert b.trigger_at == 5040
+
+
+@pytest.mark.parametrize("checkpoints, available, trigger", [
+    ([3400], 2900, 2320),              # after the 1st compression
+    ([1500, 2000], 2800, 2240),        # after the 2nd: one aged, one recent
+    ([800, 1200, 1800], 2500, 2000),   # after the 3rd: ancient, old, recent
+])
+def test_seed000_after_compressions(checkpoints, available, trigger):
+    b = seed000(checkpoint_tokens=sum(checkpoints))
+    assert b.usable == 6800
+    assert b.checkpoint_tokens == sum(checkpoints)
+    assert b.available == available
+    assert b.trigger_at == trigger
+
+
+def test_seed000_available_shrinks_but_ageing_keeps_it_sustainable():
+    figures = [seed000(checkpoint_tokens=sum(c)).available for c in ([], [3400], [1500, 2000], [800, 1200, 1800])]
+    assert figures == [6300, 2900, 2800, 2500]
+    assert all(f > 0 for f in figures)
+
+
+def test_seed001_example():
+    b = compute_budget(context_window=8192, usable_fraction=0.85, reserved_output=1000, safety_margin=1000,
+                       trigger_fraction=0.75, system_tokens=500)
+    assert b.usable == 6963  # floor(8192 * 0.85)
+    assert b.max_prompt_tokens == 5963
+    assert b.available == 4463  # 6963 - 500 - 1000 - 1000
+    assert b.trigger_at == 3347  # floor(4463 * 0.75)
+
+
+def test_seed001_timeline_triggers_at_turn_three():
+    def over(messages: int) -> bool:
+        b = compute_budget(context_window=8192, usable_fraction=0.85, reserved_output=1000, safety_margin=1000,
+                           trigger_fraction=0.75, system_tokens=500, used=messages)
+        return b.used > b.trigger_at
+
+    assert not over(1000)
+    assert not over(2000)
+    assert over(3500)
+    assert not over(80 + 1000)  # after compression: checkpoint + recent
+
+
+def test_used_prompt_and_free_figures():
+    b = compute_budget(context_window=10_000, usable_fraction=0.9, reserved_output=1000, safety_margin=100,
+                       trigger_fraction=0.8, system_tokens=300, pinned_tokens=50, checkpoint_tokens=200, used=1234)
+    assert b.usable == 9000
+    assert b.max_prompt_tokens == 8000
+    assert b.available == 8000 - 100 - 300 - 50 - 200
+    assert b.trigger_at == math.floor(b.available * 0.8)
+    assert b.prompt_tokens == PROMPT_PRIMING + 300 + 50 + 200 + 1234
+    assert b.free == b.max_prompt_tokens - b.prompt_tokens
+    # pinned tokens count against the budget but not in "used"
+    assert b.used == 1234
+
+
+def test_available_never_negative():
+    b = compute_budget(context_window=1000, usable_fraction=1.0, reserved_output=0, safety_margin=0,
+                       trigger_fraction=0.8, system_tokens=600, checkpoint_tokens=600)
+    assert b.available == 0
+    assert b.trigger_at == 0
+    assert b.free < 0
+
+
+# --- reserved_output and budget_for ---------------------------------------------------
+
+
+def test_policy_defaults():
+    p = BudgetPolicy()
+    assert (p.usable_fraction, p.reserved_output_cap, p.reserved_output_fraction,
+            p.safety_margin_fraction, p.trigger_fraction) == (0.85, 32_000, 0.125, 0.02, 0.80)
+
+
+@pytest.mark.parametrize("window, output_limit, expected", [
+    (8192, None, 1024),          # no output limit known: 1/8 of the window
+    (8192, 1000, 1000),          # a small output limit is what it is
+    (8192, 4096, 2048),          # a known limit never takes more than a quarter of the window
+    (8192, 8192, 2048),          # gpt-4 (8K in, 8K out)
+    (128_000, 4096, 4096),       # gpt-4o (seed 004's table)
+    (200_000, 8192, 8192),       # Claude Sonnet
+    (1_000_000, 8192, 8192),     # Gemini
+    (1_000_000, None, 32_000),   # capped at 32k (seed 004's reservedOutputTokens)
+    (1_000_000, 100_000, 32_000),
+    (4096, 0, 0),
+])
+def test_reserved_output(window, output_limit, expected):
+    assert reserved_output(window, output_limit, BudgetPolicy()) == expected
+
+
+def test_reserved_output_never_negative():
+    assert reserved_output(8192, -5, BudgetPolicy()) == 0
+
+
+def test_budget_for_defaults():
+    b = budget_for(BudgetPolicy(), context_window=8192, output_limit=None, system_tokens=500)
+    assert b.usable == 6963
+    assert b.reserved_output == 1024
+    assert b.safety_margin == math.ceil(8192 * 0.02) == 164
+    assert b.max_prompt_tokens == 6963 - 1024
+    assert b.available == 6963 - 1024 - 164 - 500
+    assert b.trigger_fraction == 0.80
+    assert b.trigger_at == math.floor(b.available * 0.80)
+
+
+def test_budget_for_reproduces_seed000_with_a_policy():
+    policy = BudgetPolicy(usable_fraction=0.85, reserved_output_cap=0, safety_margin_fraction=0.0,
+                          trigger_fraction=0.80)
+    b = budget_for(policy, context_window=8000, output_limit=None, system_tokens=500, checkpoint_tokens=3400)
+    assert (b.usable, b.reserved_output, b.safety_margin, b.available, b.trigger_at) == (6800, 0, 0, 2900, 2320)
+
+
+def test_budget_for_passes_every_figure_through():
+    b = budget_for(BudgetPolicy(), context_window=128_000, output_limit=4096, system_tokens=10,
+                   pinned_tokens=20, checkpoint_tokens=30, used=40)
+    assert (b.system_tokens, b.pinned_tokens, b.checkpoint_tokens, b.used) == (10, 20, 30, 40)
+    assert b.context_window == 128_000
+    assert b.prompt_tokens == PROMPT_PRIMING + 100

@@ -1,0 +1,264 @@
+"""The active context as a view of history: entries, accounting, and the invariants that
+must hold whatever compression did (property-style, over random sessions)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import Counter
+
+import msgspec
+
+from ctxd.engine.checkpoints import render_section
+from ctxd.engine.context import ActiveContext, CompressionState
+from ctxd.engine.pipeline import apply_selection, fold, identify, make_checkpoint, plan_fold, prepare
+from ctxd.engine.policy import CompressionPolicy
+from ctxd.engine.prune import apply_prune, plan_prune
+from ctxd.engine.render import PromptPlan, render_anthropic, render_ollama, render_openai
+from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
+from ctxd.engine.watermark import WatermarkMove, apply_watermark, find_checkpoint_call, plan_watermark
+from ctxd.protocol.message import Message, TextBlock
+from ctxd.tokens import MESSAGE_OVERHEAD, PROMPT_PRIMING
+
+from ._engine_helpers import (
+    COUNTER,
+    NOW,
+    WORDS,
+    a_call,
+    a_result,
+    assistant,
+    count,
+    entries,
+    entry,
+    make_ctx,
+    o_call,
+    o_result,
+    refresh,
+    simple_budget,
+    system,
+    thinking,
+    user,
+    words,
+)
+
+
+def test_entry_of_anthropic_and_openai_messages():
+    e = entry(1, a_call(("t1", "read"), ("t2", "grep"), text="Looking."))
+    assert (e.call_ids, e.call_names, e.result_ids, e.has_user_text) == (("t1", "t2"), ("read", "grep"), (), False)
+    e = entry(2, a_result(("t1", "x"), ("t2", "y"), text="and?"))
+    assert (e.call_ids, e.result_ids, e.has_user_text) == ((), ("t1", "t2"), True)
+    e = entry(3, a_result(("t1", "x")))
+    assert e.has_user_text is False
+    e = entry(4, o_call(("c1", "ls"), ("c2", "cat")))
+    assert (e.call_ids, e.call_names) == (("c1", "c2"), ("ls", "cat"))
+    e = entry(5, o_result("c1", "out"))
+    assert (e.result_ids, e.has_user_text, e.role) == (("c1",), False, "tool")
+    assert entry(6, user("hi")).has_user_text and not entry(7, user("")).has_user_text
+    assert not entry(8, assistant("hi")).has_user_text
+
+
+def test_figures_of_a_plain_context():
+    ctx = make_ctx([user("Hello there"), assistant("Hi!")], system_prompt="Be brief.", goal_text="## Goal")
+    assert ctx.system_tokens == count("Be brief.\n\n## Goal") + MESSAGE_OVERHEAD
+    assert ctx.checkpoint_tokens == 0 and ctx.system_text == "Be brief.\n\n## Goal"
+    assert ctx.used == sum(COUNTER.count_message(m).context for m in ctx.conversation())
+    assert ctx.prompt_tokens == PROMPT_PRIMING + ctx.system_tokens + ctx.used
+    assert make_ctx([]).prompt_tokens == PROMPT_PRIMING
+
+
+def test_thinking_is_not_counted_in_the_prompt():
+    ctx = make_ctx([user("q"), thinking("answer", thought=words(500))])
+    e = ctx.recent[1]
+    assert e.tokens.thinking == 500 and e.view_tokens == e.tokens.context == e.tokens.total - 500
+
+
+def test_append_counts_new_messages():
+    ctx = make_ctx([user("a")])
+    before = ctx.used
+    new = entries([o_call(("c", "ls")), o_result("c", "x")], start=2)
+    ctx.append(new)
+    assert ctx.used == before + sum(e.tokens.context for e in new)
+    assert ctx.call_names["c"] == "ls"
+
+
+def test_checkpoint_section_is_counted_in_the_system_part():
+    ctx = make_ctx([user(words(50)), assistant(words(400)), user("a"), assistant("b"), user("c"),
+                    assistant("d"), user("e")], system_prompt="sys")
+    selection = prepare(identify(ctx, simple_budget(100_000), CompressionPolicy()), simple_budget(100_000))
+    cp = make_checkpoint(selection, "short summary", "test", now=NOW, number=1, count=count)
+    apply_selection(ctx, selection, cp)
+    refresh(ctx)
+    assert ctx.system_text == "sys\n\n" + render_section([cp])
+    assert ctx.system_tokens + ctx.checkpoint_tokens == count(ctx.system_text) + MESSAGE_OVERHEAD
+
+
+def test_compression_state_round_trip():
+    state = CompressionState(boundary=9, kept_seqs=[1, 3], pinned=[3], watermark_seq=5,
+                             watermark_tool_use_id="t", compression_count=2, last_after_used=100, lossy=True)
+    raw = msgspec.json.encode(state)
+    assert b"keptSeqs" in raw and b"watermarkToolUseId" in raw
+    assert msgspec.json.decode(raw, type=CompressionState) == state
+    assert msgspec.json.decode(b"{}", type=CompressionState) == CompressionState()
+
+
+# --- property: random sessions through every layer ---------------------------------------
+
+
+def random_session(rng: random.Random, n: int) -> list[Message]:
+    out: list[Message] = []
+    open_calls: list[tuple[str, str]] = []
+    ids = 0
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.25:
+            text = words(rng.randint(1, 120), rng.choice(WORDS))
+            if rng.random() < 0.1:
+                text = "line one\nline two\n    code"
+            out.append(user(text))
+        elif r < 0.45:
+            out.append(assistant(words(rng.randint(1, 300), rng.choice(WORDS))))
+        elif r < 0.48:
+            out.append(system("note: " + words(5)))
+        elif r < 0.5:
+            out.append(thinking("hmm " + words(rng.randint(1, 20)), thought=words(30)))
+        elif r < 0.7:
+            calls = []
+            for _ in range(rng.choice([1, 1, 2])):
+                ids += 1
+                name = rng.choice(["read_file", "grep", "bash", "deactivate_augments", "compress_to_checkpoint"])
+                calls.append((f"id{ids}", name))
+            style = rng.choice(["openai", "anthropic"])
+            out.append(o_call(*calls) if style == "openai" else a_call(*calls))
+            open_calls += [(c[0], style) for c in calls]
+        elif open_calls:
+            rng.shuffle(open_calls)
+            call_id, style = open_calls.pop()
+            output = words(rng.randint(1, 400), rng.choice(WORDS))
+            if style == "openai" or rng.random() < 0.2:
+                out.append(o_result(call_id, output))
+            else:
+                out.append(a_result((call_id, output), text="and also this" if rng.random() < 0.2 else None))
+    return out
+
+
+def rebuilt(ctx: ActiveContext, history: list[Message]) -> ActiveContext:
+    """The active context rebuilt from history and the stored state, as the service does."""
+    state = msgspec.json.decode(msgspec.json.encode(ctx.state), type=CompressionState)
+    all_entries = entries(history)
+    kept = [e for e in all_entries if e.seq in set(state.kept_seqs)]
+    recent = [e for e in all_entries if e.seq > state.boundary]
+    again = ActiveContext(system_prompt=ctx.system_prompt, state=state, checkpoints=list(ctx.checkpoints),
+                          kept=kept, recent=recent)
+    return refresh(again, PROTECTED)
+
+
+PROTECTED = ("bash",)
+CASES = 40
+
+
+def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[Message], pushed: int) -> None:
+    assert history == pristine, "history was edited"
+    views = [e for e in ctx.entries() if e.view is not None]
+    assert ctx.used + ctx.pinned_tokens == sum(COUNTER.count_message(e.view).context for e in views)
+    assert sum(e.view_tokens for e in ctx.entries()) == ctx.used + ctx.pinned_tokens
+    assert ctx.system_tokens + ctx.checkpoint_tokens == (count(ctx.system_text) + MESSAGE_OVERHEAD
+                                                         if ctx.system_text else 0)
+    seq_list = [e.seq for e in ctx.entries()]
+    assert seq_list == sorted(seq_list) and len(set(seq_list)) == len(seq_list)
+    assert all(e.seq <= ctx.state.boundary for e in ctx.kept)
+    assert all(e.seq > ctx.state.boundary for e in ctx.recent)
+    assert ctx.state.kept_seqs == [e.seq for e in ctx.kept]
+    # user words are never lost: every user text is kept, in recent, or in a checkpoint
+    folded = {s for cp in ctx.checkpoints if cp.kind == "folded" for s in cp.message_seqs}
+    present = {e.seq for e in ctx.entries()}
+    for seq, message in enumerate(history[:pushed], start=1):
+        if message.role == "user" and entry(seq, message).has_user_text:
+            assert seq in present or seq in folded, seq
+    # kept user messages carry their words only
+    for e in ctx.kept:
+        if e.seq not in ctx.pinned_set:
+            assert e.view.role == "user"
+            assert not isinstance(e.view.content, list) or all(isinstance(b, TextBlock) for b in e.view.content)
+    # protected tools' outputs are never cleared
+    for e in ctx.recent:
+        if e.view is not None and e.result_ids and any(ctx.call_names.get(i) in PROTECTED for i in e.result_ids):
+            if e.seq >= ctx.state.watermark_seq:
+                assert e.view is e.message
+    # the same view comes back from history and the stored state
+    again = rebuilt(ctx, history[:pushed])
+    assert again.conversation() == ctx.conversation()
+    assert (again.used, again.pinned_tokens, again.prompt_tokens) == (ctx.used, ctx.pinned_tokens, ctx.prompt_tokens)
+    # and every provider accepts it
+    plan = PromptPlan(system_parts=[ctx.system_text] if ctx.system_text else [], messages=ctx.conversation())
+    r = render_openai(plan, count)
+    assert validate_openai(r.messages) == []
+    r = render_anthropic(plan, count)
+    assert validate_anthropic(r.system, r.messages) == []
+    r = render_ollama(plan, count)
+    assert validate_ollama(r.messages) == []
+
+
+def test_random_sessions_keep_every_invariant():
+    rng = random.Random(7)
+    policy = CompressionPolicy(keep_recent=4)
+    operations = 0
+    done: Counter[str] = Counter()
+    for case in range(CASES):
+        history = random_session(rng, rng.randint(5, 60))
+        pristine = copy.deepcopy(history)
+        pinned = [s for s in range(1, len(history) + 1) if rng.random() < 0.05]
+        cut = rng.randint(1, len(history))
+        ctx = make_ctx(history[:cut], system_prompt="sys", pinned=pinned, protected=PROTECTED)
+        pushed = cut
+        number = 0
+        for step in range(12):
+            op = rng.choice(["push", "push", "prune", "watermark", "compress", "compress", "fold"])
+            if op == "push" and pushed < len(history):
+                k = rng.randint(1, 6)
+                new = entries(history[pushed:pushed + k], start=pushed + 1)
+                pushed += len(new)
+                ctx.append(new)
+                found = find_checkpoint_call(new, policy.watermark_tools, ctx.state.watermark_seq)
+                if found is not None and rng.random() < 0.7:
+                    move = plan_watermark(ctx, tool_use_id=found[1])
+                    if isinstance(move, WatermarkMove):
+                        apply_watermark(ctx, move)
+                        done["checkpoint tool"] += 1
+                refresh(ctx, PROTECTED)
+            elif op == "prune":
+                plan = plan_prune(ctx, rng.choice([0, 100]), rng.choice([50, 300, 1000]), PROTECTED)
+                if plan is not None:
+                    apply_prune(ctx, plan, f"t{step}")
+                    refresh(ctx, PROTECTED)
+                    done["prune"] += 1
+            elif op == "watermark" and ctx.recent:
+                move = plan_watermark(ctx, seq=rng.choice(ctx.recent).seq)
+                if isinstance(move, WatermarkMove):
+                    apply_watermark(ctx, move)
+                    refresh(ctx, PROTECTED)
+                    done["watermark"] += 1
+                else:
+                    assert isinstance(move, str)
+            elif op == "compress":
+                budget = simple_budget(rng.choice([2000, 8000, 100_000]), used=ctx.used)
+                selection = identify(ctx, budget, policy, keep_recent=rng.choice([None, 1]))
+                if selection is not None:
+                    prepare(selection, budget)
+                    number += 1
+                    cp = make_checkpoint(selection, "summary " + words(rng.randint(1, 30)), "test", now=NOW,
+                                         number=number, count=count)
+                    apply_selection(ctx, selection, cp)
+                    refresh(ctx, PROTECTED)
+                    done["compress"] += 1
+            elif op == "fold":
+                chosen = plan_fold(ctx, rng.randint(0, ctx.prompt_tokens), allowance=rng.choice([None, 50, 400]))
+                if chosen:
+                    number += 1
+                    fold(ctx, chosen, allowance=rng.choice([50, 400, 5000]), now=NOW, number=number, count=count)
+                    refresh(ctx, PROTECTED)
+                    done["fold"] += 1
+            operations += 1
+            check_invariants(ctx, history, pristine, pushed)
+    assert operations == CASES * 12
+    # every layer really ran, many times
+    assert all(done[k] >= 10 for k in ("checkpoint tool", "prune", "watermark", "compress", "fold")), done
