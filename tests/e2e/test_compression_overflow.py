@@ -1,0 +1,230 @@
+"""Overflow and the notifications around compression, end to end.
+
+* A long human chat (long user messages, which are never summarized away) in a 2048
+  window: ``context/overflow`` with the figures, then (policy ``fold``) a folded
+  checkpoint keeping the user's words, and a prompt that fits, every time; with
+  ``overflow_policy=error`` ``context/prompt`` refuses with the figures instead.
+* ``context/reliability`` as the level falls, ``context/threshold`` warning/critical,
+  ``checkpoint/created|aged|merged``, ``context/compressionSkipped`` (loop guard).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxd.client import RpcError
+from tests.e2e.compression_helpers import (
+    FORMATS,
+    Conn,
+    CtxdProc,
+    Driver,
+    agent_session,
+    check_prompt,
+    long_chat,
+    remove_root,
+    short_root,
+    system_text,
+    user_texts,
+)
+
+CONTEXT_OVERFLOW = -33010
+LEVELS = ["ultra", "compact", "moderate", "detailed"]
+
+
+async def chat_session(conn: Conn, session_id: str, window: int = 2048, **extra) -> Driver:
+    await conn.call("session/create", {"sessionId": session_id, "contextWindow": window, **extra})
+    await conn.call("session/subscribe", {"sessionId": session_id})
+    return Driver(conn, session_id)
+
+
+def folded_of(checkpoints: list[dict]) -> dict | None:
+    return next((c for c in checkpoints if c["kind"] == "folded"), None)
+
+
+async def test_long_chat_folds_the_users_words_to_fit():
+    root = short_root()
+    daemon = CtxdProc(root).start()
+    try:
+        conn = await daemon.connect()
+        drive = await chat_session(conn, "chat")
+        said: dict[int, str] = {}  # seq -> the user's words
+        for index, turn in enumerate(long_chat(seed=17, messages=120)):
+            result = await drive.push(turn)
+            if turn.instruction:
+                said[result["messages"][0]["seq"]] = turn.instruction
+            active = (await conn.call("context/checkpoints", {"sessionId": "chat"}))["checkpoints"]
+            folded = folded_of(active)
+            # Never more than the summaries, one folded and one truncation notice.
+            assert len(active) <= 4 + 2, [(c["kind"], c["seqFrom"], c["seqTo"]) for c in active]
+            for fmt in FORMATS:
+                prompt = await drive.prompt(fmt)  # never refused under the fold policy
+                assert not check_prompt(prompt, 2048), (index, fmt)
+                users, system = user_texts(prompt), system_text(prompt)
+                for seq, words in said.items():
+                    if any(words in u for u in users):
+                        continue
+                    # Folded: the words are in the folded checkpoint, or (past its
+                    # allowance) counted there as folded out; whole in history either way.
+                    assert folded is not None and seq in folded["messageSeqs"], (index, fmt, seq)
+                    assert words in system or "folded out of the prompt" in system, (index, fmt, seq)
+
+        overflows = conn.of("context/overflow")
+        assert overflows, "the chat never overflowed: make the user messages longer"
+        for note in overflows:
+            assert note["policy"] == "fold" and "fold" in note["action"]
+            assert note["promptTokens"] > note["maxPromptTokens"] == drive.last_result["budget"]["maxPromptTokens"]
+            assert note["userTokens"] > 0 and note["systemTokens"] >= 0 and note["checkpointTokens"] >= 0
+        assert any("fold" in r.note["layers"] for r in drive.runs)
+        folds = [n["checkpoint"] for n in conn.of("checkpoint/created") if n["checkpoint"]["kind"] == "folded"]
+        assert folds and len({c["id"] for c in folds}) == 1  # one folded checkpoint, grown in place
+        folded = folds[-1]
+        assert folded["summarizer"] == "fold"
+        kept_words = [w for s, w in said.items() if s in folded["messageSeqs"] and w in folded["summary"]]
+        assert kept_words, "the folded checkpoint kept none of the user's words verbatim"
+        # The loop guard held back passes that would not have freed enough, once per wait.
+        skipped = conn.of("context/compressionSkipped")
+        assert skipped and all("no compaction loops" in s["reason"] for s in skipped)
+        assert all(s["used"] > s["triggerAt"] for s in skipped)
+        # History: every message whole, the folded ones included.
+        info = await conn.call("session/get", {"sessionId": "chat"})
+        assert info["messageCount"] == len(drive.pushed)
+        expanded = await drive.check_expand(folded["id"])
+        assert {m["seq"] for m in expanded["messages"]} == set(folded["messageSeqs"])
+        await drive.expand_all()
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "ctxd/service/compression.py _checkpoint_for accepts a summary when its own tokens are fewer than "
+    "what it replaces (pipeline.summary_rejection), but the first checkpoint also brings the section "
+    "header (~30 tokens) into the system part: in a chat whose removable part is a few short assistant "
+    "replies, the first automatic pass makes the prompt larger (1254 -> 1275 tokens here)"))
+async def test_every_automatic_pass_shrinks_the_prompt():
+    root = short_root()
+    daemon = CtxdProc(root).start()
+    try:
+        conn = await daemon.connect()
+        drive = await chat_session(conn, "chat")
+        for turn in long_chat(seed=1, messages=40):
+            await drive.push(turn)
+        passes = [r.note for r in drive.runs]
+        assert len(passes) >= 3
+        grew = [(p["layers"], p["beforeTokens"], p["afterTokens"]) for p in passes
+                if p["afterTokens"] >= p["beforeTokens"]]
+        assert not grew, grew
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
+
+
+async def test_overflow_policy_error_refuses_with_the_figures():
+    root = short_root()
+    daemon = CtxdProc(root, sets=["compression.overflow_policy=error"]).start()
+    try:
+        conn = await daemon.connect()
+        drive = await chat_session(conn, "strict")
+        refused = None
+        for turn in long_chat(seed=23, messages=80):
+            await drive.push(turn)
+            try:
+                prompt = await drive.prompt("openai")
+            except RpcError as exc:
+                refused = exc
+                break
+            assert not check_prompt(prompt, 2048)
+        assert refused is not None, "the chat never overflowed"
+        assert refused.code == CONTEXT_OVERFLOW and "overflow policy is 'error'" in refused.message
+        data = refused.data
+        assert data["promptTokens"] > data["maxPromptTokens"] and data["contextWindow"] == 2048
+        assert {"systemTokens", "pinnedTokens", "checkpointTokens", "used"} <= set(data)
+        for fmt in ("anthropic", "ollama"):
+            with pytest.raises(RpcError) as error:
+                await drive.prompt(fmt)
+            assert error.value.code == CONTEXT_OVERFLOW
+        [note, *_] = conn.of("context/overflow")
+        assert note["policy"] == "error" and "ContextOverflow" in note["action"]
+        assert note["promptTokens"] > note["maxPromptTokens"] and note["userTokens"] > 0
+        assert not [n for n in conn.of("checkpoint/created") if n["checkpoint"]["kind"] == "folded"]
+        info = await conn.call("session/get", {"sessionId": "strict"})
+        assert info["messageCount"] == len(drive.pushed)
+
+        # A session's own overflowPolicy wins over the daemon's.
+        other = await daemon.connect()
+        lenient = await chat_session(other, "lenient", settings={"overflowPolicy": "fold"})
+        for turn in long_chat(seed=23, messages=80):
+            await lenient.push(turn)
+            assert not check_prompt(await lenient.prompt("openai"), 2048)
+        assert [n["policy"] for n in other.of("context/overflow")] and \
+            {n["policy"] for n in other.of("context/overflow")} == {"fold"}
+        await other.close()
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
+
+
+async def test_reliability_thresholds_and_checkpoint_lifecycle():
+    root = short_root()
+    daemon = CtxdProc(root).start()
+    try:
+        conn = await daemon.connect()
+        drive = await chat_session(conn, "agent", window=4096, model="llama3.1:70b")
+        first = await drive.prompt("openai")
+        assert first["reliability"]["level"] == "high" and first["reliability"]["modelFactor"] == 0.95
+        await drive.push_until(agent_session(seed=31, messages=900, markers=False),
+                               lambda d: len(conn.of("checkpoint/merged")) >= 2
+                               and any(n["reliability"]["level"] == "critical" for n in conn.of("context/reliability")))
+
+        # Reliability: one notification per level change. It falls with each compression
+        # (15% each) and with how full the prompt is (context confidence), so it may
+        # come back up a level after a pass; never below where compressions alone put it.
+        notes = conn.of("context/reliability")
+        levels = [n["reliability"]["level"] for n in notes]
+        assert levels[0] == "medium" and notes[0]["previousLevel"] == "high"
+        assert "critical" in levels and "high" not in levels[1:]
+        for a, b in zip(notes, notes[1:]):
+            assert b["previousLevel"] == a["reliability"]["level"] != b["reliability"]["level"]
+        for n in notes:
+            r = n["reliability"]
+            assert r["recommendations"] and r["modelSizeBillions"] == 70.0
+            assert r["score"] == pytest.approx(r["modelFactor"] * r["compressionPenalty"] * r["contextConfidence"],
+                                               abs=1e-3)
+        critical = next(n["reliability"] for n in notes if n["reliability"]["level"] == "critical")
+        assert critical["score"] < 0.40 and any("new conversation" in s for s in critical["recommendations"])
+        last = await drive.prompt("openai")
+        assert last["reliability"]["level"] == levels[-1]
+
+        # Thresholds: a warning past the trigger, critical near the largest prompt.
+        thresholds = conn.of("context/threshold")
+        assert {t["level"] for t in thresholds} == {"warning", "critical"}
+        for t in thresholds:
+            if t["level"] == "warning":
+                assert t["used"] > t["triggerAt"]
+            else:
+                assert t["promptTokens"] >= 0.95 * t["maxPromptTokens"]
+
+        # Checkpoints: created, aged one level at a time (smaller each time), merged.
+        created = {n["checkpoint"]["id"]: n["checkpoint"] for n in conn.of("checkpoint/created")}
+        aged = conn.of("checkpoint/aged")
+        assert aged
+        for a in aged:
+            assert a["checkpointId"] in created
+            assert LEVELS.index(a["toLevel"]) == LEVELS.index(a["fromLevel"]) - 1
+            assert a["afterTokens"] < a["beforeTokens"]
+        known = set(created)
+        for m in conn.of("checkpoint/merged"):
+            assert len(m["mergedIds"]) == 2 and set(m["mergedIds"]) <= known
+            known.add(m["intoId"])
+        active = (await conn.call("context/checkpoints", {"sessionId": "agent"}))["checkpoints"]
+        assert len([c for c in active if c["kind"] == "summary"]) <= 4
+        assert any(c["level"] == "ultra" and c["mergedFrom"] for c in active)
+        for cp in active:
+            await drive.check_expand(cp["id"])
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
