@@ -269,10 +269,13 @@ async def connect_or_start(socket_path: Path, *, autostart: bool = True, data_di
                 client = await Client.connect_unix(socket_path)
                 break
             except DaemonUnavailable:
-                code = process.poll()
+                code = process.poll() if process is not None else None
                 if code is not None and code != 0:
                     reason = _log_tail(log_path, start_size)
-                    raise DaemonUnavailable(f"ctxd could not start: {reason}") from None
+                    if "already serving" not in reason:
+                        raise DaemonUnavailable(f"ctxd could not start: {reason} (log: {log_path})") from None
+                    # Another client's daemon won the socket and is still starting: wait for it.
+                    process = None
                 if time.monotonic() > deadline:
                     raise DaemonUnavailable(f"ctxd did not open {socket_path} within {wait_seconds:.0f} s; "
                                             f"see {log_path}") from None

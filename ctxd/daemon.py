@@ -19,7 +19,14 @@ from ctxd.config import Config
 from ctxd.server.app import App
 from ctxd.server.connection import Connection, Writer
 from ctxd.server.subscriptions import Hub
-from ctxd.server.transports import SocketLock, load_or_create_token, open_stdio, serve_tcp, serve_unix
+from ctxd.server.transports import (
+    SocketLock,
+    claim_socket,
+    load_or_create_token,
+    open_stdio,
+    serve_tcp,
+    serve_unix,
+)
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.sessions import enforce_retention
@@ -107,12 +114,17 @@ class Daemon:
 
     async def start(self) -> None:
         """Open storage and listeners; raises StoreOpenError/TransportError on failure."""
-        self.service = await Service.open(self.config, events=self.hub)
-        await enforce_retention(self.service)
+        if self.unix:
+            # One daemon per socket, decided before the database is touched: a daemon that
+            # lost a start race must not run migrations or retention next to the winner.
+            self._lock = claim_socket(self.config.socket_path)
         try:
+            self.service = await Service.open(self.config, events=self.hub)
+            await enforce_retention(self.service)
             if self.unix:
                 path = self.config.socket_path
-                server, self._lock = await serve_unix(path, self._serve_connection)
+                assert self._lock is not None
+                server = await serve_unix(path, self._serve_connection, self._lock)
                 self._servers.append(server)
                 self.bound["unix"] = str(path)
             if self.tcp_port is not None:

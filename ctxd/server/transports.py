@@ -98,12 +98,18 @@ def _private_dir(path: Path) -> None:
         path.mkdir(parents=True, mode=0o700)
 
 
-async def serve_unix(path: Path, on_connection: OnConnection) -> tuple[asyncio.AbstractServer, SocketLock]:
+def claim_socket(path: Path) -> SocketLock:
+    """Take the socket's lock (first thing a socket daemon does); TransportError if taken."""
     if len(os.fsencode(path)) > UNIX_PATH_MAX:
         raise TransportError(f"socket path is too long for a Unix socket ({len(str(path))} bytes): {path}")
     _private_dir(path.parent)
     lock = SocketLock(path)
     lock.acquire()
+    return lock
+
+
+async def serve_unix(path: Path, on_connection: OnConnection, lock: SocketLock) -> asyncio.AbstractServer:
+    """Listen on ``path``, whose ``lock`` the caller holds (see :func:`claim_socket`)."""
     if path.exists() or path.is_symlink():
         path.unlink()  # we hold the lock, so whoever made it is gone
     old_umask = os.umask(0o177)
@@ -116,7 +122,7 @@ async def serve_unix(path: Path, on_connection: OnConnection) -> tuple[asyncio.A
     finally:
         os.umask(old_umask)
     os.chmod(path, 0o600)
-    return server, lock
+    return server
 
 
 async def serve_tcp(port: int, on_connection: OnConnection) -> asyncio.AbstractServer:

@@ -13,6 +13,7 @@ import time
 from ctxd import __version__
 from ctxd.config import Config
 from ctxd.service.events import EventSink, NullEvents
+from ctxd.service.indexer import SearchIndexer
 from ctxd.service.state import SessionCache
 from ctxd.service.summarizers import Summarizers
 from ctxd.store.db import Database
@@ -26,6 +27,7 @@ class Service:
         self.cache = SessionCache(db, config)
         self.summarizers = Summarizers(config)
         self.tasks: set[asyncio.Task[object]] = set()
+        self.indexer = SearchIndexer(db)
         self.started = time.time()
         self.version = __version__
 
@@ -34,7 +36,9 @@ class Service:
         db = Database(config.database_path, durability=config.storage.durability,
                       busy_timeout_ms=config.storage.busy_timeout_ms)
         await db.open()
-        return cls(config, db, events)
+        service = cls(config, db, events)
+        service.indexer.start()
+        return service
 
     async def close(self) -> None:
         """Stop background compressions (their work is not stored half-done), then storage."""
@@ -42,5 +46,6 @@ class Service:
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.indexer.stop()
         await self.summarizers.aclose()
         await self.db.close()

@@ -170,7 +170,9 @@ def _title_of(message: Message) -> str | None:
 
 
 def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int) -> None:
-    role = stats.by_role.setdefault(message.role, RoleTotals())
+    role = stats.by_role.get(message.role)
+    if role is None:
+        role = stats.by_role[message.role] = RoleTotals()
     role.messages += 1
     role.tokens += tokens.total
     kinds = stats.by_kind
@@ -194,7 +196,9 @@ def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, con
     for kind, n, t in (("text", n_text, tokens.text), ("toolCall", n_call, tokens.tool_call),
                        ("toolResult", n_result, tokens.tool_result), ("thinking", n_thinking, tokens.thinking),
                        ("framing", 1, tokens.overhead)):
-        totals = kinds.setdefault(kind, KindTotals())
+        totals = kinds.get(kind)
+        if totals is None:
+            totals = kinds[kind] = KindTotals()
         totals.blocks += n
         totals.tokens += t
     usage = message.usage
@@ -284,6 +288,8 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
         if state.deleted:
             raise session_not_found(params.session_id)
         outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools)
+        if outcome.stored:
+            svc.indexer.stored()
         row = state.row
         row.message_count += len(outcome.stored)
         row.token_count += outcome.added_tokens

@@ -12,7 +12,6 @@ import logging
 
 from ctxd.config import Config
 from ctxd.llm.base import ChatBackend, ModelInfo
-from ctxd.llm.factory import make_backend
 from ctxd.llm.settings import BackendSettings
 from ctxd.summarize import ExtractiveSummarizer, LLMSummarizer, SummarizerChain
 from ctxd.tokens import TokenCounter
@@ -37,6 +36,8 @@ class Summarizers:
                 max_retries=cfg.max_retries,
                 context_window=cfg.context_window or None,
             )
+            from ctxd.llm.factory import make_backend  # httpx loads only when a backend is used
+
             self.backend = make_backend(self.settings)
         self._chains: dict[tuple[str, str], SummarizerChain] = {}
 

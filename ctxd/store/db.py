@@ -41,14 +41,8 @@ class StoreOpenError(Exception):
     """The database cannot be used; the message names the file and a way out."""
 
 
-def _backfill_search(conn: sqlite3.Connection) -> None:
-    from ctxd.store.search import backfill
-
-    backfill(conn)
-
-
-# Steps SQL cannot express, run inside the migration's transaction.
-_AFTER_MIGRATION: dict[int, Callable[[sqlite3.Connection], None]] = {3: _backfill_search}
+# Steps SQL cannot express, run inside the migration's transaction (none yet).
+_AFTER_MIGRATION: dict[int, Callable[[sqlite3.Connection], None]] = {}
 
 
 def migrations() -> list[tuple[int, str, str]]:

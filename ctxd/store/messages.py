@@ -12,7 +12,7 @@ from typing import Iterable
 
 import msgspec
 
-from ctxd.protocol.message import Message, message_text
+from ctxd.protocol.message import Message
 from ctxd.tokens import MessageTokens
 
 _decoder = msgspec.json.Decoder(Message)
@@ -42,9 +42,9 @@ class StoredMessage:
 
 
 _INSERT = (
-    "INSERT INTO messages (id, session_id, seq, role, created_at, tokens, tok_overhead, tok_text, "
+    "INSERT INTO messages (session_id, seq, role, created_at, tokens, tok_overhead, tok_text, "
     "tok_tool_call, tok_tool_result, tok_thinking, idempotency_key, body) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT = (
     "SELECT seq, created_at, tokens, tok_overhead, tok_text, tok_tool_call, tok_tool_result, "
@@ -68,16 +68,12 @@ def find_keys(conn: sqlite3.Connection, session_id: str, keys: list[str]) -> dic
 
 
 def insert_messages(conn: sqlite3.Connection, session_id: str, rows: Iterable[tuple[int, NewMessage]]) -> None:
-    """Write messages and index their text for search, in the caller's transaction."""
-    rows = list(rows)
-    base = conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
+    """Write messages in the caller's transaction (the search indexer picks them up after)."""
     conn.executemany(_INSERT, [
-        (base + i + 1, session_id, seq, m.message.role, m.created_at, m.tokens.total, m.tokens.overhead,
+        (session_id, seq, m.message.role, m.created_at, m.tokens.total, m.tokens.overhead,
          m.tokens.text, m.tokens.tool_call, m.tokens.tool_result, m.tokens.thinking, m.key, m.body)
-        for i, (seq, m) in enumerate(rows)
+        for seq, m in rows
     ])
-    conn.executemany("INSERT INTO messages_fts (rowid, text) VALUES (?, ?)",
-                     [(base + i + 1, message_text(m.message)) for i, (_, m) in enumerate(rows)])
 
 
 def _stored(row: tuple) -> StoredMessage:  # type: ignore[type-arg]

@@ -1,8 +1,8 @@
 """Full-text search over every message (SQLite FTS5, bm25 ranking).
 
-Messages are indexed in the same transaction that stores them (``insert_messages``),
-so a message is searchable as soon as its push is acknowledged; deleting a session
-removes its rows from the index by trigger.
+Messages are indexed by a background indexer in batches (``index_pending``); a search
+first lets it catch up, so a message is found as soon as its push is acknowledged.
+Deleting a session removes its rows from the index by trigger.
 """
 
 from __future__ import annotations
@@ -85,15 +85,13 @@ def like_scan(conn: sqlite3.Connection, needle: str, limit: int = 20) -> list[tu
                         (f"%{needle}%", limit)).fetchall()
 
 
-def backfill(conn: sqlite3.Connection) -> int:
-    """Index messages stored before search existed (schema 3 upgrade)."""
-    done = 0
-    last = 0
-    while True:
-        rows = conn.execute("SELECT id, body FROM messages WHERE id > ? ORDER BY id LIMIT 2000", (last,)).fetchall()
-        if not rows:
-            return done
-        conn.executemany("INSERT INTO messages_fts (rowid, text) VALUES (?, ?)",
-                         [(i, message_text(_decoder.decode(b))) for i, b in rows])
-        last = rows[-1][0]
-        done += len(rows)
+def index_pending(conn: sqlite3.Connection, limit: int) -> int:
+    """Index up to ``limit`` messages stored since the last call; how many were indexed."""
+    through = conn.execute("SELECT indexed_through FROM search_state WHERE id = 1").fetchone()[0]
+    rows = conn.execute("SELECT id, body FROM messages WHERE id > ? ORDER BY id LIMIT ?", (through, limit)).fetchall()
+    if not rows:
+        return 0
+    conn.executemany("INSERT INTO messages_fts (rowid, text) VALUES (?, ?)",
+                     [(i, message_text(_decoder.decode(b))) for i, b in rows])
+    conn.execute("UPDATE search_state SET indexed_through = ? WHERE id = 1", (rows[-1][0],))
+    return len(rows)

@@ -522,32 +522,27 @@ class Driver:
     async def await_pass(self, mark: int, index: int, budget: dict[str, Any]) -> None:
         """The pass a push (or any change since notification ``mark``) started: wait for
         its ``context/compressed``. A pass may also find nothing to compress (everything
-        left is the user's words, pinned, or recent): then it reports its stages up to
-        ``validation`` and changes nothing."""
+        left is the user's words, pinned, or recent): then it announces
+        ``context/compressionSkipped`` and changes nothing but the loop guard, which now
+        waits for the conversation to grow from where it is."""
         what = (f"the automatic compression due after push {index} (used {budget['used']}, trigger "
                 f"{budget['triggerAt']}, prompt {budget['promptTokens']}/{budget['maxPromptTokens']})")
 
         def whole_failure(m: str, p: Any) -> bool:
             return m == "context/compressionFailed" and p.get("fallback") == "the active context is unchanged"
 
+        def idle(m: str, p: Any) -> bool:
+            return m == "context/compressionSkipped" and p["reason"].startswith("nothing could be compressed")
+
         method, note = await self.conn.wait_note(
-            lambda m, p: (m == "context/compressed" and is_auto_pass(p)) or whole_failure(m, p)
-            or (m == "context/compressing" and p["stage"] == "validation"), since=mark, what=what)
-        if method == "context/compressing":
-            # Validation is the last stage: by now the pass applied whatever it did (a
-            # prune moves prunedThroughSeq, a checkpoint is announced); a prompt that
-            # still does not fit is squeezed next.
-            stats = await self.conn.call("context/stats", {"sessionId": self.session_id})
-            b = stats["budget"]
-            if (stats["prunedThroughSeq"] == self.pruned_through and not self.conn.of("checkpoint/created", mark)
-                    and b["promptTokens"] <= b["maxPromptTokens"]):
-                self.idle_passes.append(index)
-                return
-            method, note = await self.conn.wait_note(
-                lambda m, p: (m == "context/compressed" and is_auto_pass(p)) or whole_failure(m, p),
-                since=mark, what=what)
-        assert method == "context/compressed", f"automatic compression failed: {note}"
+            lambda m, p: (m == "context/compressed" and is_auto_pass(p)) or whole_failure(m, p) or idle(m, p),
+            since=mark, what=what)
         stats = await self.conn.call("context/stats", {"sessionId": self.session_id})
+        if method == "context/compressionSkipped":
+            self.idle_passes.append(index)
+            self.last_after_used = stats["budget"]["used"]
+            return
+        assert method == "context/compressed", f"automatic compression failed: {note}"
         self.runs.append(AutoRun(index, budget["used"], budget["available"],
                                  budget["promptTokens"] <= budget["maxPromptTokens"], stats["budget"]["used"], note))
         self.last_after_used = stats["budget"]["used"]

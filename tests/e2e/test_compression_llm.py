@@ -227,11 +227,6 @@ async def test_summarizer_server_down_falls_back_to_extractive():
         remove_root(root)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ctxd/service/compression.py _checkpoint_for: when the LLM summarizer fails and the chain falls "
-    "back to extractive, result.fallback_reason is kept only in the pass record (and the result of "
-    "context/compress); an automatic pass sends no context/compressionFailed, so subscribers never "
-    "learn why the model was not used"))
 async def test_automatic_fallback_is_announced(failing_openai):
     server, daemon = failing_openai
     server.fail("500")

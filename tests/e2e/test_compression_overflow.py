@@ -83,7 +83,8 @@ async def test_long_chat_folds_the_users_words_to_fit():
         assert kept_words, "the folded checkpoint kept none of the user's words verbatim"
         # The loop guard held back passes that would not have freed enough, once per wait.
         skipped = conn.of("context/compressionSkipped")
-        assert skipped and all("no compaction loops" in s["reason"] for s in skipped)
+        assert skipped and all("no compaction loops" in s["reason"] or s["reason"].startswith("nothing could be")
+                               for s in skipped)
         assert all(s["used"] > s["triggerAt"] for s in skipped)
         # History: every message whole, the folded ones included.
         info = await conn.call("session/get", {"sessionId": "chat"})
@@ -97,11 +98,6 @@ async def test_long_chat_folds_the_users_words_to_fit():
         remove_root(root)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ctxd/service/compression.py _checkpoint_for accepts a summary when its own tokens are fewer than "
-    "what it replaces (pipeline.summary_rejection), but the first checkpoint also brings the section "
-    "header (~30 tokens) into the system part: in a chat whose removable part is a few short assistant "
-    "replies, the first automatic pass makes the prompt larger (1254 -> 1275 tokens here)"))
 async def test_every_automatic_pass_shrinks_the_prompt():
     root = short_root()
     daemon = CtxdProc(root).start()

@@ -24,7 +24,7 @@ CREATE TABLE sessions (
 CREATE INDEX sessions_by_activity ON sessions(last_activity);
 
 CREATE TABLE messages (
-    id               INTEGER PRIMARY KEY,
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: search indexes by id
     session_id       TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
     seq              INTEGER NOT NULL,
     role             TEXT NOT NULL,

@@ -26,7 +26,15 @@ CREATE TABLE session_events (
 );
 CREATE INDEX session_events_by_session ON session_events(session_id, at);
 
--- Full-text search over every message's text (tool calls and results included).
+-- Full-text search over every message's text (tool calls and results included), filled
+-- by a background indexer in large batches (search waits for it to catch up first):
+-- indexing inside each push would cost more than the rest of the push.
+CREATE TABLE search_state (
+    id               INTEGER PRIMARY KEY CHECK (id = 1),
+    indexed_through  INTEGER NOT NULL
+);
+INSERT INTO search_state (id, indexed_through) VALUES (1, 0);
+
 CREATE VIRTUAL TABLE messages_fts USING fts5(
     text,
     tokenize = 'unicode61 remove_diacritics 2'

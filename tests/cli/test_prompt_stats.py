@@ -1,0 +1,63 @@
+"""prompt in the three provider shapes, and stats (one daemon for both)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli.conftest import Cli
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "list the files"},
+    {"role": "assistant", "content": "Running ls.",
+     "toolCalls": [{"id": "call_1", "function": {"name": "bash", "arguments": "{\"command\": \"ls\"}"}}],
+     "usage": {"inputTokens": 30, "outputTokens": 12}},
+    {"role": "tool", "toolCallId": "call_1", "content": "README.md\nsetup.py"},
+    {"role": "assistant", "content": "Two files.", "usage": {"inputTokens": 60, "outputTokens": 4}},
+]
+
+
+def _seed(cli: Cli) -> None:
+    cli("push", "p", "--create", "--model", "gpt-4o", "--message-json", input=json.dumps(CONVERSATION))
+
+
+def test_prompt_formats_and_stats(cli: Cli) -> None:
+    _seed(cli)
+    openai = json.loads(cli("prompt", "p", "--format", "openai").stdout)
+    assert list(openai) == ["messages"]
+    assert [m["role"] for m in openai["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert openai["messages"][2]["tool_calls"][0]["function"]["name"] == "bash"
+
+    anthropic = json.loads(cli("prompt", "p", "--format", "anthropic").stdout)
+    assert anthropic["system"] == "You are terse."
+    assert {m["role"] for m in anthropic["messages"]} <= {"user", "assistant"}
+    blocks = [b["type"] for m in anthropic["messages"] for b in m["content"]]
+    assert "tool_use" in blocks and "tool_result" in blocks
+
+    ollama = json.loads(cli("prompt", "p", "--format", "ollama").stdout)
+    assert list(ollama) == ["messages"]
+    assert all(isinstance(m["content"], str) for m in ollama["messages"])
+
+    default = json.loads(cli("prompt", "p").stdout)
+    assert default == openai
+
+    full = cli.json("prompt", "p", "--format", "anthropic")  # --json: the daemon's whole result
+    assert full["format"] == "anthropic" and full["sessionId"] == "p"
+    assert full["tokens"] > 0 and full["budget"]["maxPromptTokens"] > 0
+
+    summary = cli("prompt", "p", "--summary").stdout
+    for word in ("messages", "tokens", "max prompt", "available", "trigger at", "free"):
+        assert word in summary
+
+    stats = cli.json("stats", "p")
+    assert stats["messageCount"] == 5
+    assert stats["byRole"]["assistant"]["messages"] == 2
+    assert stats["usageDrift"]["messagesWithUsage"] == 2
+    assert set(stats["budget"]) >= {"contextWindow", "maxPromptTokens", "available", "triggerAt", "free"}
+
+    text = cli("stats", "p").stdout
+    for word in ("By role", "By kind", "toolCall", "output ratio", "input ratio", "Budget", "trigger at"):
+        assert word in text
+
+    assert cli("stats", "missing", expect=1).error_line().endswith("(-33001)")
+    assert cli("prompt", "missing", expect=1).error_line().endswith("(-33001)")

@@ -1,0 +1,457 @@
+"""``ctxd --socket``: permissions, many clients at once, clients that crash or leave,
+notification routing, one daemon per socket, and daemon/status + daemon/stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import stat
+import sys
+import textwrap
+
+import pytest
+
+from ctxd.client import Client, DaemonUnavailable, connect_or_start
+from tests.e2e.helpers import (
+    REPLY_TIMEOUT,
+    Daemon,
+    RawClient,
+    async_wait_for,
+    daemon_env,
+    db_rows,
+    db_session,
+    process_gone,
+    request_frame,
+    run_ctxd,
+    short_dir,
+    user,
+)
+
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """One socket daemon for the tests of this module that leave it running (each works
+    in sessions of its own); tests that stop or restart a daemon make their own."""
+    base = short_dir()
+    shared = Daemon(base / "data", socket_path=base / "run" / "ctxd.sock")
+    try:
+        yield shared.start()
+    finally:
+        shared.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def connections_become(client: Client, count: int) -> None:
+    """Wait until the daemon counts ``count`` connections (closed ones leave asynchronously)."""
+    deadline = asyncio.get_running_loop().time() + REPLY_TIMEOUT
+    while (await client.request("daemon/status"))["connections"] != count:
+        assert asyncio.get_running_loop().time() < deadline, f"the daemon never got to {count} connections"
+        await asyncio.sleep(0.05)
+
+
+async def connect(daemon) -> Client:
+    client = await Client.connect_unix(daemon.socket_path)
+    await client.initialize(client_name="e2e")
+    return client
+
+
+@pytest.mark.parametrize("existing_dir_mode", [None, 0o755], ids=["new-dir", "existing-open-dir"])
+def test_socket_file_and_directory_are_private(daemon_factory, base_dir, existing_dir_mode):
+    run_dir = base_dir / "runp"
+    if existing_dir_mode is not None:
+        run_dir.mkdir()
+        os.chmod(run_dir, existing_dir_mode)
+    daemon = daemon_factory(name="p")
+    path = daemon.socket_path
+    assert path.parent == run_dir
+    st = os.stat(path)
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    # A directory the daemon creates is 0700; one that exists is left as it is.
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == (existing_dir_mode or 0o700)
+    lock = path.with_name(path.name + ".lock")
+    assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+    assert lock.read_text().strip() == str(daemon.pid)
+    # The database is private too.
+    assert stat.S_IMODE(os.stat(daemon.data_dir / "ctxd.db").st_mode) == 0o600
+
+
+async def test_default_socket_path_under_xdg_runtime_dir(base_dir):
+    """``ctxd --socket`` without a path listens on $XDG_RUNTIME_DIR/ctxd/ctxd.sock."""
+    runtime = base_dir / "xdg-run"
+    runtime.mkdir(mode=0o700)
+    daemon = Daemon(base_dir / "data", socket_path=runtime / "ctxd" / "ctxd.sock", socket_flag_only=True,
+                    env=daemon_env(XDG_RUNTIME_DIR=str(runtime)))
+    try:
+        daemon.start()
+        assert stat.S_IMODE(os.stat(runtime / "ctxd").st_mode) == 0o700
+        client = await daemon.client()
+        try:
+            status = await client.result("daemon/status")
+            assert status["transports"] == [f"unix:{runtime / 'ctxd' / 'ctxd.sock'}"]
+        finally:
+            await client.close()
+    finally:
+        daemon.stop()
+
+
+async def test_two_clients_push_concurrently(daemon):
+    a, b = await connect(daemon), await connect(daemon)
+    try:
+        for sid in ("shared", "a-only", "b-only"):
+            await a.request("session/create", {"sessionId": sid})
+        rounds, per_push = 40, 10
+        acks: dict[str, list[tuple[int, int, str]]] = {"shared": [], "a-only": [], "b-only": []}
+
+        async def pusher(client: Client, name: str, own: str) -> None:
+            for r in range(rounds):
+                for sid in ("shared", own):
+                    texts = [f"{name} round {r} msg {i} in {sid}" for i in range(per_push)]
+                    # Two pushes in flight at once on the same connection, too.
+                    result = await client.request("session/push", {"sessionId": sid,
+                                                                    "messages": [user(t) for t in texts]})
+                    for ack, text in zip(result["messages"], texts):
+                        acks[sid].append((ack["seq"], ack["tokens"], text))
+
+        await asyncio.gather(pusher(a, "A", "a-only"), pusher(b, "B", "b-only"),
+                             pusher(a, "A2", "a-only"), pusher(b, "B2", "b-only"))
+
+        for sid, expected in (("shared", 4 * rounds * per_push), ("a-only", 2 * rounds * per_push),
+                              ("b-only", 2 * rounds * per_push)):
+            seqs = sorted(seq for seq, _, _ in acks[sid])
+            assert seqs == list(range(1, expected + 1)), sid
+            info = await b.request("session/get", {"sessionId": sid})
+            assert info["messageCount"] == expected and info["lastSeq"] == expected
+            assert info["tokenCount"] == sum(tokens for _, tokens, _ in acks[sid])
+            stored = {seq: body["content"] for seq, body, _ in db_rows(daemon.data_dir, sid)}
+            assert stored == {seq: text for seq, _, text in acks[sid]}
+        # Each writer's messages keep the order it pushed them in within the shared session.
+        by_seq = [text for _, _, text in sorted(acks["shared"])]
+        for name in ("A", "B", "A2", "B2"):
+            mine = [text for text in by_seq if text.startswith(f"{name} round ")]
+            assert mine == [f"{name} round {r} msg {i} in shared" for r in range(rounds) for i in range(per_push)]
+    finally:
+        await a.close()
+        await b.close()
+    assert "locked" not in daemon.stderr_text()
+
+
+_CRASHING_CLIENT = textwrap.dedent("""
+    import socket, sys, json
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(sys.argv[1])
+    def frame(obj):
+        body = json.dumps(obj).encode()
+        return b"Content-Length: %d\\r\\n\\r\\n" % len(body) + body
+    sock.sendall(frame({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}))
+    sock.recv(65536)
+    big = [{"role": "user", "content": "x" * 500 + str(i)} for i in range(5000)]
+    sock.sendall(frame({"jsonrpc": "2.0", "id": 2, "method": "session/push",
+                        "params": {"sessionId": "crash", "messages": big}}))
+    print("sent", flush=True)
+    import time
+    time.sleep(600)
+""")
+
+
+async def test_client_crash_mid_request_does_not_disturb_others(daemon):
+    survivor = await connect(daemon)
+    try:
+        await survivor.request("session/create", {"sessionId": "s"})
+        await survivor.request("session/create", {"sessionId": "crash"})
+        await survivor.request("session/push", {"sessionId": "s", "messages": [user("before")]})
+
+        # 1. A connection reset halfway through a frame (SO_LINGER 0 makes close() send RST).
+        half = await RawClient.unix(daemon.socket_path)
+        await half.initialize()
+        data = request_frame(1, "session/push", {"sessionId": "s", "messages": [user("half " * 1000)]})
+        await half.send_raw(data[: len(data) // 2])
+        sock = half.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        half.writer.transport.abort()
+
+        # 2. A client process killed right after sending a large request, before reading
+        #    the answer: the daemon ends up writing into a dead socket.
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _CRASHING_CLIENT,
+                                                    str(daemon.socket_path), stdout=asyncio.subprocess.PIPE)
+        try:
+            assert await asyncio.wait_for(proc.stdout.readline(), REPLY_TIMEOUT) == b"sent\n"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+
+        # The survivor carries on, on its existing connection...
+        result = await survivor.request("session/push", {"sessionId": "s", "messages": [user("after")]})
+        assert [m["seq"] for m in result["messages"]] == [2]
+        # ...and the daemon keeps accepting new ones.
+        newcomer = await connect(daemon)
+        try:
+            info = await newcomer.request("session/get", {"sessionId": "s"})
+            assert info["messageCount"] == 2  # nothing of the half frame was stored
+            assert [b["content"] for _, b, _ in db_rows(daemon.data_dir, "s")] == ["before", "after"]
+
+            # Both dead connections are gone from the daemon's books.
+            await connections_become(newcomer, 2)
+            # The killed client's push was all-or-nothing.
+            crash = await newcomer.request("session/get", {"sessionId": "crash"})
+            assert crash["messageCount"] in (0, 5000)
+            assert len(db_rows(daemon.data_dir, "crash")) == crash["messageCount"]
+        finally:
+            await newcomer.close()
+    finally:
+        await survivor.close()
+    assert daemon.proc.poll() is None
+    assert "Traceback" not in daemon.stderr_text()
+
+
+async def test_exit_closes_only_that_connection(daemon):
+    leaving = await daemon.client()
+    staying = await daemon.client()
+    rude = await daemon.client()
+    try:
+        await staying.result("session/create", {"sessionId": "exit-s"})
+        assert await leaving.result("shutdown") is None
+        await leaving.send({"jsonrpc": "2.0", "method": "exit"})
+        assert await leaving.closed_by_peer()
+        # exit without shutdown also closes just that connection.
+        await rude.send({"jsonrpc": "2.0", "method": "exit"})
+        assert await rude.closed_by_peer()
+
+        pushed = await staying.result("session/push", {"sessionId": "exit-s", "messages": [user("still here")]})
+        assert pushed["messageCount"] == 1
+        assert daemon.proc.poll() is None
+        fresh = await connect(daemon)
+        try:
+            await connections_become(fresh, 2)  # staying and fresh
+        finally:
+            await fresh.close()
+    finally:
+        for c in (leaving, staying, rude):
+            await c.close()
+
+
+async def test_notifications_go_only_to_subscribers(daemon):
+    watcher = await daemon.client()   # subscribed to s1
+    everything = await daemon.client()  # subscribed to *
+    pusher = await daemon.client()    # subscribed to nothing
+    quitter = await daemon.client()   # subscribed to s1, then unsubscribed
+    other = await daemon.client()     # subscribed to s2 only
+    clients = (watcher, everything, pusher, quitter, other)
+    try:
+        for sid in ("s1", "s2"):
+            await pusher.result("session/create", {"sessionId": sid})
+        await watcher.result("session/subscribe", {"sessionId": "s1"})
+        await everything.result("session/subscribe", {"sessionId": "*"})
+        await quitter.result("session/subscribe", {"sessionId": "s1"})
+        assert await quitter.result("session/unsubscribe", {"sessionId": "s1"}) == {"subscriptions": []}
+        assert await other.result("session/subscribe", {"sessionId": "s2"}) == {"subscriptions": ["s2"]}
+
+        pushed = await pusher.result("session/push", {"sessionId": "s1", "messages": [user("hello")]})
+        expected = {"jsonrpc": "2.0", "method": "session/updated",
+                    "params": {"sessionId": "s1", "reason": "push", "lastSeq": 1, "messageCount": 1,
+                               "tokenCount": pushed["tokenCount"], "contextTokens": pushed["contextTokens"],
+                               "pushed": 1}}
+        assert await watcher.next_message() == expected
+        assert await everything.next_message() == expected
+        # The notification is written before the push is answered, so a round trip on each
+        # other connection proves none was sent to it.
+        for client in (pusher, quitter, other):
+            await client.result("session/list", {})
+            assert client.inbox == [], client.inbox
+        assert watcher.inbox == [] and everything.inbox == []
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def test_second_daemon_on_same_socket_is_refused(daemon_factory, base_dir):
+    first = daemon_factory(name="one")
+    second = run_ctxd(["--socket", str(first.socket_path), "--data-dir", str(base_dir / "other")], timeout=60)
+    assert second.returncode == 2
+    lines = second.stderr.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "already serving" in lines[0]
+    assert str(first.socket_path) in lines[0]
+    assert f"pid {first.pid}" in lines[0]
+    assert second.stdout == b""
+    # The first one is untouched.
+    assert first.proc.poll() is None
+
+    async def still_serves() -> dict:
+        client = await first.client()
+        try:
+            return await client.result("daemon/status")
+        finally:
+            await client.close()
+
+    assert asyncio.run(still_serves())["pid"] == first.pid
+
+
+async def test_daemon_status_and_stop(daemon_factory):
+    daemon = daemon_factory(name="stop")
+    a = await daemon.client()
+    b = await daemon.client()
+    try:
+        await a.result("session/create", {"sessionId": "x"})
+        status = await b.result("daemon/status")
+        assert status["pid"] == daemon.pid
+        assert status["transports"] == [f"unix:{daemon.socket_path}"]
+        assert status["connections"] == 2
+        assert status["sessions"] == 1
+        assert status["durability"] == "normal"
+        assert status["dataDir"] == str(daemon.data_dir)
+        assert status["database"] == str(daemon.data_dir / "ctxd.db")
+        assert status["uptimeSeconds"] >= 0
+        assert status["version"]
+
+        assert await a.result("daemon/stop") is None
+        assert await b.closed_by_peer()
+        assert await a.closed_by_peer()
+        assert daemon.wait() == 0
+    finally:
+        await a.close()
+        await b.close()
+    assert not daemon.socket_path.exists()
+    assert "Traceback" not in daemon.stderr_text()
+
+
+def test_sigterm_stops_cleanly_and_socket_is_reusable(daemon_factory):
+    daemon = daemon_factory(name="t")
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.wait() == 0
+    assert not daemon.socket_path.exists()
+    daemon.start()  # same socket path, same data dir
+    assert daemon.proc.poll() is None
+
+
+async def test_connect_or_start_autostarts_a_daemon(base_dir, monkeypatch):
+    """``ctxd.client.connect_or_start`` (what ctxd-cli uses) starts a detached daemon
+    when none answers, and the next call reuses it."""
+    # connect_or_start spawns the daemon with this process's environment.
+    for name in [k for k in os.environ if k.startswith("CTXD_")]:
+        monkeypatch.delenv(name)
+    for name, value in daemon_env().items():
+        if name == "PYTHONPATH" or name.startswith("XDG_"):
+            monkeypatch.setenv(name, value)
+    path = base_dir / "auto" / "ctxd.sock"
+    client = None
+    pid = None
+    try:
+        client = await connect_or_start(path, data_dir=str(base_dir / "autodata"))
+        pid = (await client.request("daemon/status"))["pid"]
+        again = await connect_or_start(path, autostart=False)
+        try:
+            assert (await again.request("daemon/status"))["pid"] == pid
+            assert (await again.request("daemon/status"))["connections"] == 2
+        finally:
+            await again.close()
+    finally:
+        if client is not None:
+            if pid is not None:
+                await client.request("daemon/stop")
+            await client.close(shutdown=False)
+        if pid is not None:
+            await async_wait_for(lambda: process_gone(pid), what="the autostarted daemon to stop")
+        else:
+            # Never leave a daemon behind if the test failed before learning its pid.
+            lock = path.with_name(path.name + ".lock")
+            if lock.exists() and lock.read_text().strip().isdigit():
+                try:
+                    os.kill(int(lock.read_text().strip()), signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+
+async def test_connect_without_daemon_is_a_clear_error(base_dir):
+    with pytest.raises(DaemonUnavailable) as info:
+        await connect_or_start(base_dir / "none" / "ctxd.sock", autostart=False)
+    assert str(base_dir / "none" / "ctxd.sock") in str(info.value)
+
+
+def test_socket_path_too_long_is_a_clear_error(base_dir):
+    path = base_dir / ("x" * 200) / "ctxd.sock"
+    result = run_ctxd(["--socket", str(path), "--data-dir", str(base_dir / "d")])
+    assert result.returncode == 2
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "too long" in lines[0], lines
+
+
+async def test_client_that_stops_reading_is_dropped(daemon):
+    """A client that sends requests but never reads the answers cannot make the daemon
+    buffer without bound: past the pending-output limit its connection is closed, and
+    everyone else is served as before."""
+    worker = await connect(daemon)
+    try:
+        # A window large enough that the whole 5 MB history is the prompt.
+        await worker.request("session/create", {"sessionId": "big", "contextWindow": 10_000_000})
+        await worker.request("session/push", {"sessionId": "big", "messages": [
+            user("y" * 5000 + str(i)) for i in range(1000)]})
+        lazy = await RawClient.unix(daemon.socket_path)
+        await lazy.initialize()
+        for i in range(25):  # ~125 MB of answers, never read
+            await lazy.send_raw(request_frame(i, "context/prompt", {"sessionId": "big"}))
+        await connections_become(worker, 1)
+        assert "not reading" in daemon.stderr_text()
+        pushed = await worker.request("session/push", {"sessionId": "big", "messages": [user("still served")]})
+        assert pushed["messageCount"] == 1001
+        lazy.writer.transport.abort()
+    finally:
+        await worker.close()
+
+
+async def test_sigterm_under_load_stops_cleanly(daemon_factory):
+    """SIGTERM while six connections push: the daemon exits 0 without a traceback, and
+    the database is consistent (every session's totals equal the sum over its rows)."""
+    daemon = daemon_factory(name="load")
+    setup = await connect(daemon)
+    for i in range(3):
+        await setup.request("session/create", {"sessionId": f"s{i}"})
+    await setup.close()
+    pushes = 0
+    acked: dict[str, int] = {f"s{i}": 0 for i in range(3)}
+
+    async def pusher(index: int) -> None:
+        nonlocal pushes
+        client = await connect(daemon)
+        try:
+            while True:
+                sid = f"s{index % 3}"
+                result = await client.request("session/push", {"sessionId": sid, "messages": [user("x" * 200)] * 5})
+                acked[sid] = max(acked[sid], result["messageCount"])
+                pushes += 1
+        except (DaemonUnavailable, ConnectionError):
+            return
+        finally:
+            await client.close(shutdown=False)
+
+    tasks = [asyncio.create_task(pusher(i)) for i in range(6)]
+    await async_wait_for(lambda: pushes >= 60, what="pushes to get going")
+    daemon.proc.send_signal(signal.SIGTERM)
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert daemon.wait() == 0
+    stderr = daemon.stderr_text()
+    assert "Traceback" not in stderr and "ERROR" not in stderr, stderr
+    assert not daemon.socket_path.exists()
+    for sid, count in acked.items():
+        row = db_session(daemon.data_dir, sid)
+        assert row["message_count"] == row["rows"] == row["last_seq"] >= count
+        assert row["token_count"] == row["row_tokens"]
+
+
+def test_idle_exit(daemon_factory):
+    """``--idle-exit`` (what ctxd-cli's autostarted daemons use): once the last client
+    has gone, the daemon exits by itself and removes its socket."""
+    daemon = daemon_factory(name="idle", args=["--idle-exit", "0.5"])
+
+    async def visit() -> None:
+        client = await connect(daemon)
+        await client.request("session/create", {"sessionId": "s"})
+        await client.close()
+
+    asyncio.run(visit())
+    assert daemon.wait(60) == 0
+    assert not daemon.socket_path.exists()
