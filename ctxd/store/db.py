@@ -12,7 +12,7 @@ on aiosqlite's connection thread in a single hop; ``store/sessions.py`` and
 ``store/messages.py`` hold them. (aiosqlite's public API costs one thread hop per
 statement; a push is three statements, and a hop costs more than the statement, so
 the whole transaction is shipped as one call: measured 3.3x faster, see
-docs/performance.md.)
+docs/decisions.md.)
 """
 
 from __future__ import annotations

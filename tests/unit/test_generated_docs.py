@@ -1,0 +1,44 @@
+"""The documents generated from code must match the code (and CI must run what README says)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ctxd.config import _markdown
+from ctxd.protocol.generate import render
+from ctxd.protocol.methods import METHODS
+from ctxd.server.handlers import HANDLERS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_protocol_documents_are_current() -> None:
+    for name, text in render().items():
+        path = REPO / "protocol" / name
+        assert path.exists(), f"{path} is missing: run python -m ctxd.protocol.generate"
+        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run python -m ctxd.protocol.generate"
+
+
+def test_configuration_document_is_current() -> None:
+    path = REPO / "docs" / "configuration.md"
+    assert path.read_text(encoding="utf-8") == _markdown(), \
+        "docs/configuration.md is stale: run python -m ctxd.config --markdown > docs/configuration.md"
+
+
+def test_every_method_has_a_handler() -> None:
+    assert set(METHODS) == set(HANDLERS)
+
+
+def _readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"```(?:sh|bash|console)?\n(.*?)\n```", text, re.DOTALL)
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    commands = _readme_commands()
+    assert len(commands) >= 2, "README.md must open with the run command and the test command"
+    test_command = commands[1].strip()
+    assert "pytest" in test_command
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert test_command in ci, ".ci/run must run exactly README's test command"
