@@ -4,7 +4,7 @@ History is every message ever pushed. The active context is a view of it:
 
     system part     system prompt, goal block, checkpoints (summaries of older turns)
     kept            messages at or before the compression boundary that are still
-                    sent verbatim: the user's words and pinned messages
+                    sent verbatim: the user's words, system messages, pinned messages
     recent          every message after the boundary, as sent: tool outputs older than
                     the pruning horizon replaced by a placeholder, tool blocks before
                     the watermark removed
@@ -120,6 +120,11 @@ class Entry:
 
 
 PRUNED_TEXT = "[Old tool result cleared by ctxd at {at}; the full output is in history]"
+
+
+def never_compressed(entry: "Entry") -> bool:
+    """System messages and the user's words are sent verbatim whatever compression does."""
+    return entry.has_user_text or entry.message.role == "system"
 
 
 def _strip_tool_blocks(message: Message) -> Message | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ctxd.engine.checkpoints import new_id, render_checkpoint, truncation_notice
-from ctxd.engine.context import ActiveContext, CompressionState, Entry
+from ctxd.engine.context import ActiveContext, CompressionState, Entry, never_compressed
 from ctxd.engine.extract import extract
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.protocol.compression import Checkpoint, ToolUse
@@ -143,10 +143,12 @@ def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, k
         return None
     removed = recent[:cut]
     pinned = ctx.pinned_set
-    keep = [e for e in removed if e.seq in pinned or e.has_user_text]
+    # The user's words, system messages (instructions, like the system prompt) and pinned
+    # messages stay verbatim; everything else goes into the checkpoint.
+    keep = [e for e in removed if e.seq in pinned or never_compressed(e)]
     stays = 0
     for e in keep:
-        if e.seq in pinned:
+        if e.seq in pinned or e.role == "system":
             stays += e.view_tokens
         else:
             stays += e.tokens.overhead + e.tokens.text

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ctxd.engine.context import Entry
+from ctxd.engine.context import Entry, never_compressed
 from ctxd.engine.pipeline import tool_partners, unfold
 from ctxd.engine.watermark import WatermarkMove, apply_watermark, plan_watermark
 from ctxd.protocol.compression import (
@@ -104,7 +104,7 @@ async def pin(svc: Service, params: PinParams) -> PinResult:
         pinned = set(ctx.state.pinned)
         changed = any((seq in pinned) != params.pinned for seq in seqs)
         if changed:
-            kept_users = {e.seq for e in ctx.kept if e.has_user_text}
+            kept_users = {e.seq for e in ctx.kept if never_compressed(e)}
             for seq in seqs:
                 if params.pinned:
                     pinned.add(seq)

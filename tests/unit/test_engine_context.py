@@ -172,12 +172,12 @@ def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[
     folded = {s for cp in ctx.checkpoints if cp.kind == "folded" for s in cp.message_seqs}
     present = {e.seq for e in ctx.entries()}
     for seq, message in enumerate(history[:pushed], start=1):
-        if message.role == "user" and entry(seq, message).has_user_text:
+        if message.role == "system" or (message.role == "user" and entry(seq, message).has_user_text):
             assert seq in present or seq in folded, seq
-    # kept user messages carry their words only
+    # kept messages are the user's words (only) or system messages (whole)
     for e in ctx.kept:
         if e.seq not in ctx.pinned_set:
-            assert e.view.role == "user"
+            assert e.view.role in ("user", "system")
             assert not isinstance(e.view.content, list) or all(isinstance(b, TextBlock) for b in e.view.content)
     # protected tools' outputs are never cleared
     for e in ctx.recent:
