@@ -73,6 +73,31 @@ def bad_input(message: str) -> CliError:
     return CliError(message, EXIT_BAD_INPUT)
 
 
+def confirm(question: str, *, yes: bool, refuse_without_terminal: bool = False, refusal: str = "") -> bool:
+    """Whether to go ahead with something hard to undo.
+
+    ``--yes`` always goes ahead. On a terminal (stdin) the question is asked on stderr,
+    defaulting to no; Ctrl-C exits 130. Without a terminal there is nobody to ask:
+    either go ahead (``refuse_without_terminal=False``, for what can be undone) or
+    refuse with exit 2, saying ``refusal`` and how to go ahead anyway.
+    """
+    if yes:
+        return True
+    try:
+        interactive = sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        interactive = False
+    if not interactive:
+        if refuse_without_terminal:
+            raise CliError(f"{refusal or 'not going ahead'} without confirmation: stdin is not a terminal "
+                           "to ask on; add --yes to go ahead", EXIT_USAGE)
+        return True
+    try:
+        return click.confirm(question, default=False, err=True)
+    except click.Abort:
+        raise click.exceptions.Exit(130) from None
+
+
 @dataclass
 class Settings:
     """The global options; the configuration is loaded on first use so that

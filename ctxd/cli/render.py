@@ -8,6 +8,7 @@ all of this and prints the daemon's result as it came.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,6 +19,7 @@ import click
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
 @dataclass(frozen=True)
 class Styled:
@@ -28,6 +30,39 @@ class Styled:
 
     def __str__(self) -> str:
         return self.text
+
+
+@dataclass(frozen=True)
+class Marked:
+    """Text with ``[match]`` markers (search snippets): on a terminal the marked words
+    are highlighted and the brackets dropped; plain output keeps the brackets."""
+
+    text: str
+    style: str = "bold black on yellow"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+MARK = re.compile(r"\[([^\[\]\n]+)\]")
+
+
+def rich_cell(cell: "str | Styled | Marked") -> "Text":
+    """A cell as rich Text: styled, highlighted, or plain."""
+    from rich.text import Text
+
+    if isinstance(cell, Styled):
+        return Text(cell.text, style=cell.style)
+    if isinstance(cell, Marked):
+        text = Text()
+        pos = 0
+        for match in MARK.finditer(cell.text):
+            text.append(cell.text[pos:match.start()])
+            text.append(match.group(1), style=cell.style)
+            pos = match.end()
+        text.append(cell.text[pos:])
+        return text
+    return Text(str(cell))
 
 
 @dataclass(frozen=True)
@@ -69,7 +104,7 @@ def print_json(value: Any, *, compact: bool = False) -> None:
     click.echo(text)
 
 
-def line(*parts: "str | Styled", sep: str = " ") -> None:
+def line(*parts: "str | Styled | Marked", sep: str = " ") -> None:
     """One line on stdout; styled parts are coloured on a terminal."""
     if is_terminal():
         from rich.text import Text
@@ -78,7 +113,7 @@ def line(*parts: "str | Styled", sep: str = " ") -> None:
         for i, part in enumerate(parts):
             if i:
                 text.append(sep)
-            text.append(str(part), style=part.style if isinstance(part, Styled) else "")
+            text.append_text(rich_cell(part))
         console().print(text)
     else:
         click.echo(sep.join(str(p) for p in parts))
@@ -94,18 +129,18 @@ def note(message: str, *, style: str = "dim") -> None:
         click.echo(message, err=True)
 
 
-def table(columns: Sequence[Column], rows: Iterable[Sequence["str | Styled"]], *, title: str | None = None) -> None:
+def table(columns: Sequence[Column], rows: Iterable[Sequence["str | Styled | Marked"]], *,
+          title: str | None = None) -> None:
     rows = [list(r) for r in rows]
     if is_terminal():
         from rich.table import Table
-        from rich.text import Text
 
         t = Table(title=title, title_justify="left", title_style="bold", header_style="bold")
         for col in columns:
             t.add_column(col.header, justify=col.justify, no_wrap=col.no_wrap,  # type: ignore[arg-type]
                          overflow="fold" if col.no_wrap else "ellipsis")
         for row in rows:
-            t.add_row(*(Text(str(c), style=c.style if isinstance(c, Styled) else "") for c in row))
+            t.add_row(*(rich_cell(c) for c in row))
         console().print(t)
         return
     if title:
@@ -123,7 +158,7 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence["str | Styled"]], *
         click.echo("  ".join(out).rstrip())
 
 
-def fields(pairs: Sequence[tuple[str, "str | Styled"]], *, title: str | None = None) -> None:
+def fields(pairs: Sequence[tuple[str, "str | Styled | Marked"]], *, title: str | None = None) -> None:
     """A key/value block (``sessions show``, ``daemon status``, summaries)."""
     if is_terminal():
         from rich.table import Table
@@ -133,7 +168,7 @@ def fields(pairs: Sequence[tuple[str, "str | Styled"]], *, title: str | None = N
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
         for key, value in pairs:
-            grid.add_row(key, Text(str(value), style=value.style if isinstance(value, Styled) else ""))
+            grid.add_row(key, rich_cell(value))
         if title:
             console().print(Text(title, style="bold underline"))
         console().print(grid)
@@ -252,3 +287,69 @@ def session_label(info: dict[str, Any]) -> str:
     if title and model:
         return f"{title} ({model})"
     return title or model or "-"
+
+
+# --- ctxd's vocabulary -------------------------------------------------------------
+
+RELIABILITY_STYLES = {"high": "green", "medium": "yellow", "low": "dark_orange", "critical": "bold red"}
+STATUS_STYLES = {"context": "green", "kept": "cyan", "compressed": "magenta", "rolled_back": "red"}
+
+
+def reliability(rel: dict[str, Any] | None) -> "str | Styled":
+    """``medium (score 0.63)`` in the level's colour."""
+    if not rel:
+        return "-"
+    level = str(rel.get("level", "-"))
+    score = rel.get("score")
+    text = level + (f" (score {score:.2f})" if isinstance(score, (int, float)) else "")
+    return Styled(text, RELIABILITY_STYLES.get(level, ""))
+
+
+def status(value: str) -> Styled:
+    return Styled(value, STATUS_STYLES.get(value, ""))
+
+
+def seq_range(seq_from: Any, seq_to: Any) -> str:
+    return f"{seq_from}" if seq_from == seq_to else f"{seq_from}-{seq_to}"
+
+
+def shorten(text: str, width: int) -> str:
+    """One line of at most ``width`` characters (whitespace runs collapsed)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: max(width - 3, 0)].rstrip() + "..."
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """A wire Message as readable text: its words, then its tool calls and results in brackets."""
+    parts: list[str] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text":
+                parts.append(str(block.get("text", "")))
+            elif kind == "tool_use":
+                parts.append(f"[tool call {block.get('name')}({_short_json(block.get('input'))})]")
+            elif kind == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, list):
+                    inner = " ".join(str(b.get("text", "")) for b in inner if isinstance(b, dict))
+                parts.append(f"[tool result{' (error)' if block.get('isError') else ''}: {inner or ''}]")
+            elif kind == "thinking":
+                parts.append(f"[thinking: {block.get('thinking', '')}]")
+    for call in message.get("toolCalls") or ():
+        function = call.get("function") or {}
+        parts.append(f"[tool call {function.get('name')}({function.get('arguments', '')})]")
+    return " ".join(p for p in parts if p)
+
+
+def _short_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")) if value is not None else ""
+
+
+def message_preview(message: dict[str, Any], width: int = 100) -> str:
+    return shorten(message_text(message), width) or "-"

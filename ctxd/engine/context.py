@@ -271,8 +271,12 @@ class ActiveContext:
         self.pinned_tokens = pinned_tokens
 
     def append(self, entries: list[Entry]) -> None:
-        """New messages after the boundary: sent as they are (nothing applies to them yet)."""
+        """New messages after the boundary: sent as they are (nothing applies to them yet).
+        Messages already present (a context loaded while their push committed) are skipped."""
+        last = self.recent[-1].seq if self.recent else self.state.boundary
         for entry in entries:
+            if entry.seq <= last:
+                continue
             for call_id, name in zip(entry.call_ids, entry.call_names):
                 self.call_names[call_id] = name
             entry.view, entry.view_tokens = entry.message, entry.tokens.context

@@ -107,7 +107,7 @@ def is_ctxd_jsonl(text: str) -> bool:
 
 
 def import_jsonl(text: str) -> SessionDocument:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in text.split("\n") if ln.strip()]
     if not lines:
         raise DocumentError("the document is empty")
     try:

@@ -382,15 +382,8 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
 async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> CompressResult:
     """Store the pass in one transaction, then tell the clients."""
     duration = round((time.perf_counter() - run.started) * 1000, 2)
-    after = ctx.prompt_tokens
     compressed = bool(run.layers)
-    # Even a pass that found nothing to compress resets the loop guard: the next automatic
-    # pass waits for the conversation to grow instead of retrying on every push.
-    ctx.state.last_after_used = ctx.used
-    state.sync_figures()
     ids = [cp.id for cp in run.created]
-    encoded = state.encoded_state()
-    active = list(ctx.checkpoints)
 
     def job(conn: Any) -> None:
         checkpoint_store.save_active(conn, state.id, active)
@@ -401,12 +394,20 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
                 after=after, checkpoint_ids=ids, summarizer=run.summarizer, duration_ms=duration,
                 detail={**run.detail, **({"fallback": run.fallback} if run.fallback else {})})
 
-    try:
-        await svc.db.write(job)
-    except CtxdError:
-        await _reload(svc, state)
-        raise
-    budget = svc.cache.budget(state)
+    async with state.lock:
+        after = ctx.prompt_tokens
+        # Even a pass that found nothing to compress resets the loop guard: the next automatic
+        # pass waits for the conversation to grow instead of retrying on every push.
+        ctx.state.last_after_used = ctx.used
+        state.sync_figures()
+        encoded = state.encoded_state()
+        active = list(ctx.checkpoints)
+        try:
+            await svc.db.write(job)
+        except CtxdError:
+            await _reset_from_storage(svc, state)
+            raise
+        budget = svc.cache.budget(state)
     if compressed:
         freed = run.before - after
         svc.events.emit(state.id, "context/compressed", CompressedNotification(
@@ -428,12 +429,17 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
 
 async def _reload(svc: Service, state: SessionState) -> None:
     """After a failed pass: forget the in-memory context, rebuild it from what is stored."""
-    row = await svc.db.read(session_store.get_session, state.id)
     async with state.lock:
-        state.ctx = None
-        if row is not None:
-            state.stored = decode_stored(row.context_state)
-            state.row.context_tokens = row.context_tokens
+        await _reset_from_storage(svc, state)
+
+
+async def _reset_from_storage(svc: Service, state: SessionState) -> None:
+    """(Caller holds the session lock.)"""
+    row = await svc.db.read(session_store.get_session, state.id)
+    state.ctx = None
+    if row is not None:
+        state.stored = decode_stored(row.context_state)
+        state.row.context_tokens = row.context_tokens
 
 
 async def ensure_fits(svc: Service, state: SessionState) -> None:

@@ -252,6 +252,15 @@ class SessionCache:
         checkpoints = await db.read(checkpoint_store.load_active, state.id)
         kept = await db.read(message_store.load_seqs, state.id, list(cstate.kept_seqs)) if cstate.kept_seqs else []
         recent = await db.read(message_store.load_range, state.id, cstate.boundary, None, None)
+        # A push may have committed while we read; catch up with what the row says exists
+        # (a push committed but not yet applied to the row is appended, deduplicated, later).
+        loaded = recent[-1].seq if recent else cstate.boundary
+        while loaded < state.row.last_seq:
+            more = await db.read(message_store.load_range, state.id, loaded, None, None)
+            if not more:
+                break
+            recent += more
+            loaded = more[-1].seq
         if cstate.rolled_back:
             recent = [m for m in recent if not cstate.is_rolled_back(m.seq)]
         if state.ctx is not None:  # loaded by another request meanwhile
@@ -284,7 +293,8 @@ class SessionCache:
         while self._loaded_tokens > self.max_cached_tokens and len(self._loaded) > 1:
             victim, victim_tokens = next(iter(self._loaded.items()))
             evicted = self._states.get(victim)
-            if evicted is not None and (evicted.lock.locked() or evicted.compression_task is not None):
+            if evicted is not None and (evicted.lock.locked() or evicted.compress_lock.locked()
+                                        or evicted.compression_task is not None):
                 break  # in use: try again on the next change
             self._loaded.popitem(last=False)
             self._loaded_tokens -= victim_tokens
