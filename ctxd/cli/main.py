@@ -73,24 +73,28 @@ def bad_input(message: str) -> CliError:
     return CliError(message, EXIT_BAD_INPUT)
 
 
-def confirm(question: str, *, yes: bool, refuse_without_terminal: bool = False, refusal: str = "") -> bool:
-    """Whether to go ahead with something hard to undo.
-
-    ``--yes`` always goes ahead. On a terminal (stdin) the question is asked on stderr,
-    defaulting to no; Ctrl-C exits 130. Without a terminal there is nobody to ask:
-    either go ahead (``refuse_without_terminal=False``, for what can be undone) or
-    refuse with exit 2, saying ``refusal`` and how to go ahead anyway.
-    """
-    if yes:
-        return True
+def stdin_is_terminal() -> bool:
     try:
-        interactive = sys.stdin.isatty()
+        return sys.stdin.isatty()
     except (AttributeError, ValueError):
-        interactive = False
-    if not interactive:
-        if refuse_without_terminal:
-            raise CliError(f"{refusal or 'not going ahead'} without confirmation: stdin is not a terminal "
-                           "to ask on; add --yes to go ahead", EXIT_USAGE)
+        return False
+
+
+def require_terminal(what: str) -> None:
+    """Refuse (exit 2) to do ``what`` without --yes when there is no terminal to ask on.
+
+    Checked before anything else, so a script gets the same answer whatever the data."""
+    if not stdin_is_terminal():
+        raise CliError(f"not {what} without confirmation: stdin is not a terminal to ask on; "
+                       "add --yes to go ahead", EXIT_USAGE)
+
+
+def confirm(question: str, *, yes: bool) -> bool:
+    """Whether to go ahead with something hard to undo: ``--yes`` always does; on a
+    terminal the question is asked on stderr (default no; Ctrl-C exits 130); without a
+    terminal there is nobody to ask and it goes ahead (call :func:`require_terminal`
+    first for what must not happen unasked)."""
+    if yes or not stdin_is_terminal():
         return True
     try:
         return click.confirm(question, default=False, err=True)
@@ -310,6 +314,21 @@ class CtxdGroup(click.Group):
             # The reader went away: stop quietly, and keep the interpreter's final flush quiet too.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise click.exceptions.Exit(EXIT_OK) from None
+
+
+class AliasGroup(click.Group):
+    """A group that also answers to other names for some commands, without listing
+    them in ``--help`` (``sessions view`` for ``sessions show``, as seed 003 calls it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases: dict[str, click.Command] = {}
+
+    def alias(self, name: str, command: click.Command) -> None:
+        self.aliases[name] = command
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, cmd_name) or self.aliases.get(cmd_name)
 
 
 @click.group(cls=CtxdGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

@@ -9,15 +9,14 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import Settings, json_option, run, settings_of
+from ctxd.cli.main import AliasGroup, Settings, confirm, json_option, require_terminal, run, settings_of
 from ctxd.client import Client
 
 
-def complete_session_id(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    """Shell completion of session ids from a running daemon (never starts one)."""
+def completion_request(ctx: click.Context, method: str, params: dict[str, Any]) -> Any:
+    """One request to a running daemon for shell completion: never starts one, never
+    prints an error into the user's shell (None on any failure)."""
     import asyncio
-
-    from click.shell_completion import CompletionItem
 
     from ctxd.cli.main import try_connect
 
@@ -25,21 +24,28 @@ def complete_session_id(ctx: click.Context, param: click.Parameter, incomplete: 
     settings = Settings(socket=root.get("socket"), data_dir=root.get("data_dir"),
                         config_file=root.get("config_file"), autostart=False)
 
-    async def fetch() -> list[dict[str, Any]]:
+    async def fetch() -> Any:
         client = await try_connect(settings.socket_path)
         if client is None:
-            return []
+            return None
         try:
             await client.initialize(client_name="ctxd-cli-completion")
-            result = await client.request("session/list", {"limit": 500}, timeout=2)
-            return list(result["sessions"])
+            return await client.request(method, params, timeout=2)
         finally:
             await client.close()
 
     try:
-        sessions = asyncio.run(asyncio.wait_for(fetch(), 3))
+        return asyncio.run(asyncio.wait_for(fetch(), 3))
     except Exception:  # completion must never print errors into the user's shell
-        return []
+        return None
+
+
+def complete_session_id(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """Shell completion of session ids from a running daemon (never starts one)."""
+    from click.shell_completion import CompletionItem
+
+    result = completion_request(ctx, "session/list", {"limit": 500})
+    sessions = result["sessions"] if isinstance(result, dict) else []
     return [CompletionItem(s["sessionId"], help=render.session_label(s))
             for s in sessions if s["sessionId"].startswith(incomplete)]
 
@@ -48,9 +54,9 @@ def session_argument(fn: Any) -> Any:
     return click.argument("session_id", metavar="SESSION", shell_complete=complete_session_id)(fn)
 
 
-@click.group("sessions")
+@click.group("sessions", cls=AliasGroup)
 def sessions() -> None:
-    """List, inspect and delete sessions."""
+    """List, inspect, update, export, import and delete sessions."""
 
 
 @sessions.command("list")
@@ -123,22 +129,123 @@ def _short_json(value: Any, width: int = 160) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+async def session_details(client: Client, session_id: str) -> dict[str, Any]:
+    """``session/get`` plus what ``sessions show`` adds: reliability, budget, pins,
+    checkpoints, snapshots and goal (one object, the session's fields at the top)."""
+    import asyncio
+
+    ref = {"sessionId": session_id}
+    info = await client.request("session/get", ref)  # first: a missing session fails here, once
+    stats, checkpoints, snapshots, goal = await asyncio.gather(
+        client.request("context/stats", ref), client.request("context/checkpoints", ref),
+        client.request("snapshot/list", ref), client.request("goal/get", ref))
+    return {
+        **info,
+        "compressionCount": stats.get("compressionCount", info.get("compressionCount", 0)),
+        "reliability": stats.get("reliability"),
+        "budget": stats.get("budget"),
+        "pinned": stats.get("pinned", []),
+        "watermarkSeq": stats.get("watermarkSeq", 0),
+        "prunedThroughSeq": stats.get("prunedThroughSeq", 0),
+        "checkpoints": checkpoints["checkpoints"],
+        "checkpointTokens": checkpoints["tokens"],
+        "snapshots": snapshots["snapshots"],
+        "goal": goal["goal"],
+        "goalTokens": goal["tokens"],
+    }
+
+
+def checkpoint_rows(checkpoints: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[c["id"], c.get("kind", "-"), c.get("level", "-"), render.seq_range(c.get("seqFrom"), c.get("seqTo")),
+             render.num(len(c.get("messageSeqs") or [])),
+             f"{render.num(c.get('tokens'))} <- {render.num(c.get('originalTokens'))}",
+             render.percent(c.get("tokens", 0), c.get("originalTokens", 0)), render.ago(c.get("createdAt"))]
+            for c in checkpoints]
+
+
+CHECKPOINT_COLUMNS = [render.Column("ID", no_wrap=True), render.Column("KIND"), render.Column("LEVEL"),
+                      render.Column("SEQS", "right"), render.Column("MESSAGES", "right"),
+                      render.Column("TOKENS <- ORIGINAL", "right"), render.Column("SIZE", "right"),
+                      render.Column("CREATED")]
+
+
+def snapshot_rows(snapshots: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[s["snapshotId"], render.ago(s.get("createdAt")), s.get("trigger", "-"),
+             render.num(s.get("lastSeq")), render.num(s.get("contextTokens")),
+             render.num(s.get("checkpointCount")), s.get("label") or "-"] for s in snapshots]
+
+
+SNAPSHOT_COLUMNS = [render.Column("ID", no_wrap=True), render.Column("CREATED"), render.Column("TRIGGER"),
+                    render.Column("LAST SEQ", "right"), render.Column("CONTEXT", "right"),
+                    render.Column("CHECKPOINTS", "right"), render.Column("LABEL")]
+
+
+def goal_pairs(goal: dict[str, Any], tokens: int | None = None) -> list[tuple[str, Any]]:
+    status = goal.get("status", "active")
+    pairs: list[tuple[str, Any]] = [
+        ("goal", goal.get("description", "-")),
+        ("priority", goal.get("priority", "medium")),
+        ("status", render.Styled(status, {"completed": "green", "paused": "yellow"}.get(status, "cyan"))),
+        ("since", f"{goal.get('createdAt')} ({render.ago(goal.get('createdAt'))})"),
+    ]
+    if goal.get("completedAt"):
+        pairs.append(("completed", goal["completedAt"]))
+    marks = {"completed": "[x]", "in-progress": "[~]", "pending": "[ ]"}
+    for i, milestone in enumerate(goal.get("checkpoints") or []):
+        state = milestone.get("status", "pending")
+        pairs.append(("milestones" if i == 0 else "", f"{marks.get(state, '[ ]')} {milestone.get('description')}"
+                      + ("" if state in marks else f" ({state})")))
+    for i, decision in enumerate(goal.get("decisions") or []):
+        flags = [f for f, on in (("locked", decision.get("locked")), ("architecture", decision.get("architecture")))
+                 if on]
+        pairs.append(("decisions" if i == 0 else "",
+                      decision.get("description", "") + (f" ({', '.join(flags)})" if flags else "")))
+    for i, artifact in enumerate(goal.get("artifacts") or []):
+        pairs.append(("artifacts" if i == 0 else "", f"{artifact.get('path')} ({artifact.get('action', 'modified')})"))
+    for i, step in enumerate(goal.get("nextSteps") or []):
+        pairs.append(("next steps" if i == 0 else "", f"- {step}"))
+    if tokens is not None:
+        pairs.append(("tokens", f"{render.num(tokens)} (in every prompt)"))
+    return pairs
+
+
 @sessions.command("show")
 @session_argument
 @json_option
 @click.pass_context
 def show(ctx: click.Context, session_id: str) -> None:
-    """A session's fields and totals."""
+    """A session's fields and totals, reliability, goal, checkpoints and snapshots."""
     settings = settings_of(ctx)
 
     async def work(client: Client) -> Any:
-        return await client.request("session/get", {"sessionId": session_id})
+        return await session_details(client, session_id)
 
     info = run(settings, work)
     if settings.json:
         render.print_json(info)
         return
-    render.fields(session_pairs(info))
+    pairs = session_pairs(info)
+    pairs.append(("reliability", render.reliability(info.get("reliability"))))
+    pinned = info.get("pinned") or []
+    pairs.append(("pinned", ", ".join(f"seq {s}" for s in pinned) if pinned else "none"))
+    render.fields(pairs)
+    if info.get("goal"):
+        render.line("")
+        render.fields(goal_pairs(info["goal"], info.get("goalTokens")), title="Goal")
+    checkpoints = info.get("checkpoints") or []
+    if checkpoints:
+        render.line("")
+        render.table(CHECKPOINT_COLUMNS, checkpoint_rows(checkpoints),
+                     title=f"Checkpoints in the context ({render.count(len(checkpoints), 'checkpoint')}, "
+                           f"{render.num(info.get('checkpointTokens'))} tokens)")
+    snapshots = info.get("snapshots") or []
+    if snapshots:
+        render.line("")
+        render.table(SNAPSHOT_COLUMNS, snapshot_rows(snapshots),
+                     title=f"Snapshots ({len(snapshots)}, newest first)")
+
+
+sessions.alias("view", show)  # seed 003 says ``sessions view``
 
 
 @sessions.command("delete")
@@ -172,3 +279,173 @@ def delete(ctx: click.Context, session_id: str, yes: bool) -> None:
         render.print_json(result)
         return
     render.line(f"deleted session {result['sessionId']} ({render.count(result['deletedMessages'], 'message')})")
+
+
+@sessions.command("update")
+@session_argument
+@click.option("--title", metavar="T", help="New title (an empty string clears it: the first user message's "
+              "line is used again).")
+@click.option("--tag", "tags", multiple=True, metavar="T", help="Replace the tags with these (repeatable).")
+@click.option("--add-tag", "add_tags", multiple=True, metavar="T", help="Add a tag (repeatable).")
+@click.option("--remove-tag", "remove_tags", multiple=True, metavar="T", help="Remove a tag (repeatable).")
+@click.option("--no-tags", is_flag=True, help="Remove every tag.")
+@click.option("--auto-compress/--no-auto-compress", default=None,
+              help="Compress automatically when the conversation passes the trigger (default: the configuration).")
+@click.option("--context-window", type=click.IntRange(min=1), metavar="N", help="Context window in tokens.")
+@click.option("--system-prompt", metavar="TEXT", help="Replace the system prompt (an empty string removes it).")
+@json_option
+@click.pass_context
+def update(ctx: click.Context, session_id: str, title: str | None, tags: tuple[str, ...], add_tags: tuple[str, ...],
+           remove_tags: tuple[str, ...], no_tags: bool, auto_compress: bool | None, context_window: int | None,
+           system_prompt: str | None) -> None:
+    """Change a session's title, tags, automatic compression, context window or system prompt.
+
+    \b
+      ctxd-cli sessions update s1 --title "refactor auth" --tag work --tag auth
+      ctxd-cli sessions update s1 --no-auto-compress --context-window 32768
+    """
+    settings = settings_of(ctx)
+    if tags and (no_tags or add_tags or remove_tags):
+        raise click.UsageError("--tag replaces the tags; it cannot be combined with --add-tag, --remove-tag "
+                               "or --no-tags")
+    if no_tags and add_tags:
+        raise click.UsageError("--no-tags and --add-tag contradict each other")
+    if all(v is None for v in (title, auto_compress, context_window, system_prompt)) and \
+            not (tags or add_tags or remove_tags or no_tags):
+        raise click.UsageError("nothing to change: give --title, --tag, --add-tag, --remove-tag, --no-tags, "
+                               "--auto-compress/--no-auto-compress, --context-window or --system-prompt")
+
+    async def work(client: Client) -> Any:
+        params: dict[str, Any] = {"sessionId": session_id}
+        current: dict[str, Any] | None = None
+        if add_tags or remove_tags or auto_compress is not None:
+            current = await client.request("session/get", {"sessionId": session_id})
+        if title is not None:
+            params["title"] = title or None
+        if tags or no_tags:
+            params["tags"] = list(dict.fromkeys(tags))
+        elif add_tags or remove_tags:
+            assert current is not None
+            kept = [t for t in current.get("tags") or [] if t not in remove_tags]
+            params["tags"] = list(dict.fromkeys(kept + list(add_tags)))
+        if auto_compress is not None:
+            assert current is not None
+            # session/update replaces the settings object: keep the other overrides as they are.
+            params["settings"] = {**(current.get("settings") or {}), "autoCompress": auto_compress}
+        if context_window is not None:
+            params["contextWindow"] = context_window
+        if system_prompt is not None:
+            params["systemPrompt"] = system_prompt
+        return await client.request("session/update", params)
+
+    info = run(settings, work)
+    if settings.json:
+        render.print_json(info)
+        return
+    render.line(render.Styled(f"updated session {info['sessionId']}", "green"))
+    changed: list[tuple[str, Any]] = []
+    if title is not None:
+        changed.append(("title", info.get("title") or "-"))
+    if tags or add_tags or remove_tags or no_tags:
+        changed.append(("tags", ", ".join(info.get("tags") or []) or "-"))
+    if auto_compress is not None:
+        changed.append(("auto-compress", "on" if (info.get("settings") or {}).get("autoCompress") else "off"))
+    if context_window is not None or system_prompt is not None:
+        changed.append(("context", render.window_use(info["contextTokens"], info["contextWindow"])))
+    if system_prompt is not None:
+        changed.append(("system prompt", f"{render.num(info.get('systemPromptTokens', 0))} tokens"))
+    render.fields(changed)
+
+
+def _session_names(sessions_: list[dict[str, Any]], shown: int = 5) -> str:
+    names = [s["sessionId"] for s in sessions_[:shown]]
+    more = len(sessions_) - shown
+    return ", ".join(names) + (f" and {more} more" if more > 0 else "")
+
+
+def _deleted_output(settings: Settings, result: dict[str, Any], what: str) -> None:
+    if settings.json:
+        render.print_json(result)
+        return
+    deleted = result.get("deleted") or []
+    if not deleted:
+        render.line(f"nothing to delete: {what}")
+        return
+    render.line(f"deleted {render.count(len(deleted), 'session')}: {', '.join(deleted)}")
+
+
+@sessions.command("cleanup")
+@click.option("--keep", type=click.IntRange(min=0), required=True, metavar="N",
+              help="How many of the most recently active sessions to keep.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
+@json_option
+@click.pass_context
+def cleanup(ctx: click.Context, keep: int, yes: bool) -> None:
+    """Keep the N most recently active sessions and delete the others.
+
+    Asks first on a terminal; without one (a script, a pipe) it refuses unless --yes.
+    """
+    settings = settings_of(ctx)
+    if not yes:
+        require_terminal("deleting sessions")
+
+        async def listing(client: Client) -> Any:
+            return (await client.request("session/list"))["sessions"]
+
+        everything = run(settings, listing)  # most recently active first, as session/cleanup counts
+        doomed = everything[keep:]
+        if not doomed:
+            if settings.json:
+                render.print_json({"deleted": []})
+            else:
+                render.line(f"nothing to delete: {render.count(len(everything), 'session')}, keeping up to {keep}")
+            return
+        question = (f"Delete {render.count(len(doomed), 'session')} ({_session_names(doomed)}) and keep the "
+                    f"{render.num(keep)} most recently active?")
+        if not confirm(question, yes=yes):
+            render.note("nothing deleted")
+            return
+
+    async def work(client: Client) -> Any:
+        return await client.request("session/cleanup", {"keep": keep})
+
+    _deleted_output(settings, run(settings, work), f"there are no more than {keep} sessions")
+
+
+@sessions.command("clear")
+@click.option("--all", "all_", is_flag=True, help="Required: yes, every session.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
+@json_option
+@click.pass_context
+def clear(ctx: click.Context, all_: bool, yes: bool) -> None:
+    """Delete every session with its whole history (--all is required).
+
+    Asks first on a terminal; without one (a script, a pipe) it refuses unless --yes.
+    """
+    settings = settings_of(ctx)
+    if not all_:
+        raise click.UsageError("sessions clear deletes every session; say so with --all")
+    if not yes:
+        require_terminal("deleting every session")
+
+        async def listing(client: Client) -> Any:
+            return (await client.request("session/list"))["sessions"]
+
+        everything = run(settings, listing)
+        if not everything:
+            if settings.json:
+                render.print_json({"deleted": []})
+            else:
+                render.line("nothing to delete: there are no sessions")
+            return
+        messages = sum(s.get("messageCount", 0) for s in everything)
+        question = (f"Delete all {render.count(len(everything), 'session')} ({_session_names(everything)}) "
+                    f"and their {render.count(messages, 'message')}?")
+        if not confirm(question, yes=yes):
+            render.note("nothing deleted")
+            return
+
+    async def work(client: Client) -> Any:
+        return await client.request("session/clear", {"all": True})
+
+    _deleted_output(settings, run(settings, work), "there are no sessions")

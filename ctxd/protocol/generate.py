@@ -153,7 +153,7 @@ def main(argv: list[str]) -> int:
         stale = [name for name, text in files.items()
                  if not (ROOT / name).exists() or (ROOT / name).read_text(encoding="utf-8") != text]
         if stale:
-            print(f"stale: {', '.join(stale)}; run python -m ctxd.protocol.generate", file=sys.stderr)
+            sys.stderr.write(f"stale: {', '.join(stale)}; run python -m ctxd.protocol.generate\n")
             return 1
         return 0
     ROOT.mkdir(exist_ok=True)

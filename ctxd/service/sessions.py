@@ -131,8 +131,10 @@ async def update_session(svc: Service, params: SessionUpdateParams) -> SessionIn
             ctx = await svc.cache.context(state)
             ctx.system_prompt = row.system_prompt
             svc.cache.refresh(state, system=True)
-            await svc.db.write(store.save_session_settings, state.id, row.settings, row.context_window,
-                               row.system_prompt, row.system_tokens, state.encoded_state(), row.context_tokens)
+            await svc.db.write(store.update_session, state.id, settings=row.settings,
+                               context_window=row.context_window, system_prompt=row.system_prompt,
+                               system_tokens=row.system_tokens, context_state=state.encoded_state(),
+                               context_tokens=row.context_tokens)
         budget = svc.cache.budget(state)
     notify.updated(svc, state, "updated")
     notify.after_change(svc, state, budget)

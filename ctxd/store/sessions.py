@@ -173,6 +173,36 @@ def update_totals(
     )
 
 
+_UNCHANGED: Any = object()
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else _json.encode(value).decode()
+
+
+# Column -> how a Python value is stored in it.
+_COLUMN_ENCODERS: dict[str, Any] = {
+    "context_state": lambda v: v.decode(),
+    "goal": _json_text,
+    "settings": _json_text,
+    "model_info": _json_text,
+    "tags": _json_text,
+    "metadata": _json_text,
+}
+
+
+def update_session(conn: sqlite3.Connection, session_id: str, **columns: Any) -> None:
+    """Set the given columns of a session row (``_UNCHANGED`` values are skipped)."""
+    values = {k: v for k, v in columns.items() if v is not _UNCHANGED}
+    if not values:
+        return
+    args = [_COLUMN_ENCODERS.get(k, lambda x: x)(v) for k, v in values.items()]
+    cursor = conn.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in values)} WHERE id = ?",
+                          (*args, session_id))
+    if cursor.rowcount == 0:
+        raise session_not_found(session_id)
+
+
 def save_context(
     conn: sqlite3.Connection,
     session_id: str,
@@ -180,32 +210,12 @@ def save_context(
     context_state: bytes | None = None,
     goal: Goal | None | bool = False,
     context_tokens: int | None = None,
-    settings: SessionSettings | None = None,
-    model_info: dict[str, Any] | None = None,
 ) -> None:
     """Store what changed of a session's active context (``goal=False``: unchanged)."""
-    sets: list[str] = []
-    args: list[Any] = []
-    if context_state is not None:
-        sets.append("context_state = ?")
-        args.append(context_state.decode())
-    if goal is not False:
-        sets.append("goal = ?")
-        args.append(_json.encode(goal).decode() if goal is not None else None)
-    if context_tokens is not None:
-        sets.append("context_tokens = ?")
-        args.append(context_tokens)
-    if settings is not None:
-        sets.append("settings = ?")
-        args.append(_json.encode(settings).decode())
-    if model_info is not None:
-        sets.append("model_info = ?")
-        args.append(_json.encode(model_info).decode())
-    if not sets:
-        return
-    cursor = conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*args, session_id))
-    if cursor.rowcount == 0:
-        raise session_not_found(session_id)
+    update_session(conn, session_id,
+                   context_state=_UNCHANGED if context_state is None else context_state,
+                   goal=_UNCHANGED if goal is False else goal,
+                   context_tokens=_UNCHANGED if context_tokens is None else context_tokens)
 
 
 def update_metadata(
@@ -216,30 +226,8 @@ def update_metadata(
     tags: list[str] | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> None:
-    sets: list[str] = []
-    args: list[Any] = []
-    if title is not False:
-        sets.append("title = ?")
-        args.append(title)
-    if tags is not None:
-        sets.append("tags = ?")
-        args.append(_json.encode(tags).decode())
-    if metadata is not None:
-        sets.append("metadata = ?")
-        args.append(_json.encode(metadata).decode())
-    if sets:
-        cursor = conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*args, session_id))
-        if cursor.rowcount == 0:
-            raise session_not_found(session_id)
-
-
-def save_session_settings(conn: sqlite3.Connection, session_id: str, settings: SessionSettings,
-                          context_window: int | None, system_prompt: str | None, system_tokens: int,
-                          context_state: bytes, context_tokens: int) -> None:
-    cursor = conn.execute(
-        "UPDATE sessions SET settings = ?, context_window = ?, system_prompt = ?, system_tokens = ?, "
-        "context_state = ?, context_tokens = ? WHERE id = ?",
-        (_json.encode(settings).decode(), context_window, system_prompt, system_tokens,
-         context_state.decode(), context_tokens, session_id))
-    if cursor.rowcount == 0:
-        raise session_not_found(session_id)
+    """Descriptive fields (``title=False``: unchanged; ``None`` clears it)."""
+    update_session(conn, session_id,
+                   title=_UNCHANGED if title is False else title,
+                   tags=_UNCHANGED if tags is None else tags,
+                   metadata=_UNCHANGED if metadata is None else metadata)
