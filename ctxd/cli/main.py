@@ -303,7 +303,24 @@ def run(settings: Settings, work: Callable[[Client], Awaitable[T]], *, autostart
 
 
 class CtxdGroup(click.Group):
-    """Adds quiet handling of a closed stdout pipe (``ctxd-cli prompt s | head``)."""
+    """Adds quiet handling of a closed stdout pipe (``ctxd-cli prompt s | head``), and
+    registers the commands when they are first looked up: the command modules import
+    this one, so any of them can be imported first (tests do) without an import cycle."""
+
+    _registered = False
+
+    def _ensure_commands(self) -> None:
+        if not CtxdGroup._registered:
+            CtxdGroup._registered = True
+            _register()
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._ensure_commands()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._ensure_commands()
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -341,7 +358,8 @@ class AliasGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, socket: str | None, data_dir: str | None, config_file: str | None,
         no_autostart: bool, json_: bool) -> None:
-    """Talk to the ctxd context daemon: sessions, pushes, prompts, replays."""
+    """Talk to the ctxd context daemon: sessions, history, search, compression,
+    snapshots, goals, live watching; and check its database (doctor)."""
     settings = settings_of(ctx)
     settings.socket = socket
     settings.data_dir = data_dir
@@ -360,10 +378,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _register() -> None:
-    from ctxd.cli import daemon, prompt, push, replay, sessions, stats, watch
+    from ctxd.cli import context, daemon, doctor, history, prompt, push, replay, sessions, snapshots, stats, transfer, watch
 
-    for command in (sessions.sessions, push.push, prompt.prompt, stats.stats, replay.replay,
-                    watch.watch, daemon.daemon, daemon.completion):
+    for command in (sessions.sessions, push.push, prompt.prompt, stats.stats, history.history, history.search,
+                    context.compress, context.checkpoints, context.expand, context.pin, context.goal,
+                    snapshots.snapshot, transfer.export, transfer.import_, replay.replay, watch.watch,
+                    doctor.doctor, daemon.daemon, daemon.completion):
         cli.add_command(command)
 
 
@@ -372,5 +392,3 @@ if __name__ == "__main__":
     from ctxd.cli.main import main as _main
 
     sys.exit(_main())
-else:
-    _register()

@@ -44,7 +44,7 @@ class Marked:
         return self.text
 
 
-MARK = re.compile(r"(?<!\w)\[([^\[\]\n]+)\]")
+MARK = re.compile(r"(?<![^\W_])\[([^\[\]\n]+)\]")
 
 
 def rich_cell(cell: "str | Styled | Marked") -> "Text":

@@ -156,28 +156,25 @@ async def session_details(client: Client, session_id: str) -> dict[str, Any]:
 
 
 def checkpoint_rows(checkpoints: list[dict[str, Any]]) -> list[list[Any]]:
-    return [[c["id"], c.get("kind", "-"), c.get("level", "-"), render.seq_range(c.get("seqFrom"), c.get("seqTo")),
-             render.num(len(c.get("messageSeqs") or [])),
-             f"{render.num(c.get('tokens'))} <- {render.num(c.get('originalTokens'))}",
-             render.percent(c.get("tokens", 0), c.get("originalTokens", 0)), render.ago(c.get("createdAt"))]
+    return [[c["id"], f"{c.get('kind', '-')}/{c.get('level', '-')}", render.seq_range(c.get("seqFrom"), c.get("seqTo")),
+             f"{render.num(c.get('tokens'))} / {render.num(c.get('originalTokens'))} "
+             f"({render.percent(c.get('tokens', 0), c.get('originalTokens', 0))})",
+             render.ago(c.get("createdAt"))]
             for c in checkpoints]
 
 
-CHECKPOINT_COLUMNS = [render.Column("ID", no_wrap=True), render.Column("KIND"), render.Column("LEVEL"),
-                      render.Column("SEQS", "right"), render.Column("MESSAGES", "right"),
-                      render.Column("TOKENS <- ORIGINAL", "right"), render.Column("SIZE", "right"),
-                      render.Column("CREATED")]
+CHECKPOINT_COLUMNS = [render.Column("ID", no_wrap=True), render.Column("KIND/LEVEL"), render.Column("SEQS", "right"),
+                      render.Column("TOKENS / ORIGINAL", "right"), render.Column("CREATED")]
 
 
 def snapshot_rows(snapshots: list[dict[str, Any]]) -> list[list[Any]]:
     return [[s["snapshotId"], render.ago(s.get("createdAt")), s.get("trigger", "-"),
-             render.num(s.get("lastSeq")), render.num(s.get("contextTokens")),
-             render.num(s.get("checkpointCount")), s.get("label") or "-"] for s in snapshots]
+             render.num(s.get("lastSeq")), render.num(s.get("contextTokens")), s.get("label") or "-"]
+            for s in snapshots]
 
 
 SNAPSHOT_COLUMNS = [render.Column("ID", no_wrap=True), render.Column("CREATED"), render.Column("TRIGGER"),
-                    render.Column("LAST SEQ", "right"), render.Column("CONTEXT", "right"),
-                    render.Column("CHECKPOINTS", "right"), render.Column("LABEL")]
+                    render.Column("LAST SEQ", "right"), render.Column("CONTEXT", "right"), render.Column("LABEL")]
 
 
 def goal_pairs(goal: dict[str, Any], tokens: int | None = None) -> list[tuple[str, Any]]:

@@ -1,11 +1,20 @@
-"""``ctxd-cli watch``: print a session's notifications as they arrive, until Ctrl-C."""
+"""``ctxd-cli watch``: a session's notifications as they arrive, until Ctrl-C.
+
+On a terminal, watching one session is a live view: the context bar (prompt tokens
+over what may be sent), the reliability level, the last events (compressions,
+checkpoints, snapshots, thresholds, overflow) and a progress bar while a compression
+runs. Off a terminal (or with --plain) it prints one line per notification; with
+--json one JSON object per line.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,7 +23,11 @@ from ctxd.cli.main import EXIT_UNAVAILABLE, CliError, json_option, run, settings
 from ctxd.cli.sessions import complete_session_id
 from ctxd.client import Client
 
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
 WILDCARD = "*"
+LIVE_EVENTS = 10
 
 
 MAX_OTHER = 160  # characters of JSON shown for a notification this version does not know
@@ -81,23 +94,274 @@ def describe(method: str, params: Any) -> list[Any]:
     return [str(params.get("sessionId", "-")), *(f for f in _figures(method, params) if f != "")]
 
 
+# --- the live view -------------------------------------------------------------------
+
+
+@dataclass
+class LiveEvent:
+    time: str
+    label: str
+    text: str
+    style: str = ""
+
+
+@dataclass
+class LiveState:
+    """What the live view shows, kept up to date from notifications (and ``context/stats``)."""
+
+    session_id: str
+    title: str | None = None
+    model: str | None = None
+    prompt_tokens: int = 0
+    max_prompt_tokens: int = 0
+    context_window: int = 0
+    message_count: int = 0
+    last_seq: int = 0
+    compressions: int = 0
+    reliability: dict[str, Any] | None = None
+    compressing: tuple[str, int] | None = None
+    last_update: str | None = None
+    deleted: bool = False
+    events: deque[LiveEvent] = field(default_factory=lambda: deque(maxlen=LIVE_EVENTS))
+
+    def load(self, info: dict[str, Any] | None = None, stats: dict[str, Any] | None = None) -> None:
+        """Figures from ``session/get`` and ``context/stats``."""
+        if info:
+            self.title = info.get("title")
+            self.model = info.get("model")
+            self.message_count = info.get("messageCount", self.message_count)
+            self.last_seq = info.get("lastSeq", self.last_seq)
+            self.prompt_tokens = info.get("contextTokens", self.prompt_tokens)
+            self.context_window = info.get("contextWindow", self.context_window)
+            self.compressions = info.get("compressionCount", self.compressions) or 0
+        if stats:
+            budget = stats.get("budget") or {}
+            self.prompt_tokens = budget.get("promptTokens", stats.get("contextTokens", self.prompt_tokens))
+            self.max_prompt_tokens = budget.get("maxPromptTokens", self.max_prompt_tokens)
+            self.context_window = budget.get("contextWindow", self.context_window)
+            self.compressions = stats.get("compressionCount", self.compressions)
+            self.message_count = stats.get("messageCount", self.message_count)
+            if stats.get("reliability"):
+                self.reliability = stats["reliability"]
+
+    def add(self, at: str, label: str, text: str, style: str = "") -> None:
+        self.events.append(LiveEvent(at, label, text, style))
+
+    def apply(self, method: str, p: Any, at: str) -> bool:
+        """Take one notification in; True when the figures should be fetched again
+        (the budget may have changed in ways notifications do not carry)."""
+        if not isinstance(p, dict):
+            return False
+        if method == "session/updated":
+            self.prompt_tokens = p.get("contextTokens", self.prompt_tokens)
+            self.message_count = p.get("messageCount", self.message_count)
+            self.last_seq = p.get("lastSeq", self.last_seq)
+            reason = str(p.get("reason", "?"))
+            self.last_update = f"{at} {reason}" + (f" +{p.get('pushed', 0)}" if reason == "push" else "")
+            return reason in ("updated", "restored", "compressed", "pin", "goal", "watermark")
+        if method == "context/compressing":
+            self.compressing = (str(p.get("stage", "?")), int(p.get("percentage", 0) or 0))
+            return False
+        if method == "context/compressed":
+            self.compressing = None
+            self.compressions = p.get("compressionNumber", self.compressions + 1)
+            self.prompt_tokens = p.get("afterTokens", self.prompt_tokens)
+            layers = "+".join(p.get("layers") or []) or "-"
+            trigger = f", {p['trigger']}" if p.get("trigger") else ""
+            self.add(at, "compressed", f"{_n(p.get('beforeTokens'))} → {_n(p.get('afterTokens'))} tokens "
+                     f"(freed {_n(p.get('freedTokens'))}) {layers}, #{_n(p.get('compressionNumber'))}{trigger}",
+                     "green")
+            return True
+        if method == "context/compressionFailed":
+            self.compressing = None
+            self.add(at, "failed", f"{p.get('reason')}" + (f" (then: {p['fallback']})" if p.get("fallback") else ""),
+                     "red")
+            return True
+        if method == "context/compressionSkipped":
+            self.compressing = None
+            self.add(at, "skipped", f"{p.get('reason')} (used {_n(p.get('used'))} / trigger {_n(p.get('triggerAt'))})",
+                     "yellow")
+            return False
+        if method == "context/threshold":
+            level = str(p.get("level"))
+            self.add(at, f"threshold {level}", f"prompt {_n(p.get('promptTokens'))} / max "
+                     f"{_n(p.get('maxPromptTokens'))}, used {_n(p.get('used'))} / trigger {_n(p.get('triggerAt'))}",
+                     "bold red" if level == "critical" else "yellow")
+            return False
+        if method == "context/overflow":
+            self.add(at, "overflow", f"{p.get('policy')}: {p.get('action')} (prompt {_n(p.get('promptTokens'))} / "
+                     f"max {_n(p.get('maxPromptTokens'))})", "bold red")
+            return True
+        if method == "context/reliability":
+            rel = p.get("reliability") or {}
+            self.reliability = rel
+            level = str(rel.get("level"))
+            change = f"{p['previousLevel']} → {level}" if p.get("previousLevel") else level
+            self.add(at, "reliability", f"{change} (score {rel.get('score')})", render.RELIABILITY_STYLES.get(level, ""))
+            return False
+        if method == "checkpoint/created":
+            c = p.get("checkpoint") or {}
+            self.add(at, "checkpoint", f"{c.get('id')} {c.get('kind')}/{c.get('level')} seq "
+                     f"{render.seq_range(c.get('seqFrom'), c.get('seqTo'))}: {_n(c.get('originalTokens'))} → "
+                     f"{_n(c.get('tokens'))} tokens", "cyan")
+            return False
+        if method == "checkpoint/aged":
+            self.add(at, "aged", f"{p.get('checkpointId')} {p.get('fromLevel')} → {p.get('toLevel')}: "
+                     f"{_n(p.get('beforeTokens'))} → {_n(p.get('afterTokens'))} tokens", "cyan")
+            return False
+        if method == "checkpoint/merged":
+            self.add(at, "merged", f"{'+'.join(p.get('mergedIds') or [])} → {p.get('intoId')} "
+                     f"({_n(p.get('tokens'))} tokens)", "cyan")
+            return False
+        if method == "snapshot/created":
+            s = p.get("snapshot") or {}
+            self.add(at, "snapshot", f"{s.get('snapshotId')} ({s.get('trigger')})"
+                     + (f" {s['label']}" if s.get("label") else ""), "blue")
+            return False
+        if method == "snapshot/restored":
+            rolled = (f", seq {render.seq_range(p.get('rolledBackFrom'), p.get('rolledBackTo'))} rolled back"
+                      if p.get("rolledBackFrom") is not None else "")
+            self.add(at, "restored", f"to {p.get('snapshotId')}{rolled} (backup {p.get('backupSnapshotId')})",
+                     "bold blue")
+            return True
+        if method == "snapshot/deleted":
+            self.add(at, "snapshot deleted", f"{', '.join(p.get('snapshotIds') or [])} ({p.get('reason')})", "dim")
+            return False
+        if method == "snapshot/error":
+            self.add(at, "snapshot error", f"{p.get('operation')}: {p.get('reason')}", "red")
+            return False
+        if method == "session/deleted":
+            self.deleted = True
+            self.add(at, "deleted", "the session was deleted", "bold red")
+            return False
+        return False
+
+
+def usage_style(fraction: float) -> str:
+    return "green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red"
+
+
+def context_line(state: LiveState) -> str:
+    """``Context: 5,234/6,800  77%  (2 compressions)``."""
+    share = render.percent(state.prompt_tokens, state.max_prompt_tokens)
+    return (f"Context: {render.num(state.prompt_tokens)}/{render.num(state.max_prompt_tokens)}  {share}  "
+            f"({render.count(state.compressions, 'compression')})")
+
+
+def render_live(state: LiveState) -> "RenderableType":
+    """The live view of one session, as a rich renderable (tests render it to text)."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    fraction = state.prompt_tokens / state.max_prompt_tokens if state.max_prompt_tokens else 0.0
+    top = Table.grid(padding=(0, 2))
+    top.add_column(no_wrap=True)
+    top.add_column(width=32)
+    top.add_row(Text(context_line(state), style="bold"),
+                ProgressBar(total=max(state.max_prompt_tokens, 1), completed=min(state.prompt_tokens,
+                            max(state.max_prompt_tokens, 1)), width=30, complete_style=usage_style(fraction),
+                            finished_style="bold red"))
+    rel = state.reliability or {}
+    level = str(rel.get("level", "-"))
+    reliability = Text("Reliability: ")
+    reliability.append(level, style=render.RELIABILITY_STYLES.get(level, "") + " bold")
+    if isinstance(rel.get("score"), (int, float)):
+        reliability.append(f" (score {rel['score']:.2f})")
+    top.add_row(reliability, Text(""))
+    if state.compressing is not None:
+        stage, percentage = state.compressing
+        top.add_row(Text(f"Compressing: {stage} {percentage}%", style="magenta"),
+                    ProgressBar(total=100, completed=percentage, width=30, complete_style="magenta"))
+    events = Table.grid(padding=(0, 2))
+    events.add_column(style="dim", no_wrap=True)
+    events.add_column(no_wrap=True)
+    events.add_column()
+    for event in state.events:
+        events.add_row(event.time, Text(event.label, style=event.style), event.text)
+    parts: list[Any] = [top, Text("")]
+    if state.events:
+        parts += [Text(f"Last {render.count(len(state.events), 'event')}", style="bold"), events]
+    else:
+        parts.append(Text("no compression, checkpoint or snapshot events yet", style="dim"))
+    footer = f"messages {render.num(state.message_count)} (last seq {state.last_seq})"
+    if state.last_update:
+        footer += f" · last update {state.last_update}"
+    parts += [Text(""), Text(footer, style="dim")]
+    label = state.session_id + (f" · {state.title}" if state.title else "") + (f" · {state.model}" if state.model else "")
+    return Panel(Group(*parts), title=Text(label, style="bold"), title_align="left",
+                 subtitle="Ctrl-C to stop" if not state.deleted else "session deleted", subtitle_align="right")
+
+
+async def live_view(client: Client, session_id: str, stream: Any, pending: "asyncio.Future[Any]",
+                    closed: Any) -> None:
+    """Run the live view until Ctrl-C or the session's deletion."""
+    from rich.live import Live
+
+    state = LiveState(session_id)
+    ref = {"sessionId": session_id}
+    info, stats = await asyncio.gather(client.request("session/get", ref), client.request("context/stats", ref))
+    state.load(info, stats)
+    refresh: asyncio.Task[None] | None = None
+
+    async def refetch() -> None:
+        await asyncio.sleep(0.2)  # let a burst of notifications settle first
+        try:
+            state.load(stats=await client.request("context/stats", ref))
+        except Exception:  # a deleted session, a closing connection: the notifications say so
+            pass
+
+    try:
+        with Live(get_renderable=lambda: render_live(state), console=render.console(), refresh_per_second=4,
+                  transient=False, redirect_stdout=False, redirect_stderr=False):
+            while not state.deleted:
+                try:
+                    method, params = await pending
+                except StopAsyncIteration:
+                    closed()
+                pending = asyncio.ensure_future(anext(stream))
+                now = datetime.now(timezone.utc).astimezone().strftime("%H:%M:%S")
+                try:
+                    changed = state.apply(method, params, now)
+                except Exception:  # a notification this version does not understand never ends the view
+                    continue
+                if changed and (refresh is None or refresh.done()):
+                    refresh = asyncio.ensure_future(refetch())
+    finally:
+        pending.cancel()
+        if refresh is not None:
+            refresh.cancel()
+
+
+# --- the command -----------------------------------------------------------------------
+
+
 @click.command("watch")
 @click.argument("session_id", required=False, metavar="SESSION", shell_complete=complete_session_id)
-@click.option("--all", "all_sessions", is_flag=True, help="Watch every session.")
+@click.option("--all", "all_sessions", is_flag=True, help="Watch every session (one line per notification).")
+@click.option("--plain", is_flag=True, help="One line per notification even on a terminal (no live view).")
 @json_option
 @click.pass_context
-def watch(ctx: click.Context, session_id: str | None, all_sessions: bool) -> None:
-    """Print SESSION's notifications (or every session's, with --all) as they arrive.
+def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain: bool) -> None:
+    """Watch SESSION (or every session, with --all) as notifications arrive.
 
-    One line each: time, method, session, reason and figures. With --json, one JSON
-    object per line: {"time", "method", "params"}. Stops with Ctrl-C, or when the
-    watched session is deleted.
+    On a terminal: a live view of the context (tokens against the maximum prompt,
+    compressions, reliability), the last events and a progress bar while a
+    compression runs. Otherwise (or with --plain) one line each: time, method,
+    session and figures; with --json one JSON object per line: {"time", "method",
+    "params"}. Stops with Ctrl-C, or when the watched session is deleted.
     """
     settings = settings_of(ctx)
     if all_sessions == (session_id is not None):
         raise click.UsageError("give a SESSION or --all (not both)")
     target = WILDCARD if all_sessions else session_id
     assert target is not None
+    live = render.is_terminal() and not settings.json and not plain and not all_sessions
+
+    def closed() -> None:
+        raise CliError(f"the daemon on {settings.socket_path} closed the connection", EXIT_UNAVAILABLE)
 
     async def work(client: Client) -> None:
         stream = client.notifications()
@@ -107,13 +371,16 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool) -> Non
         await asyncio.sleep(0)
         try:
             await client.request("session/subscribe", {"sessionId": target})
+            if live:
+                assert session_id is not None
+                await live_view(client, session_id, stream, pending, closed)
+                return
             render.note(f"watching {'all sessions' if target == WILDCARD else 'session ' + target}; Ctrl-C to stop")
             while True:
                 try:
                     method, params = await pending
                 except StopAsyncIteration:
-                    raise CliError(f"the daemon on {settings.socket_path} closed the connection",
-                                   EXIT_UNAVAILABLE) from None
+                    closed()
                 pending = asyncio.ensure_future(anext(stream))
                 show(method, params)
                 if (method == "session/deleted" and target != WILDCARD and isinstance(params, dict)
@@ -133,4 +400,3 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool) -> Non
                         *describe(method, params), sep="  ")
 
     run(settings, work, interrupt_code=0)
-

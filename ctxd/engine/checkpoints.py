@@ -39,6 +39,14 @@ def render_checkpoint(cp: Checkpoint) -> str:
     return f"{title}\n{cp.summary.strip()}"
 
 
+def measure(cp: Checkpoint, count: Callable[[str], int]) -> Checkpoint:
+    """Set what the checkpoint costs in the prompt (its text and its share of the section's
+    separators) and its ratio to what it replaced."""
+    cp.tokens = count(render_checkpoint(cp)) + 2
+    cp.ratio = round(cp.tokens / cp.original_tokens, 4) if cp.original_tokens else 1.0
+    return cp
+
+
 def render_section(checkpoints: list[Checkpoint]) -> str | None:
     """The checkpoint section of the system part, or None without checkpoints."""
     if not checkpoints:
@@ -90,7 +98,7 @@ def merge_truncated(checkpoints: list[Checkpoint], max_checkpoints: int, count: 
             compression_number=second.compression_number, summarizer="truncation",
             compression_count=max(first.compression_count, second.compression_count) + 1,
             merged_from=[first.id, second.id], files_modified=files)
-        cp.tokens = count(render_checkpoint(cp)) + 2
+        measure(cp, count)
         index = checkpoints.index(first)
         checkpoints = [c for c in checkpoints if c.id not in (first.id, second.id)]
         checkpoints.insert(index, cp)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ctxd.engine.checkpoints import new_id, render_checkpoint, truncation_notice
+from ctxd.engine.checkpoints import measure, new_id, render_checkpoint, truncation_notice
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, never_compressed
 from ctxd.engine.extract import extract
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
@@ -184,7 +184,7 @@ def make_checkpoint(selection: Selection, summary: str, summarizer: str, *, now:
         tools_used=[ToolUse(t.name, t.count, list(t.notable_uses)) for t in facts.tools_used],
         next_steps=facts.next_steps, errors=facts.errors,
     )
-    cp.tokens = count(render_checkpoint(cp)) + 2  # its share of the section's separators
+    measure(cp, count)
     return cp
 
 
@@ -211,7 +211,7 @@ def truncation_checkpoint(selection: Selection, *, now: str, number: int, count:
     cp.seq_from, cp.message_seqs, cp.original_tokens, cp.files_modified = oldest.seq_from, seqs, tokens, files
     cp.compression_count = max(c.compression_count for c in earlier) + 1
     cp.merged_from = list(dict.fromkeys(oldest.merged_from + [c.id for c in earlier[1:]]))
-    cp.tokens = count(render_checkpoint(cp)) + 2
+    measure(cp, count)
     return cp
 
 
@@ -330,7 +330,7 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
         created_at=previous.created_at if previous else now, compressed_at=now, compression_number=number,
         summarizer="fold", compression_count=(previous.compression_count + 1) if previous else 1,
     )
-    cp.tokens = count(render_checkpoint(cp)) + 2
+    measure(cp, count)
     folded = {e.seq for e in entries}
     ctx.kept = [e for e in ctx.kept if e.seq not in folded]
     ctx.state.kept_seqs = [e.seq for e in ctx.kept]
@@ -354,7 +354,7 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
     folded.summary = "\n".join(head + lines)
     folded.message_seqs = seqs
     folded.seq_from, folded.seq_to = min(seqs), max(seqs)
-    folded.tokens = count(render_checkpoint(folded)) + 2
+    measure(folded, count)
     return True
 
 

@@ -47,10 +47,8 @@ class Checkpoint(msgspec.Struct, rename="camel", omit_defaults=True):
     tools_used: list[ToolUse] = []
     next_steps: list[str] = []
     errors: list[str] = []
-
-    @property
-    def ratio(self) -> float:
-        return round(self.tokens / self.original_tokens, 4) if self.original_tokens else 1.0
+    ratio: float = 1.0
+    """``tokens / originalTokens``: what the checkpoint costs against what it replaced."""
 
 
 class SessionSettings(msgspec.Struct, rename="camel", omit_defaults=True):

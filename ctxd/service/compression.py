@@ -290,7 +290,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
         text, summarizer = out
         aged = msgspec.structs.replace(cp, level=step.to_level, summary=text, compressed_at=now_iso(),  # type: ignore[arg-type]
                                        compression_count=cp.compression_count + 1, summarizer=summarizer)
-        aged.tokens = count(ckpts.render_checkpoint(aged)) + 2
+        ckpts.measure(aged, count)
         if aged.tokens >= cp.tokens:
             continue  # a re-summary that does not shrink is not an ageing
         async with state.lock:
@@ -318,7 +318,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             break
         text, summarizer = out
         merged = ckpts.merged(first, second, text, 0, summarizer, now_iso(), state.cstate.compression_count)
-        merged.tokens = count(ckpts.render_checkpoint(merged)) + 2
+        ckpts.measure(merged, count)
         async with state.lock:
             index = ctx.checkpoints.index(first)
             rest = [c for c in ctx.checkpoints if c.id not in step.checkpoint_ids]

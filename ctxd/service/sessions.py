@@ -21,6 +21,7 @@ from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.state import SessionState, resolve_window
 from ctxd.store import sessions as store
+from ctxd.store import snapshots as snapshot_store
 from ctxd.store.sessions import SessionRow, SessionStats
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
 
@@ -131,10 +132,21 @@ async def update_session(svc: Service, params: SessionUpdateParams) -> SessionIn
             ctx = await svc.cache.context(state)
             ctx.system_prompt = row.system_prompt
             svc.cache.refresh(state, system=True)
-            await svc.db.write(store.update_session, state.id, settings=row.settings,
-                               context_window=row.context_window, system_prompt=row.system_prompt,
-                               system_tokens=row.system_tokens, context_state=state.encoded_state(),
-                               context_tokens=row.context_tokens)
+            changes = {k: v for k, v in (("settings", msgspec.to_builtins(params.settings)),
+                                          ("contextWindow", params.context_window),
+                                          ("systemPromptChanged", params.system_prompt is not None or None))
+                       if v is not None}
+            encoded = state.encoded_state()
+
+            def job(conn: object) -> None:
+                store.update_session(conn, state.id, settings=row.settings,  # type: ignore[arg-type]
+                                     context_window=row.context_window, system_prompt=row.system_prompt,
+                                     system_tokens=row.system_tokens, context_state=encoded,
+                                     context_tokens=row.context_tokens)
+                # A mode transition (seed 003's modeHistory): recorded in the session's history.
+                snapshot_store.add_event(conn, state.id, now_iso(), "settings", row.last_seq, changes)  # type: ignore[arg-type]
+
+            await svc.db.write(job)
         budget = svc.cache.budget(state)
     notify.updated(svc, state, "updated")
     notify.after_change(svc, state, budget)

@@ -1,0 +1,203 @@
+"""``ctxd-cli doctor``: check the database file, and recover what can be read into a new one.
+
+Works without a daemon (and never starts one): it reads ``DATA_DIR/ctxd.db`` itself,
+read-only. ``--recover`` writes ``ctxd.recovered-<UTC time>.db`` next to it and says
+how to switch; the old file is never changed.
+"""
+
+from __future__ import annotations
+
+import socket as socketlib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ctxd.cli import render
+from ctxd.cli.main import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, json_option, settings_of
+
+CHECK_LABELS = (("file", "file"), ("integrity", "integrity"), ("schema", "schema"), ("search", "search index"),
+                ("consistency", "session totals"))
+
+
+def daemon_listening(path: Path) -> bool:
+    """Whether something accepts connections on the daemon's socket (no request is sent)."""
+    sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    sock.settimeout(1)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def check_pairs(report: Any) -> list[tuple[str, Any]]:
+    pairs: list[tuple[str, Any]] = [("database", f"{report.path} ({_size(report.size)})" if report.exists
+                                     else report.path)]
+    by_check: dict[str, list[str]] = {}
+    for problem in report.problems:
+        by_check.setdefault(problem.check, []).append(problem.message)
+    for key, label in CHECK_LABELS:
+        state = report.checks.get(key)
+        if state is None:
+            continue
+        if state == "ok":
+            value: Any = render.Styled("ok", "green")
+            if key == "schema" and report.schema_version is not None:
+                value = render.Styled(f"ok (version {report.schema_version}, this ctxd: "
+                                      f"{report.expected_schema_version})", "green")
+            if key == "consistency" and report.sessions is not None:
+                value = render.Styled(f"ok ({render.count(report.sessions, 'session')}, "
+                                      f"{render.count(report.messages, 'message')})", "green")
+        elif state == "skipped":
+            value = render.Styled("not checked", "dim")
+        else:
+            value = render.Styled(f"{len(by_check.get(key, []))} problem(s)" if state == "problems" else "failed",
+                                  "bold red")
+        pairs.append((label, value))
+        for message in by_check.get(key, []):
+            pairs.append(("", f"- {message}"))
+    for note in report.notes:
+        pairs.append(("note", note))
+    return pairs
+
+
+def recovery_pairs(result: Any) -> list[tuple[str, Any]]:
+    pairs: list[tuple[str, Any]] = [("new file", result.path)]
+    for t in result.tables:
+        parts = [f"{render.num(t.copied)} copied"]
+        if t.error:
+            parts.append(render.Styled(f"unreadable: {t.error}", "red").text)
+        lost = t.lost
+        if lost:
+            parts.append(f"{render.num(lost)} lost (of {render.num(t.expected)})")
+        elif t.expected is None and t.unreadable:
+            parts.append("an unknown number lost")
+        if t.unreadable:
+            ranges = ", ".join(render.seq_range(lo, hi) if hi < (1 << 62) else f"{lo}-end" for lo, hi in t.unreadable[:5])
+            more = f" and {len(t.unreadable) - 5} more" if len(t.unreadable) > 5 else ""
+            parts.append(f"unreadable rowids {ranges}{more}")
+        if t.damaged:
+            parts.append(f"{render.num(t.damaged)} damaged rows left out")
+        if t.orphans:
+            parts.append(f"{render.num(t.orphans)} left out (their session is gone)")
+        bad = bool(lost or t.unreadable or t.damaged or t.orphans or t.error)
+        pairs.append((t.table, render.Styled(", ".join(parts), "yellow" if bad else "green")))
+    if result.sessions_rebuilt:
+        pairs.append(("rebuilt", f"{render.count(len(result.sessions_rebuilt), 'session')} from their messages "
+                                 f"(title, model, settings lost): {', '.join(result.sessions_rebuilt[:10])}"))
+    if result.sessions_recomputed:
+        pairs.append(("recomputed", f"totals of {render.count(len(result.sessions_recomputed), 'session')} from "
+                                    f"the messages that survived: {', '.join(result.sessions_recomputed[:10])}"))
+    pairs.append(("search index", "empty: the daemon rebuilds it when it starts"))
+    for note in result.notes[:10]:
+        pairs.append(("note", note))
+    return pairs
+
+
+@click.command("doctor")
+@click.option("--data-dir", "data_dir", metavar="DIR", help="The data directory to check (default: from the "
+              "configuration, like the rest of ctxd-cli).")
+@click.option("--database", "database", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Check this database file instead (e.g. a recovered one before switching to it).")
+@click.option("--recover", is_flag=True, help="Copy everything readable into a new file next to the old one "
+              "(ctxd.recovered-<UTC time>.db), which is left untouched, and say how to switch.")
+@json_option
+@click.pass_context
+def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recover: bool) -> None:
+    """Check ctxd's database without a daemon; with --recover, save what can be read.
+
+    \b
+    Checks: SQLite's integrity check, the schema version, the full-text search
+    index, and each session's totals against its messages. The file is opened
+    read-only; no daemon is started.
+
+    \b
+    Exit codes: 0 healthy (with --recover: the new file was written),
+    1 problems found (with --recover: nothing could be recovered),
+    2 no database there / bad options.
+    """
+    from ctxd.store import doctor as store_doctor
+
+    settings = settings_of(ctx)
+    if database and data_dir:
+        raise click.UsageError("give --data-dir or --database, not both")
+    if database:
+        path = Path(database).expanduser()
+    else:
+        if data_dir:
+            settings.data_dir = data_dir
+            settings._config = None
+        path = settings.config.data_dir.expanduser() / store_doctor.DB_NAME
+    if not path.exists():
+        where = f"in {path.parent}" if not database else f"at {path}"
+        raise CliError(f"no ctxd database {where} (give --data-dir DIR or --database FILE)", EXIT_USAGE)
+
+    report = store_doctor.check(path)
+    result = None
+    failure: str | None = None
+    if recover:
+        try:
+            result = store_doctor.recover(path)
+        except store_doctor.DoctorError as exc:
+            failure = str(exc)
+    running = False
+    if not database:
+        try:
+            running = daemon_listening(settings.socket_path)
+        except Exception:  # a bad socket setting must not stop a check that does not need it
+            running = False
+    now = datetime.now(timezone.utc)
+    steps = store_doctor.switch_steps(path, Path(result.path), now) if result is not None else []
+
+    if settings.json:
+        render.print_json({"database": str(path), "ok": report.ok, "check": report.to_json(),
+                           "recovery": result.to_json() if result is not None else None,
+                           "recoveryError": failure, "switch": steps, "daemonRunning": running})
+    else:
+        render.fields(check_pairs(report), title="ctxd doctor")
+        render.line("")
+        if report.ok:
+            render.line(render.Styled("healthy: no problems found", "bold green"))
+        else:
+            render.line(render.Styled(f"{render.count(len(report.problems), 'problem')} found", "bold red"))
+        if failure is not None:
+            render.line(render.Styled("recovery failed:", "bold red"), failure)
+        elif result is not None:
+            render.line("")
+            render.fields(recovery_pairs(result), title="Recovery (the old file was not changed)")
+            render.line("")
+            render.line(render.Styled("To switch to the recovered database:", "bold"))
+            stop = ("ctxd-cli daemon stop" + (f"   (a daemon is listening on {settings.socket_path})" if running
+                                             else "   (if one is running)"))
+            for i, step in enumerate([stop, *steps, "ctxd-cli daemon start   (or any command)"], start=1):
+                render.line(f"  {i}. {step}")
+            companions = [s for s in ("-wal", "-shm") if Path(str(path) + s).exists()]
+            render.line(f"The old database is kept as {store_doctor.damaged_name(path, now)}"
+                        + (f" (with its {' and '.join(companions)} files: they must move with it, never stay next to "
+                           "the new one)" if companions else "") + "; delete it once you are happy.")
+        elif not report.ok and report.sqlite:
+            render.line(f"To copy what can be read into a new file (the old one is kept): "
+                        f"ctxd-cli doctor --recover" + (f" --data-dir {path.parent}" if not database else
+                                                         f" --database {path}"))
+        if running and not report.ok and result is None:
+            render.note(f"a ctxd daemon is listening on {settings.socket_path}: it may be writing while this "
+                        "check reads")
+    if recover:
+        code = EXIT_OK if result is not None else EXIT_REFUSED
+    else:
+        code = EXIT_OK if report.ok else EXIT_REFUSED
+    if code:
+        raise click.exceptions.Exit(code)

@@ -1,0 +1,212 @@
+"""``ctxd-cli search`` and ``ctxd-cli history``: everything ever said, whatever compression did."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from ctxd.cli import render
+from ctxd.cli.main import EXIT_REFUSED, CliError, json_option, run, settings_of
+from ctxd.cli.sessions import complete_session_id, session_argument, sessions
+from ctxd.client import Client, RpcError
+from ctxd.protocol.errors import ErrorCode
+
+ROLES = ("user", "assistant", "system", "tool")
+PAGE = 50
+MAX_PAGE = 1000
+
+
+def hit_session(hit: dict[str, Any]) -> str:
+    title = hit.get("title")
+    return f"{hit['sessionId']} ({render.shorten(title, 40)})" if title else hit["sessionId"]
+
+
+@click.command("search")
+@click.argument("query", metavar="QUERY")
+@click.option("--session", "session_id", metavar="ID", shell_complete=complete_session_id,
+              help="Search only this session.")
+@click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True, metavar="N",
+              help="At most N hits, best first.")
+@click.option("--role", type=click.Choice(ROLES), help="Only messages of this role.")
+@click.option("--fts", is_flag=True, help="Pass QUERY to SQLite FTS5 as is: \"phrases\", OR, NOT, NEAR(), prefix*. "
+              "Without it every word must appear.")
+@json_option
+@click.pass_context
+def search(ctx: click.Context, query: str, session_id: str | None, limit: int, role: str | None, fts: bool) -> None:
+    """Full-text search over every session's whole history (or one session's).
+
+    \b
+      ctxd-cli search "database migration"
+      ctxd-cli search 'auth* NOT oauth' --fts --session s1 --role user
+    """
+    settings = settings_of(ctx)
+    params: dict[str, Any] = {"query": query, "limit": limit, "syntax": "fts" if fts else "words"}
+    if session_id is not None:
+        params["sessionId"] = session_id
+    if role is not None:
+        params["role"] = role
+    started = time.monotonic()
+
+    async def work(client: Client) -> Any:
+        try:
+            return await client.request("session/search", params)
+        except RpcError as exc:
+            if fts and exc.code in (ErrorCode.InvalidParams, ErrorCode.StorageError):
+                raise CliError(f"{exc.message} ({exc.code}); with --fts the query is FTS5 syntax: close quotes and "
+                               "parentheses, or drop --fts to search for the words", EXIT_REFUSED) from None
+            raise
+
+    result = run(settings, work)
+    elapsed_ms = (time.monotonic() - started) * 1000
+    if settings.json:
+        render.print_json(result)
+        return
+    hits = result["hits"]
+    if hits:
+        render.table(
+            [render.Column("SESSION"), render.Column("SEQ", "right"), render.Column("ROLE"),
+             render.Column("WHEN"), render.Column("MATCH")],
+            ([hit_session(h), str(h["seq"]), h["role"], render.ago(h.get("createdAt")),
+              render.Marked(" ".join(h["snippet"].split()))] for h in hits))
+    where = f" in session {session_id}" if session_id else ""
+    more = " (the limit; --limit N for more)" if len(hits) == limit else ""
+    render.note(f"{render.count(len(hits), 'hit')}{where}{more}: searched in {result.get('tookMs', 0):.1f} ms "
+                f"({elapsed_ms:.0f} ms with the round trip)")
+
+
+sessions.alias("search", search)  # seed 003 says ``sessions search``
+
+
+def _marker(record: dict[str, Any]) -> list[Any]:
+    layers = "+".join(record.get("layers") or [])
+    checkpoints = record.get("checkpointIds") or []
+    text = (f"-- compression #{record.get('number')} ({record.get('trigger')}): "
+            f"{render.num(record.get('beforeTokens'))} -> {render.num(record.get('afterTokens'))} tokens, {layers}"
+            + (f", checkpoint {', '.join(checkpoints)}" if checkpoints else "")
+            + (f", {record['summarizer']}" if record.get("summarizer") else "") + " --")
+    return ["", render.Styled(render.ago(record.get("at")), "dim"), "", "", "", render.Styled(text, "bold yellow")]
+
+
+def _event_marker(event: dict[str, Any]) -> list[Any]:
+    detail = event.get("detail") or {}
+    kind = str(event.get("kind"))
+    if kind == "restore":
+        text = f"-- restored snapshot {detail.get('snapshotId')}"
+        rolled = detail.get("rolledBack")
+        if isinstance(rolled, list) and len(rolled) == 2:
+            text += f", seq {render.seq_range(rolled[0], rolled[1])} rolled back"
+        if detail.get("backupSnapshotId"):
+            text += f" (backup {detail['backupSnapshotId']})"
+    else:
+        text = f"-- {kind}" + (" " + render.shorten(", ".join(f"{k}={v}" for k, v in detail.items()), 80)
+                               if detail else "")
+    return ["", render.Styled(render.ago(event.get("at")), "dim"), "", "", "",
+            render.Styled(f"{text} --", "bold cyan")]
+
+
+def history_rows(messages: list[dict[str, Any]], compressions: list[dict[str, Any]],
+                 events: list[dict[str, Any]], width: int) -> list[list[Any]]:
+    """Messages in order, with a marker line where each compression happened (by time)
+    and after the message each event names (restores, settings changes)."""
+    pending = sorted(compressions, key=lambda c: c.get("at") or "")
+    first_seq = messages[0]["seq"] if messages else 0
+    by_seq: dict[int, list[dict[str, Any]]] = {}
+    rows: list[list[Any]] = []
+    for event in events:
+        seq = int(event.get("lastSeq", 0))
+        if seq < first_seq:
+            rows.append(_event_marker(event))
+        else:
+            by_seq.setdefault(seq, []).append(event)
+    for m in messages:
+        while pending and (pending[0].get("at") or "") < (m.get("createdAt") or ""):
+            rows.append(_marker(pending.pop(0)))
+        flags = [f for f in ("pruned", "filtered") if m.get(f)]
+        state = str(m.get("status", "?"))
+        rows.append([str(m["seq"]), render.ago(m.get("createdAt")), str(m["message"].get("role", "?")),
+                     render.num(m.get("tokens")),
+                     render.Styled(state + (f" ({', '.join(flags)})" if flags else ""),
+                                   render.STATUS_STYLES.get(state, "")),
+                     render.message_preview(m["message"], width)])
+        for event in by_seq.pop(m["seq"], []):
+            rows.append(_event_marker(event))
+    rows += [_marker(record) for record in pending]
+    for seq in sorted(by_seq):
+        rows += [_event_marker(event) for event in by_seq[seq]]
+    return rows
+
+
+@click.command("history")
+@session_argument
+@click.option("--from", "from_seq", type=click.IntRange(min=1), default=1, show_default=True, metavar="SEQ",
+              help="Start at this sequence number.")
+@click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=PAGE, show_default=True, metavar="N",
+              help="Messages per page.")
+@click.option("--all", "all_pages", is_flag=True, help="Every page to the end, not just one.")
+@json_option
+@click.pass_context
+def history(ctx: click.Context, session_id: str, from_seq: int, limit: int, all_pages: bool) -> None:
+    """SESSION's whole history: every message as pushed, with where it stands now.
+
+    Status: context (sent to the model), kept (behind the compression boundary but
+    sent verbatim: user messages, pins), compressed (stands in a checkpoint; see
+    `ctxd-cli expand`), rolled_back (after a restored snapshot). Compression points
+    and restores are shown where they happened.
+    """
+    settings = settings_of(ctx)
+    previous = {"at": ""}  # when the message before --from was pushed
+
+    async def work(client: Client) -> dict[str, Any]:
+        params = {"sessionId": session_id, "fromSeq": from_seq, "limit": limit}
+        page = await client.request("session/history", params)
+        merged = dict(page)
+        if from_seq > 1:  # compressions and events come with the first page only
+            first = await client.request("session/history", {"sessionId": session_id, "fromSeq": 1, "limit": 1})
+            merged["compressions"] = first.get("compressions", [])
+            merged["events"] = first.get("events", [])
+            before = await client.request("session/history", {"sessionId": session_id, "fromSeq": from_seq - 1,
+                                                              "limit": 1})
+            previous["at"] = before["messages"][0].get("createdAt", "") if before["messages"] else ""
+        messages = list(page["messages"])
+        while all_pages and page.get("nextSeq") is not None:
+            page = await client.request("session/history", {**params, "fromSeq": page["nextSeq"],
+                                                             "limit": MAX_PAGE})
+            messages += page["messages"]
+        merged["messages"] = messages
+        merged["nextSeq"] = page.get("nextSeq")
+        return merged
+
+    result = run(settings, work)
+    if settings.json:
+        render.print_json(result)
+        return
+    messages = result["messages"]
+    compressions = result.get("compressions") or []
+    events = result.get("events") or []
+    if messages and (from_seq > 1 or result.get("nextSeq") is not None):
+        # Only the compressions and events of this page: a compression shows before the
+        # first message pushed after it, an event after the message it names.
+        hi = messages[-1]["seq"]
+        last_at = messages[-1].get("createdAt") or ""
+        last_page = result.get("nextSeq") is None
+        compressions = [c for c in compressions if (c.get("at") or "") >= previous["at"]
+                        and (last_page or (c.get("at") or "") < last_at)]
+        events = [e for e in events if (from_seq == 1 or int(e.get("lastSeq", 0)) >= from_seq)
+                  and (last_page or int(e.get("lastSeq", 0)) <= hi)]
+    width = 100 if not render.is_terminal() else max(render.console().width - 50, 30)
+    rows = history_rows(messages, compressions, events, width)
+    if not rows:
+        render.note(f"session {session_id} has no messages" + (f" from seq {from_seq}" if from_seq > 1 else ""))
+        return
+    render.table([render.Column("SEQ", "right"), render.Column("WHEN"), render.Column("ROLE"),
+                  render.Column("TOKENS", "right"), render.Column("STATUS"), render.Column("MESSAGE")], rows)
+    counts: dict[str, int] = {}
+    for m in messages:
+        counts[m.get("status", "?")] = counts.get(m.get("status", "?"), 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    tail = (f"; next page: ctxd-cli history {session_id} --from {result['nextSeq']}"
+            if result.get("nextSeq") is not None else "")
+    render.note(f"{render.count(len(messages), 'message')} of {render.num(result.get('messageCount'))} "
+                f"({summary}){tail}")
