@@ -15,7 +15,7 @@ import os
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Union, get_type_hints
+from typing import Any, Literal, get_type_hints
 
 import msgspec
 import platformdirs

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, json_option, settings_of
+from ctxd.cli.main import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, _set_json, settings_of
 
 CHECK_LABELS = (("file", "file"), ("integrity", "integrity"), ("schema", "schema"), ("search", "search index"),
                 ("consistency", "session totals"))
@@ -64,8 +64,8 @@ def check_pairs(report: Any) -> list[tuple[str, Any]]:
         elif state == "skipped":
             value = render.Styled("not checked", "dim")
         else:
-            value = render.Styled(f"{len(by_check.get(key, []))} problem(s)" if state == "problems" else "failed",
-                                  "bold red")
+            found = render.count(len(by_check.get(key, [])), "problem")
+            value = render.Styled(found if state == "problems" else "failed", "bold red")
         pairs.append((label, value))
         for message in by_check.get(key, []):
             pairs.append(("", f"- {message}"))
@@ -86,7 +86,8 @@ def recovery_pairs(result: Any) -> list[tuple[str, Any]]:
         elif t.expected is None and t.unreadable:
             parts.append("an unknown number lost")
         if t.unreadable:
-            ranges = ", ".join(render.seq_range(lo, hi) if hi < (1 << 62) else f"{lo}-end" for lo, hi in t.unreadable[:5])
+            ranges = ", ".join(render.seq_range(lo, hi) if hi < (1 << 62) else f"{lo}-end"
+                               for lo, hi in t.unreadable[:5])
             more = f" and {len(t.unreadable) - 5} more" if len(t.unreadable) > 5 else ""
             parts.append(f"unreadable rowids {ranges}{more}")
         if t.damaged:
@@ -114,7 +115,8 @@ def recovery_pairs(result: Any) -> list[tuple[str, Any]]:
               help="Check this database file instead (e.g. a recovered one before switching to it).")
 @click.option("--recover", is_flag=True, help="Copy everything readable into a new file next to the old one "
               "(ctxd.recovered-<UTC time>.db), which is left untouched, and say how to switch.")
-@json_option
+@click.option("--json", "json_", is_flag=True, expose_value=False, callback=_set_json,
+              help="Print the report (and the recovery's) as JSON, and nothing else, on stdout.")
 @click.pass_context
 def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recover: bool) -> None:
     """Check ctxd's database without a daemon; with --recover, save what can be read.
@@ -189,9 +191,9 @@ def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recov
                         + (f" (with its {' and '.join(companions)} files: they must move with it, never stay next to "
                            "the new one)" if companions else "") + "; delete it once you are happy.")
         elif not report.ok and report.sqlite:
-            render.line(f"To copy what can be read into a new file (the old one is kept): "
-                        f"ctxd-cli doctor --recover" + (f" --data-dir {path.parent}" if not database else
-                                                         f" --database {path}"))
+            render.line("To copy what can be read into a new file (the old one is kept): "
+                        "ctxd-cli doctor --recover" + (f" --data-dir {path.parent}" if not database else
+                                                        f" --database {path}"))
         if running and not report.ok and result is None:
             render.note(f"a ctxd daemon is listening on {settings.socket_path}: it may be writing while this "
                         "check reads")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -100,8 +101,12 @@ def _event_marker(event: dict[str, Any]) -> list[Any]:
         if detail.get("backupSnapshotId"):
             text += f" (backup {detail['backupSnapshotId']})"
     else:
-        text = f"-- {kind}" + (" " + render.shorten(", ".join(f"{k}={v}" for k, v in detail.items()), 80)
-                               if detail else "")
+        flat: list[str] = []
+        for key, value in detail.items():  # {"settings": {"autoCompress": false}} -> autoCompress=false
+            items = value.items() if isinstance(value, dict) else [(key, value)]
+            flat += [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in items]
+        text = f"-- {kind}" + (" changed" if kind == "settings" else "") + \
+            (": " + render.shorten(", ".join(flat), 100) if flat else "")
     return ["", render.Styled(render.ago(event.get("at")), "dim"), "", "", "",
             render.Styled(f"{text} --", "bold cyan")]
 

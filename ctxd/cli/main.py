@@ -378,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _register() -> None:
-    from ctxd.cli import context, daemon, doctor, history, prompt, push, replay, sessions, snapshots, stats, transfer, watch
+    from ctxd.cli import (context, daemon, doctor, history, prompt, push, replay, sessions, snapshots, stats,
+                          transfer, watch)
 
     for command in (sessions.sessions, push.push, prompt.prompt, stats.stats, history.history, history.search,
                     context.compress, context.checkpoints, context.expand, context.pin, context.goal,

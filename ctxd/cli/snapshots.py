@@ -32,7 +32,8 @@ def complete_snapshot_id(ctx: click.Context, param: click.Parameter, incomplete:
         return []
     result = completion_request(ctx, "snapshot/list", {"sessionId": session_id})
     snapshots = result["snapshots"] if isinstance(result, dict) else []
-    return [CompletionItem(s["snapshotId"], help=f"{s.get('trigger')} {s.get('createdAt')} {s.get('label') or ''}".strip())
+    return [CompletionItem(s["snapshotId"],
+                           help=f"{s.get('trigger')} {s.get('createdAt')} {s.get('label') or ''}".strip())
             for s in snapshots if s["snapshotId"].startswith(incomplete)]
 
 

@@ -197,7 +197,8 @@ class LiveState:
             self.reliability = rel
             level = str(rel.get("level"))
             change = f"{p['previousLevel']} → {level}" if p.get("previousLevel") else level
-            self.add(at, "reliability", f"{change} (score {rel.get('score')})", render.RELIABILITY_STYLES.get(level, ""))
+            self.add(at, "reliability", f"{change} (score {rel.get('score')})",
+                     render.RELIABILITY_STYLES.get(level, ""))
             return False
         if method == "checkpoint/created":
             c = p.get("checkpoint") or {}
@@ -290,7 +291,7 @@ def render_live(state: LiveState) -> "RenderableType":
     if state.last_update:
         footer += f" · last update {state.last_update}"
     parts += [Text(""), Text(footer, style="dim")]
-    label = state.session_id + (f" · {state.title}" if state.title else "") + (f" · {state.model}" if state.model else "")
+    label = " · ".join(part for part in (state.session_id, state.title, state.model) if part)
     return Panel(Group(*parts), title=Text(label, style="bold"), title_align="left",
                  subtitle="Ctrl-C to stop" if not state.deleted else "session deleted", subtitle_align="right")
 

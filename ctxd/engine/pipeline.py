@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ctxd.engine.checkpoints import measure, new_id, render_checkpoint, truncation_notice
+from ctxd.engine.checkpoints import measure, new_id, truncation_notice
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, never_compressed
 from ctxd.engine.extract import extract
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens

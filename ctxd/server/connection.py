@@ -30,6 +30,7 @@ from pygls.server import JsonRPCServer
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.server.framing import FrameError, FrameReader
+from ctxd.store.db import REQUEST_CANCELLED
 
 if TYPE_CHECKING:
     from ctxd.server.app import App
@@ -142,7 +143,7 @@ class CtxdProtocol(JsonRPCProtocol):
     def cancel(self, msg_id: Any) -> None:
         future = self._request_futures.get(msg_id)
         if future is not None:
-            future.cancel()
+            cancel_request(future)
 
     # --- outbound --------------------------------------------------------------------
 
@@ -205,6 +206,15 @@ class _ConnectionServer(JsonRPCServer):
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         log.debug("%s: %s", getattr(source, "__name__", source), error)
+
+
+def cancel_request(future: Any) -> None:
+    """Cancel a request in flight as its client's doing: a write it already started
+    still completes and answers (see ``Database.write``)."""
+    if isinstance(future, asyncio.Future):
+        future.cancel(msg=REQUEST_CANCELLED)
+    else:
+        future.cancel()
 
 
 def _valid_id(value: Any) -> bool:
@@ -273,7 +283,7 @@ class Connection:
             return
         self.closed.set()
         for future in list(self.protocol._request_futures.values()):
-            future.cancel()
+            cancel_request(future)
         self.writer.close()
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()

@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_GROUP = 256
+#: What a request's task is cancelled with when its client cancels it or goes away
+#: (``Task.cancel(msg=REQUEST_CANCELLED)``). A write of that request that already
+#: started still commits and its result is returned, so the request is answered with
+#: what it did. Any other cancellation (a background task being stopped, shutdown)
+#: waits for a started write to commit and then propagates.
+REQUEST_CANCELLED = "ctxd: request cancelled by its client"
 
 
 class StoreOpenError(Exception):
@@ -185,9 +191,11 @@ class Database:
     async def write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(conn, *args, **kwargs)`` inside the writer's next transaction; return once committed.
 
-        Cancelling the caller before the job starts withdraws it; once it has started,
-        it commits and the caller still gets its result, so a cancelled request never
-        leaves the client unsure whether something was stored.
+        Cancelling the caller before the job starts withdraws it. Once it has started it
+        commits, and then: a request cancelled by its client (``REQUEST_CANCELLED``) still
+        gets its result, so a cancelled request never leaves the client unsure whether
+        something was stored; any other cancellation propagates, so a background task
+        stopped by cancelling it does stop (instead of carrying on past the cancel).
         """
         if self._writer_task is None:
             raise CtxdError(ErrorCode.StorageError, "database is closed")
@@ -197,11 +205,17 @@ class Database:
         self._queue.put_nowait(job)
         try:
             return await asyncio.shield(job.future)
-        except asyncio.CancelledError:
-            if job.started:
-                return await job.future
-            job.cancelled = True
-            raise
+        except asyncio.CancelledError as cancel:
+            if not job.started:
+                job.cancelled = True
+                raise
+            result = await job.future
+            if cancel.args[:1] != (REQUEST_CANCELLED,):
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the cancellation is consumed: the request took effect
+            return result
 
     async def _writer_loop(self) -> None:
         try:

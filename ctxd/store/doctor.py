@@ -99,9 +99,12 @@ def _uri(path: Path) -> str:
 
 
 def open_readonly(path: Path) -> sqlite3.Connection:
-    """The file opened read-only: nothing this connection does can change it."""
+    """The file opened read-only (nothing this connection does can change it), inside one
+    read transaction: with a daemon writing meanwhile, every query still sees the same
+    moment."""
     conn = sqlite3.connect(_uri(path), uri=True, isolation_level=None)
     conn.execute("PRAGMA query_only = ON")
+    conn.execute("BEGIN")
     return conn
 
 
@@ -189,14 +192,17 @@ def check(path: str | os.PathLike[str]) -> Report:
 def _check_open(conn: sqlite3.Connection, path: Path, report: Report) -> None:
     # Integrity: every page, index and constraint SQLite can verify.
     try:
-        rows = [str(r[0]) for r in conn.execute(f"PRAGMA integrity_check({INTEGRITY_ROWS})").fetchall()]
+        # One row may hold several lines ("*** in database main ***\nPage 12: ..."): one problem each.
+        rows = [line for r in conn.execute(f"PRAGMA integrity_check({INTEGRITY_ROWS})").fetchall()
+                for line in str(r[0]).splitlines() if line.strip() and not line.startswith("***")]
     except sqlite3.DatabaseError as exc:
-        rows = [f"cannot run the integrity check: {exc}"]
+        # The whole-file check gave up: check table by table to say where the damage is.
+        rows = _per_table_integrity(conn) or [f"the integrity check cannot run: {exc}"]
     report.integrity = rows
     if rows == ["ok"]:
         report.checks["integrity"] = "ok"
     else:
-        _listed(report, "integrity", rows, len(rows) if len(rows) < INTEGRITY_ROWS else None)
+        _listed(report, "integrity", rows)
 
     # Schema version.
     try:
@@ -229,11 +235,43 @@ def _check_open(conn: sqlite3.Connection, path: Path, report: Report) -> None:
     _check_consistency(conn, report, tables)
 
 
+def _per_table_integrity(conn: sqlite3.Connection) -> list[str]:
+    try:
+        tables = [name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%' ORDER BY name")]
+    except sqlite3.DatabaseError:
+        return []
+    found: list[str] = []
+    for table in tables:
+        try:
+            rows = [str(r[0]) for r in conn.execute(f'PRAGMA integrity_check("{table}")').fetchall()]
+        except sqlite3.DatabaseError as exc:
+            found.append(f"table {table}: {exc} (pages of it cannot be read)")
+            continue
+        found += [f"table {table}: {line}" for row in rows if row != "ok" for line in row.splitlines()
+                  if line.strip() and not line.startswith("***")]
+    return found
+
+
 def _check_search(conn: sqlite3.Connection, report: Report, tables: set[str]) -> None:
     """FTS5's own integrity check, on a temporary copy (it is a write statement, and the
     original is only ever opened read-only)."""
     if "messages_fts" not in tables:
         report.checks["search"] = "skipped"
+        return
+    import shutil
+
+    tmpdir = tempfile.gettempdir()
+    try:
+        needed = (report.size or 0) + sum(Path(report.path + s).stat().st_size for s in ("-wal",)
+                                           if Path(report.path + s).exists())
+        room = shutil.disk_usage(tmpdir).free
+    except OSError:
+        needed, room = 0, 1
+    if needed * 1.1 > room:
+        report.checks["search"] = "skipped"
+        report.notes.append(f"search index not checked: it is checked on a copy, and {tmpdir} has no room for one "
+                            "(set TMPDIR to a roomier directory)")
         return
     try:
         with tempfile.TemporaryDirectory(prefix="ctxd-doctor-") as tmp:
@@ -331,8 +369,8 @@ class TableRecovery:
 
     def to_json(self) -> dict[str, Any]:
         return {"table": self.table, "copied": self.copied, "expected": self.expected, "lost": self.lost,
-                "unreadable": [[lo, hi if hi < MAX_ROWID else None] for lo, hi in self.unreadable], "damaged": self.damaged, "orphans": self.orphans,
-                "error": self.error}
+                "unreadable": [[lo, hi if hi < MAX_ROWID else None] for lo, hi in self.unreadable],
+                "damaged": self.damaged, "orphans": self.orphans, "error": self.error}
 
 
 @dataclass
