@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import signal
 import socket
+import sqlite3
 import stat
 import sys
 import textwrap
@@ -28,6 +30,7 @@ from tests.e2e.helpers import (
     run_ctxd,
     short_dir,
     user,
+    wait_for,
 )
 
 
@@ -464,3 +467,75 @@ def test_idle_exit(daemon_factory):
     asyncio.run(visit())
     assert daemon.wait(60) == 0
     assert not daemon.socket_path.exists()
+
+
+def _sql(path, query: str, write: bool = False):
+    conn = sqlite3.connect(f"file:{path}" + ("" if write else "?mode=ro"), uri=True, timeout=30)
+    try:
+        row = conn.execute(query).fetchone()
+        conn.commit()
+        return row
+    finally:
+        conn.close()
+
+
+async def test_sigterm_while_search_index_catches_up(daemon_factory):
+    """Stopping a background task by cancelling it must work even while it waits on a
+    write that has started (regression: the search indexer swallowed the cancel and the
+    daemon never exited). The index is reset in the file so the restarted daemon has a
+    long catch-up to be interrupted in."""
+    daemon = daemon_factory(name="idx")
+    client = await connect(daemon)
+    await client.request("session/create", {"sessionId": "s", "contextWindow": 10_000_000})
+    for k in range(4):
+        await client.request("session/push", {"sessionId": "s", "messages": [
+            user(f"message {k} {i} about topic {i % 97}") for i in range(10_000)]})
+    await client.close()
+    assert daemon.stop() == 0
+    db = daemon.data_dir / "ctxd.db"
+    _sql(db, "DELETE FROM messages_fts", write=True)
+    _sql(db, "UPDATE search_state SET indexed_through = 0", write=True)
+
+    daemon.start()
+    wait_for(lambda: _sql(db, "SELECT indexed_through FROM search_state")[0] > 0, interval=0.005,
+             what="the search index to catch up")
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.wait(60) == 0
+    assert "Traceback" not in daemon.stderr_text()
+
+
+async def test_cancel_racing_the_write_is_all_or_nothing(daemon):
+    """``$/cancelRequest`` sent at varying moments behind small pushes lands before,
+    during or after their write. Whatever happens, each push is answered exactly once;
+    one answered with a result is stored, one answered -32800 is not, and the session's
+    totals agree with the database."""
+    client = await daemon.client()
+    sid = "cancel-race"
+    await client.result("session/create", {"sessionId": sid, "contextWindow": 10_000_000})
+    rng = random.Random(7)
+    texts = {}
+    for i in range(150):
+        texts[i] = f"push {i} " + "w " * rng.randint(1, 400)
+        await client.send_raw(request_frame(i, "session/push", {"sessionId": sid, "messages": [user(texts[i])]}))
+        if rng.random() < 0.5:
+            await asyncio.sleep(rng.random() * 0.004)
+        await client.send({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": i}})
+    answers = {}
+    while len(answers) < len(texts):
+        message = await client.next_message()
+        if "method" in message:
+            continue
+        assert message["id"] not in answers, f"push {message['id']} answered twice"
+        answers[message["id"]] = message
+    stored_ids = sorted(i for i, m in answers.items() if "result" in m)
+    for i, m in answers.items():
+        assert "result" in m or m["error"]["code"] == -32800, m
+    rows = db_rows(daemon.data_dir, sid)
+    assert [body["content"] for _, body, _ in rows] == [texts[i] for i in stored_ids]
+    assert [seq for seq, _, _ in rows] == list(range(1, len(stored_ids) + 1))
+    assert sorted(answers[i]["result"]["messages"][0]["seq"] for i in stored_ids) == list(
+        range(1, len(stored_ids) + 1))
+    info = await client.result("session/get", {"sessionId": sid})
+    assert info["messageCount"] == info["lastSeq"] == len(rows)
+    assert info["tokenCount"] == sum(answers[i]["result"]["messages"][0]["tokens"] for i in stored_ids)
+    await client.close()
