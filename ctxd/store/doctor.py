@@ -820,7 +820,9 @@ def _repair_sessions(out: sqlite3.Connection, result: RecoveryResult) -> None:
             continue
         out.execute("UPDATE sessions SET message_count = ?, token_count = ?, last_seq = ?, stats = ? WHERE id = ?",
                     (real_count, real_tokens, new_last, _recompute_stats(out, sid, stats).decode(), sid))
-        if sid not in rebuilt:
+        if sid in rebuilt:  # its whole history is its context until the daemon compresses it
+            out.execute("UPDATE sessions SET context_tokens = ? WHERE id = ?", (real_tokens, sid))
+        else:
             result.sessions_recomputed.append(sid)
 
 
