@@ -113,9 +113,9 @@ def _event_marker(event: dict[str, Any]) -> list[Any]:
 
 def history_rows(messages: list[dict[str, Any]], compressions: list[dict[str, Any]],
                  events: list[dict[str, Any]], width: int) -> list[list[Any]]:
-    """Messages in order, with a marker line where each compression happened (by time)
-    and after the message each event names (restores, settings changes)."""
-    pending = sorted(compressions, key=lambda c: c.get("at") or "")
+    """Messages in order, with a marker line after the message each compression and each
+    event (restores, settings changes) happened at."""
+    pending = sorted(compressions, key=lambda c: (int(c.get("lastSeq", 0)), c.get("number", 0)))
     first_seq = messages[0]["seq"] if messages else 0
     by_seq: dict[int, list[dict[str, Any]]] = {}
     rows: list[list[Any]] = []
@@ -126,7 +126,7 @@ def history_rows(messages: list[dict[str, Any]], compressions: list[dict[str, An
         else:
             by_seq.setdefault(seq, []).append(event)
     for m in messages:
-        while pending and (pending[0].get("at") or "") < (m.get("createdAt") or ""):
+        while pending and int(pending[0].get("lastSeq", 0)) < m["seq"]:
             rows.append(_marker(pending.pop(0)))
         flags = [f for f in ("pruned", "filtered") if m.get(f)]
         state = str(m.get("status", "?"))
@@ -161,7 +161,6 @@ def history(ctx: click.Context, session_id: str, from_seq: int, limit: int, all_
     and restores are shown where they happened.
     """
     settings = settings_of(ctx)
-    previous = {"at": ""}  # when the message before --from was pushed
 
     async def work(client: Client) -> dict[str, Any]:
         params = {"sessionId": session_id, "fromSeq": from_seq, "limit": limit}
@@ -171,9 +170,6 @@ def history(ctx: click.Context, session_id: str, from_seq: int, limit: int, all_
             first = await client.request("session/history", {"sessionId": session_id, "fromSeq": 1, "limit": 1})
             merged["compressions"] = first.get("compressions", [])
             merged["events"] = first.get("events", [])
-            before = await client.request("session/history", {"sessionId": session_id, "fromSeq": from_seq - 1,
-                                                              "limit": 1})
-            previous["at"] = before["messages"][0].get("createdAt", "") if before["messages"] else ""
         messages = list(page["messages"])
         while all_pages and page.get("nextSeq") is not None:
             page = await client.request("session/history", {**params, "fromSeq": page["nextSeq"],
@@ -191,15 +187,16 @@ def history(ctx: click.Context, session_id: str, from_seq: int, limit: int, all_
     compressions = result.get("compressions") or []
     events = result.get("events") or []
     if messages and (from_seq > 1 or result.get("nextSeq") is not None):
-        # Only the compressions and events of this page: a compression shows before the
-        # first message pushed after it, an event after the message it names.
+        # Only the compressions and events of this page: each shows after the message it
+        # happened at.
         hi = messages[-1]["seq"]
-        last_at = messages[-1].get("createdAt") or ""
         last_page = result.get("nextSeq") is None
-        compressions = [c for c in compressions if (c.get("at") or "") >= previous["at"]
-                        and (last_page or (c.get("at") or "") < last_at)]
-        events = [e for e in events if (from_seq == 1 or int(e.get("lastSeq", 0)) >= from_seq)
-                  and (last_page or int(e.get("lastSeq", 0)) <= hi)]
+
+        def here(seq: int) -> bool:
+            return (from_seq == 1 or seq >= from_seq) and (last_page or seq <= hi)
+
+        compressions = [c for c in compressions if here(int(c.get("lastSeq", 0)))]
+        events = [e for e in events if here(int(e.get("lastSeq", 0)))]
     width = 100 if not render.is_terminal() else max(render.console().width - 50, 30)
     rows = history_rows(messages, compressions, events, width)
     if not rows:

@@ -38,6 +38,8 @@ class CompressionRecord(msgspec.Struct, rename="camel", omit_defaults=True):
     number: int
     at: str
     trigger: str
+    last_seq: int
+    """History's newest message when the pass ran (where it happened in the conversation)."""
     layers: list[str]
     before_tokens: int
     after_tokens: int

@@ -30,8 +30,8 @@ class SessionCreateParams(msgspec.Struct, rename="camel", omit_defaults=True):
 
 
 class SessionUpdateParams(msgspec.Struct, rename="camel", omit_defaults=True):
-    """Change a session's descriptive fields or settings; fields left out stay as they are.
-    ``title: null`` clears the title (it is then taken from the first user message again)."""
+    """Change a session's descriptive fields or settings; fields left out stay as they are
+    (``settings`` is merged field by field). ``title: null`` clears the title."""
 
     session_id: str
     title: Union[str, None, msgspec.UnsetType] = msgspec.UNSET

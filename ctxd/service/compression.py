@@ -390,7 +390,8 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
         session_store.save_context(conn, state.id, context_state=encoded, context_tokens=state.row.context_tokens)
         if compressed:
             checkpoint_store.record_compression(
-                conn, state.id, at=now_iso(), trigger=run.trigger, layers=run.layers, before=run.before,
+                conn, state.id, at=now_iso(), trigger=run.trigger, last_seq=last_seq, layers=run.layers,
+                before=run.before,
                 after=after, checkpoint_ids=ids, summarizer=run.summarizer, duration_ms=duration,
                 detail={**run.detail, **({"fallback": run.fallback} if run.fallback else {})})
 
@@ -402,6 +403,7 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
         state.sync_figures()
         encoded = state.encoded_state()
         active = list(ctx.checkpoints)
+        last_seq = state.row.last_seq
         try:
             await svc.db.write(job)
         except CtxdError:

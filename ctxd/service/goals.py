@@ -38,6 +38,9 @@ async def set_goal(svc: Service, params: GoalSetParams) -> GoalResult:
         raise invalid_params("description must not be empty", "description")
     state = await svc.cache.get(params.session_id)
     goal = new_goal(params.description.strip(), now_iso(), params.priority)
+    if state.row.goal is not None:
+        # A new goal never loses a locked or architecture decision (seed 000).
+        goal.decisions = [d for d in state.row.goal.decisions if d.locked or d.architecture]
     merge_checkpoints(goal, params.checkpoints)
     merge_decisions(goal, params.decisions)
     return await _save(svc, state, goal)

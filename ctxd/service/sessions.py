@@ -118,7 +118,8 @@ async def update_session(svc: Service, params: SessionUpdateParams) -> SessionIn
             row.metadata = params.metadata
         context_changed = False
         if params.settings is not None:
-            row.settings = params.settings
+            given = {k: v for k, v in msgspec.structs.asdict(params.settings).items() if v is not None}
+            row.settings = msgspec.structs.replace(row.settings, **given)
             context_changed = True
         if params.context_window is not None:
             row.context_window = params.context_window

@@ -41,26 +41,28 @@ def get_checkpoint(conn: sqlite3.Connection, session_id: str, checkpoint_id: str
     return _decoder.decode(row[0]) if row else None
 
 
-def record_compression(conn: sqlite3.Connection, session_id: str, *, at: str, trigger: str, layers: list[str],
+def record_compression(conn: sqlite3.Connection, session_id: str, *, at: str, trigger: str, last_seq: int,
+                       layers: list[str],
                        before: int, after: int, checkpoint_ids: list[str], summarizer: str | None,
                        duration_ms: float, detail: dict[str, Any] | None = None) -> int:
     number = conn.execute("SELECT coalesce(max(number), 0) + 1 FROM compressions WHERE session_id = ?",
                           (session_id,)).fetchone()[0]
     conn.execute(
-        "INSERT INTO compressions (session_id, number, at, trigger_kind, layers, before_tokens, after_tokens, "
-        "checkpoint_ids, summarizer, duration_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (session_id, number, at, trigger, _encode(layers).decode(), before, after,
+        "INSERT INTO compressions (session_id, number, at, trigger_kind, last_seq, layers, before_tokens, "
+        "after_tokens, checkpoint_ids, summarizer, duration_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (session_id, number, at, trigger, last_seq, _encode(layers).decode(), before, after,
          _encode(checkpoint_ids).decode(), summarizer, duration_ms, _encode(detail).decode() if detail else None))
     return number
 
 
 def list_compressions(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     rows = conn.execute(
-        "SELECT number, at, trigger_kind, layers, before_tokens, after_tokens, checkpoint_ids, summarizer, "
-        "duration_ms, detail FROM compressions WHERE session_id = ? ORDER BY number", (session_id,))
+        "SELECT number, at, trigger_kind, last_seq, layers, before_tokens, after_tokens, checkpoint_ids, "
+        "summarizer, duration_ms, detail FROM compressions WHERE session_id = ? ORDER BY number", (session_id,))
     out = []
-    for number, at, trigger, layers, before, after, ids, summarizer, duration, detail in rows:
-        out.append({"number": number, "at": at, "trigger": trigger, "layers": msgspec.json.decode(layers),
+    for number, at, trigger, last_seq, layers, before, after, ids, summarizer, duration, detail in rows:
+        out.append({"number": number, "at": at, "trigger": trigger, "lastSeq": last_seq,
+                    "layers": msgspec.json.decode(layers),
                     "beforeTokens": before, "afterTokens": after, "checkpointIds": msgspec.json.decode(ids),
                     "summarizer": summarizer, "durationMs": duration,
                     "detail": msgspec.json.decode(detail) if detail else None})

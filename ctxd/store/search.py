@@ -72,7 +72,8 @@ def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = Non
     try:
         rows = conn.execute(sql, args).fetchall()
     except sqlite3.OperationalError as exc:
-        if "fts5" in str(exc) or "syntax" in str(exc) or "no such column" in str(exc):
+        text = str(exc).lower()
+        if any(k in text for k in ("fts5", "syntax", "no such column", "unterminated", "match")):
             raise QueryError(f"invalid search syntax: {exc}") from None
         raise
     return [Hit(sid, seq, r, created, snip, round(-score, 4), title, body)

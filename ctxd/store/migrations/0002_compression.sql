@@ -21,6 +21,7 @@ CREATE TABLE compressions (
     number          INTEGER NOT NULL,
     at              TEXT NOT NULL,
     trigger_kind    TEXT NOT NULL,
+    last_seq        INTEGER NOT NULL,      -- history's newest message when the pass ran
     layers          TEXT NOT NULL,
     before_tokens   INTEGER NOT NULL,
     after_tokens    INTEGER NOT NULL,
