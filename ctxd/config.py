@@ -163,7 +163,7 @@ class SnapshotsConfig(_Section):
     auto: bool = True
     """Take snapshots automatically (at the threshold, and before a compression)."""
     auto_threshold: float = 0.85
-    """Snapshot when the prompt reaches this share of the usable window."""
+    """Snapshot when the prompt reaches this share of the largest prompt that may be sent."""
     before_compression: bool = True
     """Snapshot before a compression pass when anything changed since the last snapshot,
     so every compression can be undone."""

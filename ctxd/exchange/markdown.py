@@ -19,7 +19,8 @@ from ctxd.exchange.document import from_header, header
 from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, tool_result_text
 
 SHOW_LINES = 60
-_COMMENT = re.compile(r"<!-- ctxd:(session|message) (.*?) -->", re.DOTALL)
+_COMMENT = re.compile(r"^<!-- ctxd:(session|message) (.*?) -->$", re.DOTALL | re.MULTILINE)
+_LOOKALIKE = re.compile(r"^(<!-- ctxd:)", re.MULTILINE)
 _ROLE = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 
 
@@ -63,6 +64,11 @@ def _call(name: str, arguments: str) -> str:
 
 def _html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _defuse(text: str) -> str:
+    """Message text quoting a ctxd export must not read as this document's data lines."""
+    return _LOOKALIKE.sub("\u200b\\1", text)
 
 
 def _body(m: Message, names: dict[str, str]) -> list[str]:
@@ -114,7 +120,7 @@ def export_markdown(doc: SessionDocument, exported_at: str) -> str:
         name = f" ({m.name})" if m.name else ""
         out += ["", f"<!-- ctxd:message {_hide({'seq': item.seq, 'createdAt': item.created_at, 'message': m})} -->",
                 f"### {_ROLE.get(m.role, m.role)}{name} · #{item.seq}{when}", ""]
-        out += ["\n\n".join(_body(m, names))]
+        out += [_defuse("\n\n".join(_body(m, names)))]
         for cp in ends.get(item.seq, ()):
             kind = cp.get("kind", "summary")
             out += ["", f"> **Compressed up to here** ({kind}, {cp.get('level', '')}): messages "

@@ -37,10 +37,11 @@ class SearchIndexer:
         self._wake.set()
 
     async def catch_up(self) -> None:
-        """Index everything stored so far (a search calls this first)."""
-        if not self._pending:
-            return
+        """Index everything stored so far (a search calls this first). A batch being
+        indexed in the background is waited for, not assumed done."""
         async with self._lock:
+            if not self._pending:
+                return
             self._pending = False
             while await self.db.write(index_pending, BATCH) == BATCH:
                 pass

@@ -97,11 +97,11 @@ async def auto_at_threshold(svc: Service, state: SessionState) -> None:
         return
     budget = svc.cache.budget(state)
     cstate = state.cstate
-    above = budget.prompt_tokens >= math.floor(cfg.auto_threshold * budget.usable)
+    above = budget.prompt_tokens >= math.floor(cfg.auto_threshold * budget.max_prompt_tokens)
     if above and cstate.snapshot_armed:
         cstate.snapshot_armed = False
         cstate.snapshot_seq = state.row.last_seq
-        await _take(svc, state, "auto", f"context at {budget.prompt_tokens}/{budget.usable} tokens")
+        await _take(svc, state, "auto", f"context at {budget.prompt_tokens}/{budget.max_prompt_tokens} tokens")
     elif not above and not cstate.snapshot_armed:
         cstate.snapshot_armed = True
 

@@ -73,9 +73,10 @@ def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = Non
         rows = conn.execute(sql, args).fetchall()
     except sqlite3.OperationalError as exc:
         text = str(exc).lower()
-        if any(k in text for k in ("fts5", "syntax", "no such column", "unterminated", "match")):
-            raise QueryError(f"invalid search syntax: {exc}") from None
-        raise
+        if any(k in text for k in ("locked", "disk", "i/o", "readonly", "corrupt", "malformed database")):
+            raise
+        # Anything else a MATCH query raises is about the query (FTS5 words its errors freely).
+        raise QueryError(f"invalid search syntax: {exc}") from None
     return [Hit(sid, seq, r, created, snip, round(-score, 4), title, body)
             for sid, seq, r, created, snip, score, title, body in rows]
 
