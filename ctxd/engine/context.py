@@ -17,6 +17,7 @@ and is what gets stored.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Union
 
 import msgspec
@@ -142,6 +143,12 @@ def _strip_tool_blocks(message: Message) -> Message | None:
     return msgspec.structs.replace(message, tool_calls=None) if message.tool_calls else message
 
 
+@lru_cache(maxsize=64)
+def _placeholder_tokens(count: Callable[[str], int], at: str) -> int:
+    """All outputs pruned at one time share one placeholder text: count it once."""
+    return count(PRUNED_TEXT.format(at=at))
+
+
 def _user_words(message: Message) -> Message:
     """A kept user message: its text, without the tool results it carried."""
     content = message.content
@@ -217,11 +224,11 @@ class ActiveContext:
         self.system_text = full
 
     def view_entry(self, entry: Entry, kept: bool, count: Callable[[str], int],
-                   protected: tuple[str, ...]) -> None:
+                   protected: tuple[str, ...], pinned_set: set[int] | None = None) -> None:
         state = self.state
         tokens = entry.tokens
         message = entry.message
-        pinned = entry.seq in self.pinned_set
+        pinned = entry.seq in (self.pinned_set if pinned_set is None else pinned_set)
         if pinned:
             entry.view, entry.view_tokens = message, tokens.context
             return
@@ -241,7 +248,7 @@ class ActiveContext:
                 at = state.pruned_at(entry.seq) or ""
                 placeholder = PRUNED_TEXT.format(at=at)
                 entry.view = _prune(message, placeholder)
-                per = count(placeholder)
+                per = _placeholder_tokens(count, at)
                 if message.role == "tool":
                     entry.view_tokens = tokens.overhead + per
                 else:
@@ -259,9 +266,9 @@ class ActiveContext:
         pinned = self.pinned_set
         used = pinned_tokens = 0
         for entry in self.kept:
-            self.view_entry(entry, True, count, protected)
+            self.view_entry(entry, True, count, protected, pinned)
         for entry in self.recent:
-            self.view_entry(entry, False, count, protected)
+            self.view_entry(entry, False, count, protected, pinned)
         for entry in self.kept + self.recent:
             if entry.seq in pinned:
                 pinned_tokens += entry.view_tokens
