@@ -113,7 +113,7 @@ class Entry:
         if message.role == "tool" and message.tool_call_id:
             results.append(message.tool_call_id)
         return cls(seq, message, tokens, tuple(calls), tuple(results), tuple(names),
-                   has_text and message.role == "user")
+                   has_text and message.role == "user" and not is_observation(message))
 
     @property
     def role(self) -> str:
@@ -121,6 +121,14 @@ class Entry:
 
 
 PRUNED_TEXT = "[Old tool result cleared by ctxd at {at}; the full output is in history]"
+
+
+def is_observation(message: Message) -> bool:
+    """A user-role message that carries tool output, not the user's words: agents that send
+    command results back as user messages (SWE-agent, mini-swe-agent's text protocol) mark
+    them ``metadata.observation: true`` (ctxd's importers do). They are compressed like
+    tool output instead of being kept verbatim."""
+    return bool(message.metadata) and message.metadata.get("observation") is True  # type: ignore[union-attr]
 
 
 def never_compressed(entry: "Entry") -> bool:

@@ -24,7 +24,6 @@ from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id, truncation_notice
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, never_compressed
-from ctxd.engine.extract import extract
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.protocol.compression import Checkpoint, ToolUse
 from ctxd.protocol.context import Budget
@@ -174,6 +173,8 @@ def prepare(selection: Selection, budget: Budget) -> Selection:
 def make_checkpoint(selection: Selection, summary: str, summarizer: str, *, now: str, number: int,
                     count: Callable[[str], int], kind: str = "summary") -> Checkpoint:
     """Stage 4: the checkpoint record, with seed 004's structured extraction."""
+    from ctxd.engine.extract import extract  # its regexes compile on first use, not at start-up
+
     facts = extract(selection.summary_input())
     cp = Checkpoint(
         id=new_id(), kind=kind, level=selection.level if kind == "summary" else "compact",  # type: ignore[arg-type]
@@ -191,6 +192,8 @@ def make_checkpoint(selection: Selection, summary: str, summarizer: str, *, now:
 def truncation_checkpoint(selection: Selection, *, now: str, number: int, count: Callable[[str], int]) -> Checkpoint:
     """The last resort: a checkpoint that only says what was left out (and where it is)."""
     summarized = set(selection.message_seqs)
+    from ctxd.engine.extract import extract
+
     removed = [e for e in selection.removed if e.seq in summarized]
     facts = extract([e.message for e in removed])
     earlier = selection.earlier_truncations

@@ -85,7 +85,10 @@ class Message(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown
 
     ``timestamp`` is an ISO 8601 string kept exactly as sent (it is validated, not
     reformatted). ``idempotencyKey`` makes a retried push harmless: the same key in the
-    same session returns the original result and stores nothing twice.
+    same session returns the original result and stores nothing twice. ``metadata`` is
+    free-form, except ``metadata.observation: true`` on a user message: it carries tool
+    output (agents that return command results as user messages), so it is compressed
+    like tool output instead of being kept verbatim as the user's words.
     """
 
     role: Role

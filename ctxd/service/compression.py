@@ -67,7 +67,6 @@ from ctxd.service.events import NullProgress, Progress
 from ctxd.service.state import SessionState, decode_stored
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import sessions as session_store
-from ctxd.summarize import SummaryRequest
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +244,8 @@ async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext,
     if strategy == "truncate":
         run.summarizer = "truncation"
         return truncation_checkpoint(selection, now=now_iso(), number=number, count=count)
+    from ctxd.summarize import SummaryRequest  # loads with the first compression, not at start-up
+
     stage("summarization", f"summarizing {selection.freed_tokens} tokens into ~{selection.target_tokens}")
     chain = svc.summarizers.chain(state.counter, state.row.model)
     request = SummaryRequest(messages=selection.summary_input(), level=selection.level,  # type: ignore[arg-type]
@@ -269,6 +270,8 @@ async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext,
 
 async def _resummarize(svc: Service, state: SessionState, texts: list[str], level: str, target: int,
                        goal: str | None) -> tuple[str, str] | None:
+    from ctxd.summarize import SummaryRequest
+
     chain = svc.summarizers.chain(state.counter, state.row.model)
     request = SummaryRequest(messages=[Message(role="assistant", content=t) for t in texts], level=level,  # type: ignore[arg-type]
                              target_tokens=target, goal=goal, kind="checkpoint_merge")

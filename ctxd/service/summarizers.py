@@ -9,12 +9,15 @@ the session's own tokens.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ctxd.config import Config
 from ctxd.llm.base import ChatBackend, ModelInfo
 from ctxd.llm.settings import BackendSettings
-from ctxd.summarize import ExtractiveSummarizer, LLMSummarizer, SummarizerChain
 from ctxd.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from ctxd.summarize import SummarizerChain
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,9 @@ class Summarizers:
         key = (counter.encoding, model)
         chain = self._chains.get(key)
         if chain is None:
+            # The summarizers load with the first compression, not at daemon start-up.
+            from ctxd.summarize import ExtractiveSummarizer, LLMSummarizer, SummarizerChain
+
             extractive = ExtractiveSummarizer(counter.count)
             if self.backend is not None and self.settings is not None and model:
                 settings = self.settings if self.settings.model == model else _with_model(self.settings, model)

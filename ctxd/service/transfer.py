@@ -14,10 +14,6 @@ from typing import Any
 import msgspec
 
 from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
-from ctxd.exchange.document import export_json, import_json
-from ctxd.exchange.jsonl import export_jsonl, import_jsonl, is_ctxd_jsonl
-from ctxd.exchange.markdown import export_markdown, import_markdown, is_ctxd_markdown
-from ctxd.importers import TranscriptError, load_transcripts_from_bytes
 from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.goal import Goal
@@ -62,6 +58,11 @@ async def export(svc: Service, params: ExportParams) -> ExportResult:
         settings=msgspec.to_builtins(row.settings), goal=msgspec.to_builtins(row.goal) if row.goal else None,
         checkpoints=[msgspec.to_builtins(cp) for cp in active], compressions=compressions, events=events,
     )
+    # The document formats load on first use, not at daemon start-up.
+    from ctxd.exchange.document import export_json
+    from ctxd.exchange.jsonl import export_jsonl
+    from ctxd.exchange.markdown import export_markdown
+
     now = now_iso()
     if params.format == "markdown":
         document = export_markdown(doc, now)
@@ -74,6 +75,11 @@ async def export(svc: Service, params: ExportParams) -> ExportResult:
 
 
 def _parse(params: ImportParams) -> tuple[list[SessionDocument], str, list[str]]:
+    from ctxd.exchange.document import import_json
+    from ctxd.exchange.jsonl import import_jsonl, is_ctxd_jsonl
+    from ctxd.exchange.markdown import import_markdown, is_ctxd_markdown
+    from ctxd.importers import TranscriptError, load_transcripts_from_bytes
+
     text = params.document
     fmt = params.format
     if fmt == "auto":

@@ -4,6 +4,8 @@ validation; truncation; and folding the user's words on overflow."""
 from __future__ import annotations
 
 import copy
+
+import msgspec
 import math
 
 import pytest
@@ -38,6 +40,7 @@ from ._engine_helpers import (
     a_call,
     a_result,
     assistant,
+    budget_of,
     count,
     entries,
     make_ctx,
@@ -46,6 +49,7 @@ from ._engine_helpers import (
     refresh,
     seqs,
     simple_budget,
+    system,
     user,
     words,
 )
@@ -697,3 +701,19 @@ def test_pinned_tool_result_is_sent_whole_not_summarized():
     summarized(ctx, sel)
     assert by_seq(ctx, 3).view is by_seq(ctx, 3).message
     render_all_valid(ctx)  # its call is summarized: the result is kept as text
+
+
+def test_system_messages_stay_and_observations_are_compressed():
+    """System messages are instructions: kept verbatim like the user's words. A user-role
+    message marked as an observation is tool output an agent sent as a user message."""
+    observation = msgspec.structs.replace(user(words(300, "output")), metadata={"observation": True})
+    messages = [system("Always answer in French."), user("fix the bug"), assistant(words(200)),
+                observation, assistant(words(200)), user("now the tests"), assistant("ok"),
+                user("thanks"), assistant("done"), user("bye"), assistant("ciao")]
+    ctx = make_ctx(messages)
+    sel = identify(ctx, budget_of(ctx), CompressionPolicy(keep_recent=5))
+    assert sel is not None
+    kept = {e.seq for e in sel.keep}
+    assert 1 in kept and 2 in kept           # the system message and the user's words stay
+    assert 4 not in kept                     # the observation goes into the checkpoint
+    assert 4 in sel.message_seqs and 1 not in sel.message_seqs
