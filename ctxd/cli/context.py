@@ -146,7 +146,7 @@ def checkpoint_pairs(c: dict[str, Any]) -> list[tuple[str, Any]]:
         ("checkpoint", c["id"]),
         ("kind", f"{c.get('kind')}, level {c.get('level')}"),
         ("stands for", f"seq {render.seq_range(c.get('seqFrom'), c.get('seqTo'))} "
-                       f"({render.count(len(c.get('messageSeqs') or []), 'message')})"),
+                       f"({render.count(sum(b - a + 1 for a, b in c.get('messageRanges') or []), 'message')})"),
         ("tokens", f"{render.num(c.get('tokens'))} for {render.num(c.get('originalTokens'))} original "
                    f"({render.percent(c.get('tokens', 0), c.get('originalTokens', 0))})"),
         ("made", f"{c.get('createdAt')} by {c.get('summarizer')} (compression #{c.get('compressionNumber')})"),

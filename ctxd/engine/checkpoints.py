@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ctxd.engine.policy import LEVELS, lower, target_tokens
-from ctxd.protocol.compression import Checkpoint, ToolUse
+from ctxd.protocol.compression import Checkpoint, merge_ranges, ToolUse
 
 SECTION_HEADER = (
     "## Earlier conversation, compressed by ctxd\n"
@@ -88,12 +88,13 @@ def merge_truncated(checkpoints: list[Checkpoint], max_checkpoints: int, count: 
     notices = [cp for cp in checkpoints if cp.kind == "truncated"]
     while len(notices) > max_checkpoints:
         first, second = notices[0], notices[1]
-        seqs = sorted(set(first.message_seqs) | set(second.message_seqs))
+        ranges = merge_ranges(first.message_ranges, second.message_ranges)
+        seqs = sum(high - low + 1 for low, high in ranges)
         files = list(dict.fromkeys(first.files_modified + second.files_modified))
         original = first.original_tokens + second.original_tokens
         cp = Checkpoint(
             id=new_id(), kind="truncated", level="compact", seq_from=first.seq_from, seq_to=second.seq_to,
-            message_seqs=seqs, summary=truncation_notice(first.seq_from, second.seq_to, len(seqs), original, files),
+            message_ranges=ranges, summary=truncation_notice(first.seq_from, second.seq_to, seqs, original, files),
             tokens=0, original_tokens=original, created_at=now, compressed_at=now,
             compression_number=second.compression_number, summarizer="truncation",
             compression_count=max(first.compression_count, second.compression_count) + 1,
@@ -133,7 +134,7 @@ def merged(first: Checkpoint, second: Checkpoint, summary: str, tokens: int, sum
     return Checkpoint(
         id=new_id(), kind="summary", level="ultra",
         seq_from=min(first.seq_from, second.seq_from), seq_to=max(first.seq_to, second.seq_to),
-        message_seqs=sorted(set(first.message_seqs) | set(second.message_seqs)),
+        message_ranges=merge_ranges(first.message_ranges, second.message_ranges),
         summary=summary, tokens=tokens, original_tokens=first.original_tokens + second.original_tokens,
         created_at=now, compressed_at=now, compression_number=number, summarizer=summarizer,
         compression_count=max(first.compression_count, second.compression_count) + 1,

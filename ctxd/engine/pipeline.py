@@ -25,7 +25,7 @@ from typing import Callable
 from ctxd.engine.checkpoints import measure, new_id, truncation_notice
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, never_compressed
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
-from ctxd.protocol.compression import Checkpoint, ToolUse
+from ctxd.protocol.compression import Checkpoint, ToolUse, merge_ranges, seq_ranges
 from ctxd.protocol.context import Budget
 from ctxd.protocol.message import Message, TextBlock
 
@@ -178,7 +178,7 @@ def make_checkpoint(selection: Selection, summary: str, summarizer: str, *, now:
     facts = extract(selection.summary_input())
     cp = Checkpoint(
         id=new_id(), kind=kind, level=selection.level if kind == "summary" else "compact",  # type: ignore[arg-type]
-        seq_from=selection.seq_from, seq_to=selection.cut_seq, message_seqs=selection.message_seqs,
+        seq_from=selection.seq_from, seq_to=selection.cut_seq, message_ranges=seq_ranges(selection.message_seqs),
         summary=summary, tokens=0, original_tokens=selection.freed_tokens, created_at=now,
         compression_number=number, summarizer=summarizer,
         key_decisions=facts.key_decisions, files_modified=facts.files_modified,
@@ -205,13 +205,13 @@ def truncation_checkpoint(selection: Selection, *, now: str, number: int, count:
     # One notice for everything left out (like the one folded checkpoint): the oldest
     # truncation checkpoint grows, keeping its id, instead of a new one per pass.
     oldest = earlier[0]
-    seqs = sorted({s for c in earlier for s in c.message_seqs} | summarized)
+    ranges = merge_ranges(seq_ranges(summarized), *(c.message_ranges for c in earlier))
     files = list(dict.fromkeys([f for c in earlier for f in c.files_modified] + facts.files_modified))
     tokens = selection.freed_tokens + sum(c.original_tokens for c in earlier)
-    notice = truncation_notice(oldest.seq_from, selection.cut_seq, len(seqs), tokens, files)
+    notice = truncation_notice(oldest.seq_from, selection.cut_seq, sum(b - a + 1 for a, b in ranges), tokens, files)
     cp = make_checkpoint(selection, notice, "truncation", now=now, number=number, count=count, kind="truncated")
     cp.id, cp.created_at, cp.compressed_at = oldest.id, oldest.created_at, now
-    cp.seq_from, cp.message_seqs, cp.original_tokens, cp.files_modified = oldest.seq_from, seqs, tokens, files
+    cp.seq_from, cp.message_ranges, cp.original_tokens, cp.files_modified = oldest.seq_from, ranges, tokens, files
     cp.compression_count = max(c.compression_count for c in earlier) + 1
     cp.merged_from = list(dict.fromkeys(oldest.merged_from + [c.id for c in earlier[1:]]))
     measure(cp, count)
@@ -328,7 +328,7 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     parts += kept_lines
     cp = Checkpoint(
         id=previous.id if previous is not None else new_id(), kind="folded", level="compact",
-        seq_from=min(seqs), seq_to=max(seqs), message_seqs=sorted(seqs), summary="\n".join(parts),
+        seq_from=min(seqs), seq_to=max(seqs), message_ranges=seq_ranges(seqs), summary="\n".join(parts),
         tokens=0, original_tokens=(previous.original_tokens if previous else 0) + sum(e.view_tokens for e in entries),
         created_at=previous.created_at if previous else now, compressed_at=now, compression_number=number,
         summarizer="fold", compression_count=(previous.compression_count + 1) if previous else 1,
@@ -345,7 +345,7 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
 def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
     """Take message ``seq`` out of the folded checkpoint (it is being pinned, so it will be
     sent verbatim and must not appear twice). True if it was folded."""
-    folded = next((cp for cp in ctx.checkpoints if cp.kind == "folded" and seq in cp.message_seqs), None)
+    folded = next((cp for cp in ctx.checkpoints if cp.kind == "folded" and cp.covers(seq)), None)
     if folded is None:
         return False
     lines = [line for line in _folded_lines(folded.summary) if not line.startswith(f"[message {seq}] ")]
@@ -355,7 +355,7 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
         return True
     head = [line for line in folded.summary.split("\n") if line.startswith("[") and not line.startswith("[message ")]
     folded.summary = "\n".join(head + lines)
-    folded.message_seqs = seqs
+    folded.message_ranges = seq_ranges(seqs)
     folded.seq_from, folded.seq_to = min(seqs), max(seqs)
     measure(folded, count)
     return True

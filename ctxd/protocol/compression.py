@@ -22,17 +22,40 @@ class ToolUse(msgspec.Struct, rename="camel"):
     notable_uses: list[str] = []
 
 
+def seq_ranges(seqs: "list[int] | set[int]") -> list[tuple[int, int]]:
+    """Sequence numbers as inclusive runs: [1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
+    out: list[tuple[int, int]] = []
+    for seq in sorted(set(seqs)):
+        if out and seq == out[-1][1] + 1:
+            out[-1] = (out[-1][0], seq)
+        else:
+            out.append((seq, seq))
+    return out
+
+
+def merge_ranges(*groups: "list[tuple[int, int]]") -> list[tuple[int, int]]:
+    """The union of runs of sequence numbers, as runs (without expanding them)."""
+    out: list[tuple[int, int]] = []
+    for low, high in sorted(r for group in groups for r in group):
+        if out and low <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], high))
+        else:
+            out.append((low, high))
+    return out
+
+
 class Checkpoint(msgspec.Struct, rename="camel", omit_defaults=True):
     """A compressed stretch of conversation (seed 000 "Checkpoint Structure", seed 004
-    "ConversationSummary"). ``messageSeqs`` are the history messages it stands for;
-    ``checkpoint/expand`` returns them whole."""
+    "ConversationSummary"). ``messageRanges`` are the history messages it stands for, as
+    inclusive runs of sequence numbers (the user's words and pins in between stay in the
+    prompt, so they are not in them); ``checkpoint/expand`` returns those messages whole."""
 
     id: str
     kind: CheckpointKind
     level: Level
     seq_from: int
     seq_to: int
-    message_seqs: list[int]
+    message_ranges: list[tuple[int, int]]
     summary: str
     tokens: int
     original_tokens: int
@@ -49,6 +72,14 @@ class Checkpoint(msgspec.Struct, rename="camel", omit_defaults=True):
     errors: list[str] = []
     ratio: float = 1.0
     """``tokens / originalTokens``: what the checkpoint costs against what it replaced."""
+
+    @property
+    def message_seqs(self) -> list[int]:
+        """Every sequence number the checkpoint stands for."""
+        return [seq for low, high in self.message_ranges for seq in range(low, high + 1)]
+
+    def covers(self, seq: int) -> bool:
+        return any(low <= seq <= high for low, high in self.message_ranges)
 
 
 class SessionSettings(msgspec.Struct, rename="camel", omit_defaults=True):

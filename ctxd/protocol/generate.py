@@ -77,6 +77,8 @@ def _type_text(schema: dict[str, Any]) -> str:
     if "const" in schema:
         return json.dumps(schema["const"])
     kind = schema.get("type")
+    if kind == "array" and "prefixItems" in schema:
+        return "[" + ", ".join(_type_text(item) for item in schema["prefixItems"]) + "]"
     if kind == "array":
         return f"{_type_text(schema.get('items', {}))}[]"
     if kind == "object" and "additionalProperties" in schema:

@@ -20,7 +20,8 @@ _encode = msgspec.json.Encoder().encode
 
 def save_active(conn: sqlite3.Connection, session_id: str, checkpoints: list[Checkpoint]) -> None:
     """Make ``checkpoints`` the session's active ones, in order; others are retired."""
-    conn.execute("UPDATE checkpoints SET position = NULL WHERE session_id = ?", (session_id,))
+    conn.execute("UPDATE checkpoints SET position = NULL WHERE session_id = ? AND position IS NOT NULL",
+                 (session_id,))
     conn.executemany(
         "INSERT INTO checkpoints (session_id, id, position, created_at, body) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT (session_id, id) DO UPDATE SET position = excluded.position, body = excluded.body",

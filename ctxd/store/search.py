@@ -53,37 +53,56 @@ class Hit:
 
 def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = None, role: str | None = None,
            limit: int = 20, with_body: bool = False) -> list[Hit]:
-    sql = (
-        "SELECT m.session_id, m.seq, m.role, m.created_at, "
-        f"snippet(messages_fts, 0, '[', ']', '…', {SNIPPET_TOKENS}), bm25(messages_fts), s.title"
-        + (", m.body" if with_body else ", NULL")
-        + " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
-        " JOIN sessions s ON s.id = m.session_id WHERE messages_fts MATCH ?"
-    )
-    args: list[object] = [query]
+    """The best ``limit`` matches, ranked by bm25. Ranking runs on the index alone (joined
+    to messages only to filter); snippets and rows are fetched for the winners only, so a
+    common word matching thousands of messages costs a sort, not thousands of joins."""
+    rank_sql = "SELECT messages_fts.rowid, bm25(messages_fts) AS score FROM messages_fts"
+    args: list[object] = []
+    if session_id is not None or role is not None:
+        rank_sql += " JOIN messages m ON m.id = messages_fts.rowid"
+    rank_sql += " WHERE messages_fts MATCH ?"
+    args.append(query)
     if session_id is not None:
-        sql += " AND m.session_id = ?"
+        rank_sql += " AND m.session_id = ?"
         args.append(session_id)
     if role is not None:
-        sql += " AND m.role = ?"
+        rank_sql += " AND m.role = ?"
         args.append(role)
-    sql += " ORDER BY bm25(messages_fts) LIMIT ?"
+    rank_sql += " ORDER BY score LIMIT ?"
     args.append(limit)
     try:
-        rows = conn.execute(sql, args).fetchall()
+        ranked = conn.execute(rank_sql, args).fetchall()
+        if not ranked:
+            return []
+        ids = [rowid for rowid, _ in ranked]
+        rows = conn.execute(
+            "SELECT messages_fts.rowid, m.session_id, m.seq, m.role, m.created_at, "
+            f"snippet(messages_fts, 0, '[', ']', '…', {SNIPPET_TOKENS}), s.title"
+            + (", m.body" if with_body else ", NULL")
+            + " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
+            " JOIN sessions s ON s.id = m.session_id"
+            f" WHERE messages_fts MATCH ? AND messages_fts.rowid IN ({', '.join('?' * len(ids))})",
+            (query, *ids)).fetchall()
     except sqlite3.OperationalError as exc:
         text = str(exc).lower()
         if any(k in text for k in ("locked", "disk", "i/o", "readonly", "corrupt", "malformed database")):
             raise
         # Anything else a MATCH query raises is about the query (FTS5 words its errors freely).
         raise QueryError(f"invalid search syntax: {exc}") from None
-    return [Hit(sid, seq, r, created, snip, round(-score, 4), title, body)
-            for sid, seq, r, created, snip, score, title, body in rows]
+    by_id = {row[0]: row[1:] for row in rows}
+    hits = []
+    for rowid, score in ranked:
+        found = by_id.get(rowid)
+        if found is not None:
+            sid, seq, r, created, snip, title, body = found
+            hits.append(Hit(sid, seq, r, created, snip, round(-score, 4), title, body))
+    return hits
 
 
 def like_scan(conn: sqlite3.Connection, needle: str, limit: int = 20) -> list[tuple[str, int]]:
     """The baseline the search benchmark compares against: a plain LIKE over stored bodies."""
-    return conn.execute("SELECT session_id, seq FROM messages WHERE body LIKE ? LIMIT ?",
+    # body is a BLOB, and LIKE never matches a BLOB: compare its text.
+    return conn.execute("SELECT session_id, seq FROM messages WHERE CAST(body AS TEXT) LIKE ? LIMIT ?",
                         (f"%{needle}%", limit)).fetchall()
 
 

@@ -84,7 +84,8 @@ def test_compress_checkpoints_expand_pin_goal(cli: Cli) -> None:
     assert checkpoint in cli("checkpoints", "r").stdout
     assert checkpoint in complete(cli, "ctxd-cli expand r ")
     expanded = cli.json("expand", "r", checkpoint)
-    assert [m["seq"] for m in expanded["messages"]] == expanded["checkpoint"]["messageSeqs"]
+    ranges = expanded["checkpoint"]["messageRanges"]
+    assert [m["seq"] for m in expanded["messages"]] == [s for a, b in ranges for s in range(a, b + 1)]
     text = cli("expand", "r", checkpoint).stdout
     assert "Summary" in text and "Original messages" in text
     again = cli("compress", "r").stdout  # exit 0 whether or not a second pass finds anything

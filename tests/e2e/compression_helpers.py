@@ -577,10 +577,15 @@ class Driver:
         expanded = await self.conn.call("checkpoint/expand", {"sessionId": self.session_id,
                                                               "checkpointId": checkpoint_id})
         seqs = [m["seq"] for m in expanded["messages"]]
-        assert seqs == expanded["checkpoint"]["messageSeqs"], (seqs, expanded["checkpoint"]["messageSeqs"])
+        assert seqs == seqs_of(expanded["checkpoint"]), (seqs, seqs_of(expanded["checkpoint"]))
         for item in expanded["messages"]:
             assert canonical(item["message"]) == canonical(self.pushed[item["seq"]]), f"message {item['seq']} changed"
         return expanded
+
+
+def seqs_of(checkpoint: dict[str, Any]) -> list[int]:
+    """The sequence numbers a checkpoint stands for (its ``messageRanges``, expanded)."""
+    return [seq for low, high in checkpoint["messageRanges"] for seq in range(low, high + 1)]
 
 
 def canonical(message: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from ctxd.client import RpcError
 from tests.e2e.compression_helpers import (
+    seqs_of,
     FORMATS,
     Conn,
     CtxdProc,
@@ -374,7 +375,7 @@ async def test_pinned_message_stays_verbatim_across_compressions(daemon):
         stats = await conn.call("context/stats", {"sessionId": "pins"})
         assert stats["pinned"] == sorted(pinned)
         for cp in (await conn.call("context/checkpoints", {"sessionId": "pins"}))["checkpoints"]:
-            assert not pinned & set(cp["messageSeqs"]), cp["messageSeqs"]
+            assert not pinned & set(seqs_of(cp)), seqs_of(cp)
         for fmt in FORMATS:
             prompt = await drive.prompt(fmt)
             assert not check_prompt(prompt, 4096)

@@ -14,6 +14,7 @@ import pytest
 
 from ctxd.client import RpcError
 from tests.e2e.compression_helpers import (
+    seqs_of,
     FORMATS,
     Conn,
     CtxdProc,
@@ -65,7 +66,7 @@ async def test_long_chat_folds_the_users_words_to_fit():
                         continue
                     # Folded: the words are in the folded checkpoint, or (past its
                     # allowance) counted there as folded out; whole in history either way.
-                    assert folded is not None and seq in folded["messageSeqs"], (index, fmt, seq)
+                    assert folded is not None and seq in seqs_of(folded), (index, fmt, seq)
                     assert words in system or "folded out of the prompt" in system, (index, fmt, seq)
 
         overflows = conn.of("context/overflow")
@@ -79,7 +80,7 @@ async def test_long_chat_folds_the_users_words_to_fit():
         assert folds and len({c["id"] for c in folds}) == 1  # one folded checkpoint, grown in place
         folded = folds[-1]
         assert folded["summarizer"] == "fold"
-        kept_words = [w for s, w in said.items() if s in folded["messageSeqs"] and w in folded["summary"]]
+        kept_words = [w for s, w in said.items() if s in seqs_of(folded) and w in folded["summary"]]
         assert kept_words, "the folded checkpoint kept none of the user's words verbatim"
         # The loop guard held back passes that would not have freed enough, once per wait.
         skipped = conn.of("context/compressionSkipped")
@@ -90,7 +91,7 @@ async def test_long_chat_folds_the_users_words_to_fit():
         info = await conn.call("session/get", {"sessionId": "chat"})
         assert info["messageCount"] == len(drive.pushed)
         expanded = await drive.check_expand(folded["id"])
-        assert {m["seq"] for m in expanded["messages"]} == set(folded["messageSeqs"])
+        assert {m["seq"] for m in expanded["messages"]} == set(seqs_of(folded))
         await drive.expand_all()
         await conn.close()
     finally:

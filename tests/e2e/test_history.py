@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.compression_helpers import Driver, is_auto_pass
+from tests.e2e.compression_helpers import Driver, is_auto_pass, seqs_of
 from tests.e2e.helpers import run_ctxd
 from tests.e2e.history_helpers import (
     canonical,
@@ -117,7 +117,7 @@ async def test_history_pages_through_everything_once_with_statuses():
         assert max(by["compressed"] + by["kept"]) < min(by["context"])
         assert all(drive.pushed[q]["role"] == "user" for q in by["kept"])
         checkpoints = (await conn.call("context/checkpoints", {"sessionId": "h"}))["checkpoints"]
-        covered = {q for cp in checkpoints for q in cp["messageSeqs"]}
+        covered = {q for cp in checkpoints for q in seqs_of(cp)}
         assert set(by["compressed"]) <= covered
         for fmt in ("openai", "anthropic", "ollama"):
             result = await prompt(conn, "h", fmt)

@@ -26,7 +26,7 @@ MAX_PROMPT = 6000
 def cp(id: str, level: str = "detailed", kind: str = "summary", tokens: int = 1000, seqs=(1, 10), **kw) -> Checkpoint:
     first, last = seqs
     return Checkpoint(id=id, kind=kind, level=level, seq_from=first, seq_to=last,  # type: ignore[arg-type]
-                      message_seqs=list(range(first, last + 1)), summary=f"summary of {id}", tokens=tokens,
+                      message_ranges=[(first, last)], summary=f"summary of {id}", tokens=tokens,
                       original_tokens=tokens * 3, created_at=NOW, compression_number=1, summarizer="test", **kw)
 
 
