@@ -1,14 +1,16 @@
 """The search indexer: messages enter the full-text index in batches, in the background.
 
 Indexing each push in its own transaction cost more than the rest of the push (FTS5's
-per-transaction overhead); batching costs a fraction. Searches call :meth:`catch_up`
-first, so search results are never behind what was acknowledged.
+per-transaction overhead); batching costs a fraction. Indexing waits until pushes pause
+(they share the one writer), unless a large backlog builds up. Searches call
+:meth:`catch_up` first, so search results are never behind what was acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from ctxd.store.db import Database
 from ctxd.store.search import index_pending
@@ -16,7 +18,10 @@ from ctxd.store.search import index_pending
 log = logging.getLogger(__name__)
 
 BATCH = 2000
-DEBOUNCE_SECONDS = 0.25
+IDLE_SECONDS = 0.5
+"""Index when no push came for this long (searches catch up first anyway)..."""
+MAX_BACKLOG = 50_000
+"""...or when this many messages wait, so a search never has a huge backlog to index."""
 
 
 class SearchIndexer:
@@ -24,6 +29,8 @@ class SearchIndexer:
         self.db = db
         self._wake = asyncio.Event()
         self._pending = True  # unknown at start: messages may predate this process
+        self._backlog = 0
+        self._last_stored = 0.0
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -31,9 +38,11 @@ class SearchIndexer:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ctxd-search-indexer")
         self._wake.set()
 
-    def stored(self) -> None:
+    def stored(self, count: int = 1) -> None:
         """New messages were committed."""
         self._pending = True
+        self._backlog += count
+        self._last_stored = time.monotonic()
         self._wake.set()
 
     async def catch_up(self) -> None:
@@ -43,6 +52,7 @@ class SearchIndexer:
             if not self._pending:
                 return
             self._pending = False
+            self._backlog = 0
             while await self.db.write(index_pending, BATCH) == BATCH:
                 pass
 
@@ -50,7 +60,12 @@ class SearchIndexer:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await asyncio.sleep(DEBOUNCE_SECONDS)
+            # Pushes and indexing share the one writer: while pushes keep coming, wait.
+            while self._backlog < MAX_BACKLOG:
+                idle = time.monotonic() - self._last_stored
+                if idle >= IDLE_SECONDS:
+                    break
+                await asyncio.sleep(IDLE_SECONDS - idle)
             try:
                 await self.catch_up()
             except Exception:  # a failed batch is retried at the next wake or search

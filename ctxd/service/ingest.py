@@ -289,7 +289,7 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
             raise session_not_found(params.session_id)
         outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools)
         if outcome.stored:
-            svc.indexer.stored()
+            svc.indexer.stored(len(outcome.stored))
         row = state.row
         row.message_count += len(outcome.stored)
         row.token_count += outcome.added_tokens

@@ -171,7 +171,7 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
         )
         stored = StoredState(figures=Figures(system=system_tokens, used=used))
         await svc.db.write(_import_job, row, items, _encode(stored))
-        svc.indexer.stored()
+        svc.indexer.stored(len(items))
         state = svc.cache.adopt(row)
         ids.append(session_id)
         total += len(items)
