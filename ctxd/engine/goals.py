@@ -109,18 +109,21 @@ def merge_checkpoints(goal: Goal, items: list[GoalCheckpoint]) -> None:
             goal.checkpoints[index] = item
 
 
-def merge_decisions(goal: Goal, items: list[Decision]) -> None:
+def merge_decisions(goal: Goal, items: list[Decision], *, keep_locks: bool = True) -> None:
+    """Add or update decisions by description. With ``keep_locks`` (markers), a locked
+    decision stays locked; only an explicit ``goal/update`` may unlock one."""
     by_key = {_key(d.description): i for i, d in enumerate(goal.decisions)}
     for item in items:
         index = by_key.get(_key(item.description))
         if index is None:
             by_key[_key(item.description)] = len(goal.decisions)
             goal.decisions.append(item)
-        else:
+        elif keep_locks:
             old = goal.decisions[index]
-            # A locked decision stays locked: unlocking is an explicit goal/update.
             goal.decisions[index] = msgspec.structs.replace(
                 item, locked=item.locked or old.locked, architecture=item.architecture or old.architecture)
+        else:
+            goal.decisions[index] = item
 
 
 def merge_artifacts(goal: Goal, items: list[Artifact]) -> None:

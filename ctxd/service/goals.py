@@ -62,14 +62,7 @@ async def update_goal(svc: Service, params: GoalUpdateParams) -> GoalResult:
         goal.status = params.status
         goal.completed_at = now_iso() if params.status == "completed" else None
     merge_checkpoints(goal, params.checkpoints)
-    # goal/update may unlock: here the given decision replaces the stored one as is.
-    by_key = {" ".join(d.description.lower().split()): i for i, d in enumerate(goal.decisions)}
-    for decision in params.decisions:
-        index = by_key.get(" ".join(decision.description.lower().split()))
-        if index is None:
-            goal.decisions.append(decision)
-        else:
-            goal.decisions[index] = decision
+    merge_decisions(goal, params.decisions, keep_locks=False)  # goal/update may unlock
     merge_artifacts(goal, params.artifacts)
     if params.next_steps is not None:
         goal.next_steps = params.next_steps

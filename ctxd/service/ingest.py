@@ -21,7 +21,7 @@ from ctxd.engine.watermark import find_checkpoint_call
 from ctxd.protocol.compression import CompressedNotification
 from ctxd.protocol.goal import Goal
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params, session_not_found
-from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ctxd.protocol.message import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
@@ -170,37 +170,7 @@ def _title_of(message: Message) -> str | None:
 
 
 def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int) -> None:
-    role = stats.by_role.get(message.role)
-    if role is None:
-        role = stats.by_role[message.role] = RoleTotals()
-    role.messages += 1
-    role.tokens += tokens.total
-    kinds = stats.by_kind
-    content = message.content
-    blocks = content if isinstance(content, list) else []
-    n_text = 1 if isinstance(content, str) and content else 0
-    n_call = len(message.tool_calls or ())
-    n_result = 0
-    n_thinking = 0
-    for block in blocks:
-        if isinstance(block, TextBlock):
-            n_text += 1
-        elif isinstance(block, ToolUseBlock):
-            n_call += 1
-        elif isinstance(block, ToolResultBlock):
-            n_result += 1
-        elif isinstance(block, ThinkingBlock):
-            n_thinking += 1
-    if message.role == "tool":
-        n_text, n_result = 0, max(n_result, 1)
-    for kind, n, t in (("text", n_text, tokens.text), ("toolCall", n_call, tokens.tool_call),
-                       ("toolResult", n_result, tokens.tool_result), ("thinking", n_thinking, tokens.thinking),
-                       ("framing", 1, tokens.overhead)):
-        totals = kinds.get(kind)
-        if totals is None:
-            totals = kinds[kind] = KindTotals()
-        totals.blocks += n
-        totals.tokens += t
+    stats.add_message(message, tokens)
     usage = message.usage
     if usage is not None:
         drift = stats.drift

@@ -761,8 +761,8 @@ def _rebuild_sessions(out: sqlite3.Connection, result: RecoveryResult) -> None:
 
 def _recompute_stats(out: sqlite3.Connection, session_id: str, old_stats: str) -> bytes:
     """by_role and by_kind from the surviving messages; the usage drift is kept as it was."""
-    from ctxd.protocol.message import TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
-    from ctxd.store.sessions import KindTotals, RoleTotals, SessionStats
+    from ctxd.store.sessions import SessionStats
+    from ctxd.tokens import MessageTokens
 
     decode = _message_decoder()
     try:
@@ -770,34 +770,10 @@ def _recompute_stats(out: sqlite3.Connection, session_id: str, old_stats: str) -
     except msgspec.DecodeError:
         stats = SessionStats()
     stats.by_role, stats.by_kind = {}, {}
-    for role, total, overhead, text, call, result_tokens, thinking, body in out.execute(
-            "SELECT role, tokens, tok_overhead, tok_text, tok_tool_call, tok_tool_result, tok_thinking, body "
+    for total, overhead, text, call, result_tokens, thinking, body in out.execute(
+            "SELECT tokens, tok_overhead, tok_text, tok_tool_call, tok_tool_result, tok_thinking, body "
             "FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)):
-        totals = stats.by_role.setdefault(role, RoleTotals())
-        totals.messages += 1
-        totals.tokens += total
-        message = decode(body)
-        content = message.content
-        blocks = content if isinstance(content, list) else []
-        n_text = 1 if isinstance(content, str) and content else 0
-        n_call = len(message.tool_calls or ())
-        n_result = n_thinking = 0
-        for block in blocks:
-            if isinstance(block, TextBlock):
-                n_text += 1
-            elif isinstance(block, ToolUseBlock):
-                n_call += 1
-            elif isinstance(block, ToolResultBlock):
-                n_result += 1
-            elif isinstance(block, ThinkingBlock):
-                n_thinking += 1
-        if role == "tool":
-            n_text, n_result = 0, max(n_result, 1)
-        for kind, n, t in (("text", n_text, text), ("toolCall", n_call, call), ("toolResult", n_result, result_tokens),
-                           ("thinking", n_thinking, thinking), ("framing", 1, overhead)):
-            kt = stats.by_kind.setdefault(kind, KindTotals())
-            kt.blocks += n
-            kt.tokens += t
+        stats.add_message(decode(body), MessageTokens(total, overhead, text, call, result_tokens, thinking))
     return msgspec.json.encode(stats)
 
 

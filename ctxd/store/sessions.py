@@ -15,6 +15,8 @@ import msgspec
 from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.goal import Goal
+from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ctxd.tokens import MessageTokens
 
 
 class RoleTotals(msgspec.Struct):
@@ -41,6 +43,37 @@ class SessionStats(msgspec.Struct):
     by_role: dict[str, RoleTotals] = {}
     by_kind: dict[str, KindTotals] = {}
     drift: DriftTotals = msgspec.field(default_factory=DriftTotals)
+
+    def add_message(self, message: Message, tokens: MessageTokens) -> None:
+        """Count one message into the role and kind totals (the drift is the caller's)."""
+        role = self.by_role.get(message.role)
+        if role is None:
+            role = self.by_role[message.role] = RoleTotals()
+        role.messages += 1
+        role.tokens += tokens.total
+        content = message.content
+        n_text = 1 if isinstance(content, str) and content else 0
+        n_call = len(message.tool_calls or ())
+        n_result = n_thinking = 0
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, TextBlock):
+                n_text += 1
+            elif isinstance(block, ToolUseBlock):
+                n_call += 1
+            elif isinstance(block, ToolResultBlock):
+                n_result += 1
+            elif isinstance(block, ThinkingBlock):
+                n_thinking += 1
+        if message.role == "tool":
+            n_text, n_result = 0, max(n_result, 1)
+        for kind, n, t in (("text", n_text, tokens.text), ("toolCall", n_call, tokens.tool_call),
+                           ("toolResult", n_result, tokens.tool_result), ("thinking", n_thinking, tokens.thinking),
+                           ("framing", 1, tokens.overhead)):
+            totals = self.by_kind.get(kind)
+            if totals is None:
+                totals = self.by_kind[kind] = KindTotals()
+            totals.blocks += n
+            totals.tokens += t
 
 
 _stats_decoder = msgspec.json.Decoder(SessionStats)
