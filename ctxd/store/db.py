@@ -268,6 +268,24 @@ class Database:
     def _run_group(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = []
         conn.execute("BEGIN IMMEDIATE")
+        if len(batch) == 1:  # alone in its transaction: no savepoint needed to isolate it
+            job = batch[0]
+            try:
+                value = job.fn(conn, *job.args)
+            except Exception as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                return [(False, exc)]
+            try:
+                conn.execute("COMMIT")
+            except Exception as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                log.error("commit failed, the job was not stored: %s", exc)
+                return [(False, exc)]
+            self.commits += 1
+            self.jobs += 1
+            return [(True, value)]
         try:
             for job in batch:
                 conn.execute("SAVEPOINT job")
