@@ -22,6 +22,7 @@ from typing import Callable, Union
 
 import msgspec
 
+from ctxd.engine.render import PromptPlan
 from ctxd.protocol.compression import Checkpoint
 from ctxd.protocol.message import (
     Message,
@@ -188,6 +189,8 @@ class ActiveContext:
     goal_text: str | None = None
     # Maintained by refresh()/append():
     system_text: str = ""
+    section_text: str = ""
+    """The checkpoint section alone (the end of ``system_text``)."""
     system_tokens: int = 0
     """Tokens of system prompt + goal block."""
     checkpoint_tokens: int = 0
@@ -205,7 +208,15 @@ class ActiveContext:
 
     @property
     def user_tokens(self) -> int:
-        return sum(e.view_tokens for e in self.kept if e.role == "user" and e.seq not in self.pinned_set)
+        """What the kept (verbatim, before the boundary) messages cost: the user's words
+        and system messages."""
+        pinned = self.pinned_set
+        return sum(e.view_tokens for e in self.kept if e.seq not in pinned)
+
+    @property
+    def recent_tokens(self) -> int:
+        pinned = self.pinned_set
+        return sum(e.view_tokens for e in self.recent if e.seq not in pinned)
 
     @property
     def pinned_set(self) -> set[int]:
@@ -230,6 +241,15 @@ class ActiveContext:
         total = count(full) + MESSAGE_OVERHEAD if full else 0
         self.checkpoint_tokens = total - self.system_tokens
         self.system_text = full
+        self.section_text = section or ""
+
+    def prompt_plan(self) -> PromptPlan:
+        """What the renderers turn into a provider's prompt (see ``render.PromptPlan``).
+        Counted as ``system_text`` plus the conversation: the renderers' one merged system
+        message costs no more than that."""
+        return PromptPlan(system_parts=[self.system_prompt] if self.system_prompt else [],
+                          messages=self.conversation(),
+                          context_parts=[p for p in (self.goal_text, self.section_text) if p])
 
     def view_entry(self, entry: Entry, kept: bool, count: Callable[[str], int],
                    protected: tuple[str, ...], pinned_set: set[int] | None = None) -> None:

@@ -125,7 +125,8 @@ def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, k
              min_freed: int = 0) -> Selection | None:
     """Stage 1: the oldest messages after the boundary, all but the newest few; None when
     nothing can go, or when it would free less than ``min_freed`` (what a checkpoint
-    itself costs: compressing less would make the prompt bigger)."""
+    itself costs: compressing less would make the prompt bigger). A negative
+    ``min_freed`` also selects what frees nothing (see :func:`advance`)."""
     recent = ctx.recent
     n = len(recent)
     if n == 0:
@@ -152,7 +153,7 @@ def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, k
         else:
             stays += e.tokens.overhead + e.tokens.text
     freed = sum(e.view_tokens for e in removed) - stays
-    if freed <= max(0, min_freed):
+    if freed <= min_freed:
         return None
     return Selection(cut, removed[-1].seq, removed, keep, freed,
                      earlier_truncations=[c for c in ctx.checkpoints if c.kind == "truncated"])
@@ -244,6 +245,21 @@ def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkp
     state.compression_count += 1
 
 
+def advance(ctx: ActiveContext, selection: Selection) -> bool:
+    """Move the boundary over a selection that is only the user's words, system and
+    pinned messages (nothing to summarize): they stay verbatim, as kept messages, where
+    the overflow policy can fold them. False when the selection holds anything else."""
+    if len(selection.keep) != len(selection.removed):
+        return False
+    state = ctx.state
+    ctx.recent = ctx.recent[selection.cut:]
+    ctx.kept = sorted(ctx.kept + selection.keep, key=lambda e: e.seq)
+    state.boundary = selection.cut_seq
+    state.kept_seqs = [e.seq for e in ctx.kept]
+    state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
+    return True
+
+
 def fits(ctx: ActiveContext, budget: Budget) -> bool:
     return ctx.prompt_tokens <= budget.max_prompt_tokens
 
@@ -261,6 +277,10 @@ def _user_text(entry: Entry) -> str:
 def _folded_line(entry: Entry) -> str:
     """``[message N] words``; continuation lines are indented so entries stay separable."""
     return f"[message {entry.seq}] " + _user_text(entry).replace("\n", "\n    ")
+
+
+def _folded_notice(dropped: int) -> str:
+    return f"[{dropped} older user messages are folded out of the prompt; they are whole in history]"
 
 
 def _folded_lines(summary: str) -> list[str]:
@@ -321,10 +341,9 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
         kept_lines.append(line)
         used += cost
     kept_lines.reverse()
-    dropped = len(all_lines) - len(kept_lines)
-    parts = []
-    if dropped:
-        parts.append(f"[{dropped} older user messages are folded out of the prompt; they are whole in history]")
+    # Lines dropped by earlier folds are gone from the summary; the seqs are not.
+    dropped = len(set(seqs)) - len(kept_lines)
+    parts = [_folded_notice(dropped)] if dropped else []
     parts += kept_lines
     cp = Checkpoint(
         id=previous.id if previous is not None else new_id(), kind="folded", level="compact",
@@ -353,7 +372,8 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
     if not seqs:
         ctx.checkpoints = [c for c in ctx.checkpoints if c.id != folded.id]
         return True
-    head = [line for line in folded.summary.split("\n") if line.startswith("[") and not line.startswith("[message ")]
+    dropped = len(seqs) - len(lines)
+    head = [_folded_notice(dropped)] if dropped else []
     folded.summary = "\n".join(head + lines)
     folded.message_ranges = seq_ranges(seqs)
     folded.seq_from, folded.seq_to = min(seqs), max(seqs)

@@ -74,11 +74,17 @@ class _Turn:
 
 @dataclass(slots=True)
 class PromptPlan:
-    """What to render: system parts (system prompt, goal block, checkpoints), then the
-    conversation messages as they should be sent (already pruned/filtered)."""
+    """What to render: the client's system parts (the session's system prompt), the
+    conversation messages as they should be sent (already pruned/filtered), and ctxd's
+    own system parts (goal block, checkpoint section).
+
+    The system part reads: the client's system prompt, the system messages that open
+    the conversation (how agents send theirs), then ctxd's parts; one system message for
+    OpenAI and Ollama (some servers accept no other), ``system`` for Anthropic."""
 
     system_parts: list[str]
     messages: list[Message]
+    context_parts: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -195,11 +201,22 @@ def _join(texts: list[str]) -> str:
     return "\n\n".join(texts)
 
 
+def _system_first(plan: PromptPlan, turns: list[_Turn]) -> tuple[list[str], list[_Turn]]:
+    """The system part (see :class:`PromptPlan`) and the turns after the opening system
+    messages."""
+    start = 0
+    while start < len(turns) and turns[start].role == "system":
+        start += 1
+    opening = [t for turn in turns[:start] for t in turn.texts]
+    return [*plan.system_parts, *opening, *plan.context_parts], turns[start:]
+
+
 def render_openai(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     turns, extra, repairs = _pair(plan.messages, count)
+    system, turns = _system_first(plan, turns)
     out: list[OpenAIMessage] = []
-    if plan.system_parts:
-        out.append(OpenAIMessage(role="system", content=_join(plan.system_parts)))
+    if system:
+        out.append(OpenAIMessage(role="system", content=_join(system)))
     for turn in turns:
         if turn.role == "results":
             for r in turn.results:
@@ -218,9 +235,10 @@ def render_openai(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
 
 def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     turns, extra, repairs = _pair(plan.messages, count)
+    system, turns = _system_first(plan, turns)
     out: list[OllamaMessage] = []
-    if plan.system_parts:
-        out.append(OllamaMessage(role="system", content=_join(plan.system_parts)))
+    if system:
+        out.append(OllamaMessage(role="system", content=_join(system)))
     for turn in turns:
         if turn.role == "results":
             for r in turn.results:
@@ -237,12 +255,12 @@ def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
 
 
 def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
-    """System text goes to ``system`` (system-role messages of the conversation join
-    it, in order); roles alternate, consecutive turns of one role merge, tool results
+    """System text goes to ``system`` (later system-role messages of the conversation
+    join it, in order); roles alternate, consecutive turns of one role merge, tool results
     open the user message that follows their calls. Whitespace-only text is left out
     (Anthropic rejects text blocks without non-whitespace text)."""
     turns, extra, repairs = _pair(plan.messages, count)
-    system_parts = list(plan.system_parts)
+    system_parts, turns = _system_first(plan, turns)
     out: list[AnthropicMessage] = []
 
     def add(role: Literal["user", "assistant"], blocks: list[Any]) -> None:

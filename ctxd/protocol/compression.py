@@ -261,7 +261,9 @@ class ThresholdNotification(msgspec.Struct, rename="camel"):
 
 
 class OverflowNotification(msgspec.Struct, rename="camel", omit_defaults=True):
-    """``context/overflow``: what may never be compressed no longer fits."""
+    """``context/overflow``: what may never be compressed no longer fits under the
+    compression trigger (or, at worst, in the prompt), so compressing again would not help.
+    The parts add up to ``promptTokens`` (with a few tokens of priming)."""
 
     session_id: str
     policy: Literal["fold", "error"]
@@ -271,8 +273,13 @@ class OverflowNotification(msgspec.Struct, rename="camel", omit_defaults=True):
     pinned_tokens: int
     checkpoint_tokens: int
     user_tokens: int
+    """The user's words (and system messages) kept verbatim from the compressed part of
+    the conversation: what folding can move."""
     action: str
+    recent_tokens: int = 0
+    """The newest messages, after the compression boundary."""
     folded_messages: int = 0
+    """How many user messages this pass folds (0 with the ``error`` policy)."""
 
 
 class ReliabilityNotification(msgspec.Struct, rename="camel", omit_defaults=True):

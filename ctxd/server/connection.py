@@ -303,7 +303,13 @@ class Connection:
                     log.info("connection %s: %s", self.id, event.reason)
                     self.protocol.send_error(None, ErrorCode.ParseError, f"Parse error: {event.reason}")
                     continue
-                self.protocol.handle_raw(event.message)
+                try:
+                    self.protocol.handle_raw(event.message)
+                except Exception:  # a bug must cost one request, never the connection
+                    log.exception("connection %s: could not route a message", self.id)
+                    msg_id = event.message.get("id") if isinstance(event.message, dict) else None
+                    self.protocol.send_error(msg_id if _valid_id(msg_id) else None, ErrorCode.InternalError,
+                                             "Internal error while routing this message; see the daemon log")
         except asyncio.CancelledError:
             if not self.closed.is_set():
                 raise

@@ -139,9 +139,12 @@ class FrameReader:
                               f"Content-Length; skipped")
         try:
             message = _json_decode(body)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             self._recover_from(body)
-            return FrameError(f"frame body is not valid JSON ({exc}); skipped to the next frame")
+            what = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else "not valid JSON"
+            return FrameError(f"frame body is {what} ({exc}); skipped to the next frame")
+        except RecursionError:
+            return FrameError("frame body nests arrays or objects too deeply to decode; skipped")
         return Frame(body, message)
 
     async def _body(self, length: int) -> bytes:

@@ -29,10 +29,11 @@ from typing import Any
 import msgspec
 
 from ctxd.engine import checkpoints as ckpts
-from ctxd.engine.context import ActiveContext
+from ctxd.engine.context import ActiveContext, Entry
 from ctxd.engine.pipeline import (
     STAGES,
     Selection,
+    advance,
     apply_selection,
     decide,
     fits,
@@ -222,6 +223,13 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
         stage("validation", "checking the prompt fits")
     if not fits(ctx, budget):
         await _squeeze(svc, state, ctx, run, low_water)
+    elif (run.layers and policy.overflow_policy == "fold" and ctx.used > (low_water + budget.trigger_at) // 2
+          and ctx.user_tokens >= ctx.recent_tokens):
+        # The user's words, which are never summarized, keep the conversation closer to
+        # the trigger than to the low-water mark: passes would come every few turns, each
+        # freeing little. Fold now, down to the low-water mark. (A long recent tail, such
+        # as big tool outputs, is the next pass's to summarize: no folding for it.)
+        await _overflow(svc, state, ctx, run, low_water, keep_recent=policy.keep_recent)
 
 
 MAX_ROUNDS = 3
@@ -352,23 +360,44 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         run.layers.append("truncate")
         svc.events.emit(state.id, "checkpoint/created", CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
         budget = cache.budget(state)
-        if fits(ctx, budget):
+        if fits(ctx, budget) and (ctx.used <= budget.trigger_at or policy.overflow_policy != "fold"):
             return
-    user_tokens = ctx.user_tokens
-    action = ("folding the oldest user messages into a checkpoint" if policy.overflow_policy == "fold"
-              else "context/prompt will answer with ContextOverflow")
+    await _overflow(svc, state, ctx, run, low_water, keep_recent=1)
+
+
+async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, low_water: int,
+                    *, keep_recent: int) -> None:
+    """What may never be compressed is too big: say so with the figures, then apply the
+    overflow policy (fold the oldest user messages down to the low-water mark)."""
+    cache = svc.cache
+    policy = cache.policy(state)
+    budget = cache.budget(state)
+    # Goal: the conversation back at the low-water mark (not just barely fitting), so
+    # the next turns do not overflow again at once.
+    goal = max(0, budget.prompt_tokens - budget.used + low_water)
+    allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
+    chosen: list[Entry] = []
+    if policy.overflow_policy == "fold":
+        chosen = plan_fold(ctx, goal, allowance=allowance)
+        if not chosen:
+            # The user's words are all still after the boundary (a session of user
+            # messages only, never summarized): move it over them first.
+            selection = identify(ctx, budget, policy, keep_recent=keep_recent, min_freed=-1)
+            if selection is not None and selection.freed_tokens == 0:
+                async with state.lock:
+                    if advance(ctx, selection):
+                        cache.refresh(state)
+                chosen = plan_fold(ctx, goal, allowance=allowance)
+    if policy.overflow_policy == "fold" and not chosen and fits(ctx, budget):
+        return  # nothing to fold and nothing wrong: the loop guard waits for growth
+    action = (f"folding the {len(chosen)} oldest user messages into a checkpoint" if chosen
+              else "nothing can be folded: context/prompt will answer with ContextOverflow"
+              if policy.overflow_policy == "fold" else "context/prompt will answer with ContextOverflow")
     svc.events.emit(state.id, "context/overflow", OverflowNotification(
         session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
         max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
-        pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=user_tokens,
-        action=action))
-    if policy.overflow_policy != "fold":
-        return
-    # Fold until the conversation is back at the low-water mark (not just barely fitting),
-    # so the next turns do not overflow again at once.
-    goal = max(0, budget.prompt_tokens - budget.used + low_water)
-    allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
-    chosen = plan_fold(ctx, goal, allowance=allowance)
+        pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
+        recent_tokens=ctx.recent_tokens, action=action, folded_messages=len(chosen)))
     if not chosen:
         return
     async with state.lock:

@@ -7,7 +7,7 @@ ContextOverflow and the figures.
 
 from __future__ import annotations
 
-from ctxd.engine.render import RENDERERS, PromptPlan
+from ctxd.engine.render import RENDERERS
 from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, PromptParams, PromptResult
 from ctxd.service import compression
 from ctxd.service.core import Service
@@ -19,9 +19,7 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
     await compression.ensure_fits(svc, state)
     async with state.lock:
         ctx = await svc.cache.context(state)
-        system_parts = [ctx.system_text] if ctx.system_text else []
-        plan = PromptPlan(system_parts=system_parts, messages=ctx.conversation())
-        rendered = RENDERERS[params.format](plan, state.counter.count)
+        rendered = RENDERERS[params.format](ctx.prompt_plan(), state.counter.count)
         budget = svc.cache.budget(state)
         row = state.row
     tokens = budget.prompt_tokens + rendered.extra_tokens

@@ -121,6 +121,16 @@ def _header_without_length(sid: str) -> bytes:
     return b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n\r\n" + body + after(sid)
 
 
+def _not_utf8(sid: str) -> bytes:
+    body = push_body(sid).replace(b"must not be stored", b"caf\xe9 must not be stored")
+    return with_length(body, len(body)) + after(sid)
+
+
+def _nested_too_deep(sid: str) -> bytes:
+    body = b"[" * 100_000
+    return with_length(body, len(body)) + after(sid)
+
+
 def _batch(sid: str) -> bytes:
     return frame([json.loads(push_body(sid))]) + after(sid)
 
@@ -137,6 +147,8 @@ FRAMING_CASES: dict[str, tuple[Callable[[str], bytes], list[int], list[str]]] = 
     "garbage_between_frames": (_garbage_between_frames, [-32700], ["before", "after"]),
     "content_length_over_max_frame_bytes": (_oversized, [-32700], ["after"]),
     "header_without_content_length": (_header_without_length, [-32700], ["after"]),
+    "body_not_utf8": (_not_utf8, [-32700], ["after"]),
+    "body_nested_too_deep": (_nested_too_deep, [-32700], ["after"]),
     "json_array_batch": (_batch, [-32600], ["after"]),
     "json_scalar": (_scalar, [-32600], ["after"]),
 }

@@ -10,15 +10,22 @@
 
 from __future__ import annotations
 
+import math
+import random
+import re
+
 import pytest
 
 from ctxd.client import RpcError
+from ctxd.tokens import PROMPT_PRIMING
 from tests.e2e.compression_helpers import (
     seqs_of,
     FORMATS,
     Conn,
     CtxdProc,
     Driver,
+    Turn,
+    _prose,
     agent_session,
     check_prompt,
     long_chat,
@@ -73,8 +80,14 @@ async def test_long_chat_folds_the_users_words_to_fit():
         assert overflows, "the chat never overflowed: make the user messages longer"
         for note in overflows:
             assert note["policy"] == "fold" and "fold" in note["action"]
-            assert note["promptTokens"] > note["maxPromptTokens"] == drive.last_result["budget"]["maxPromptTokens"]
+            assert note["maxPromptTokens"] == drive.last_result["budget"]["maxPromptTokens"]
+            # Sent when the prompt overflows, or when the user's words alone keep the
+            # conversation over the trigger (then with messages to fold).
+            assert note["promptTokens"] > note["maxPromptTokens"] or note["foldedMessages"] > 0, note
             assert note["userTokens"] > 0 and note["systemTokens"] >= 0 and note["checkpointTokens"] >= 0
+            parts = sum(note.get(k, 0) for k in ("systemTokens", "pinnedTokens", "checkpointTokens",
+                                                  "userTokens", "recentTokens"))
+            assert 0 <= note["promptTokens"] - parts <= PROMPT_PRIMING, note
         assert any("fold" in r.note["layers"] for r in drive.runs)
         folds = [n["checkpoint"] for n in conn.of("checkpoint/created") if n["checkpoint"]["kind"] == "folded"]
         assert folds and len({c["id"] for c in folds}) == 1  # one folded checkpoint, grown in place
@@ -93,6 +106,72 @@ async def test_long_chat_folds_the_users_words_to_fit():
         expanded = await drive.check_expand(folded["id"])
         assert {m["seq"] for m in expanded["messages"]} == set(seqs_of(folded))
         await drive.expand_all()
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
+
+
+def user_heavy_chat(seed: int, turns: int) -> list[Turn]:
+    """Short user messages, long answers: the user's words pile up verbatim before the
+    boundary until summarizing the answers alone can no longer get under the trigger."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(turns):
+        out.append(Turn([{"role": "user", "content": f"[Q{i:03d}] " + _prose(rng, rng.randint(30, 40))}]))
+        out.append(Turn([{"role": "assistant", "content": _prose(rng, rng.randint(110, 130))}]))
+    return out
+
+
+async def test_user_heavy_chat_does_not_compress_every_turn():
+    root = short_root()
+    daemon = CtxdProc(root).start()
+    try:
+        conn = await daemon.connect()
+        drive = await chat_session(conn, "heavy", window=8192, model="llama3.2:3b")
+        for turn in user_heavy_chat(seed=5, turns=300):
+            await drive.push(turn)
+        runs = drive.runs
+        assert len(runs) >= 3, "the chat never needed compressing: make it longer"
+        assert any(n["foldedMessages"] > 0 for n in conn.of("context/overflow"))
+        # Seed 000's loop guard holds on every pass, the ones the user's words force
+        # included: each pass waits for a tenth of the available budget of new conversation.
+        for prev, nxt in zip(runs, runs[1:]):
+            grew = nxt.used_before - prev.used_after
+            assert grew >= math.ceil(0.10 * nxt.available), (prev.push, nxt.push, grew, nxt.available)
+        assert len(runs) <= 600 // 8, len(runs)  # about one pass per 5 turns, not one per turn
+        for fmt in FORMATS:
+            assert not check_prompt(await drive.prompt(fmt), 8192)
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
+
+
+async def test_a_session_of_user_messages_only_still_gets_a_prompt():
+    root = short_root()
+    daemon = CtxdProc(root).start()
+    try:
+        conn = await daemon.connect()
+        drive = await chat_session(conn, "notes", window=8192)
+        rng = random.Random(3)
+        for start in range(0, 1500, 50):
+            await drive.push([{"role": "user", "content": f"[N{i:04d}] " + _prose(rng, 12)}
+                              for i in range(start, start + 50)])
+        for fmt in FORMATS:
+            prompt = await drive.prompt(fmt)
+            assert not check_prompt(prompt, 8192)
+            assert "[N1499]" in " ".join(user_texts(prompt))  # the newest words, verbatim
+        active = (await conn.call("context/checkpoints", {"sessionId": "notes"}))["checkpoints"]
+        folded = folded_of(active)
+        assert folded is not None
+        # Everything not in the prompt is counted in the folded notice, none silently dropped.
+        system = system_text(await drive.prompt("openai"))
+        shown = len(re.findall(r"^\[message \d+\]", system, re.M))
+        notice = re.search(r"\[(\d+) older user messages are folded out", system)
+        assert shown + (int(notice.group(1)) if notice else 0) == len(seqs_of(folded))
+        info = await conn.call("session/get", {"sessionId": "notes"})
+        assert info["messageCount"] == 1500
         await conn.close()
     finally:
         daemon.stop()

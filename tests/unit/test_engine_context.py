@@ -14,7 +14,7 @@ from ctxd.engine.context import ActiveContext, CompressionState
 from ctxd.engine.pipeline import apply_selection, fold, identify, make_checkpoint, plan_fold, prepare
 from ctxd.engine.policy import CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
-from ctxd.engine.render import PromptPlan, render_anthropic, render_ollama, render_openai
+from ctxd.engine.render import render_anthropic, render_ollama, render_openai
 from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
 from ctxd.engine.watermark import WatermarkMove, apply_watermark, find_checkpoint_call, plan_watermark
 from ctxd.protocol.message import Message, TextBlock
@@ -189,7 +189,7 @@ def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[
     assert again.conversation() == ctx.conversation()
     assert (again.used, again.pinned_tokens, again.prompt_tokens) == (ctx.used, ctx.pinned_tokens, ctx.prompt_tokens)
     # and every provider accepts it
-    plan = PromptPlan(system_parts=[ctx.system_text] if ctx.system_text else [], messages=ctx.conversation())
+    plan = ctx.prompt_plan()
     r = render_openai(plan, count)
     assert validate_openai(r.messages) == []
     r = render_anthropic(plan, count)

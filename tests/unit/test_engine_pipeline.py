@@ -29,7 +29,7 @@ from ctxd.engine.pipeline import (
 )
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.engine.prune import apply_prune, plan_prune
-from ctxd.engine.render import PromptPlan, render_anthropic, render_ollama, render_openai
+from ctxd.engine.render import render_anthropic, render_ollama, render_openai
 from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
 from ctxd.protocol.message import TextBlock
 
@@ -80,7 +80,7 @@ def summarized(ctx, selection, text="Summary of the earlier turns.", now=NOW):
 
 
 def render_all_valid(ctx):
-    plan = PromptPlan(system_parts=[ctx.system_text] if ctx.system_text else [], messages=ctx.conversation())
+    plan = ctx.prompt_plan()
     r = render_openai(plan, count)
     assert validate_openai(r.messages) == []
     r = render_anthropic(plan, count)

@@ -508,3 +508,25 @@ def test_random_conversations_render_validly_in_every_shape():
         if found:
             failures.append((case, found, messages))
     assert not failures, [(case, found) for case, found, _ in failures[:5]]
+
+
+# --- the system part: the client's instructions first, ctxd's checkpoints after -----------
+
+
+def test_opening_system_messages_come_before_ctxds_section():
+    """Agents push their system prompt as the first message: it must open the prompt,
+    ahead of the goal block and checkpoint section ctxd adds, in one system message."""
+    plan = PromptPlan(system_parts=["CLIENT"], messages=[system("AGENT"), user("hi"), system("MIDWAY"),
+                                                         assistant("hello")],
+                      context_parts=["GOAL", "CHECKPOINTS"])
+    for fmt in ("openai", "ollama"):
+        r = RENDERERS[fmt](plan, count)
+        assert [(m.role, m.content) for m in r.messages] == [
+            ("system", "CLIENT\n\nAGENT\n\nGOAL\n\nCHECKPOINTS"), ("user", "hi"), ("system", "MIDWAY"),
+            ("assistant", "hello")]
+    r = render_anthropic(plan, count)
+    assert r.system == "CLIENT\n\nAGENT\n\nGOAL\n\nCHECKPOINTS\n\nMIDWAY"
+    assert roles(r) == ["user", "assistant"]
+    # Without a client system prompt or checkpoints, the agent's system message alone.
+    r = render_openai(PromptPlan(system_parts=[], messages=[system("AGENT"), user("hi")]), count)
+    assert [(m.role, m.content) for m in r.messages] == [("system", "AGENT"), ("user", "hi")]
