@@ -109,10 +109,14 @@ class Client:
             message["params"] = params
         self._send(message)
         try:
-            raw = await asyncio.wait_for(asyncio.shield(future), timeout) if timeout else await future
-        except asyncio.CancelledError:
+            # Shielded: cancelling the caller must leave the future pending, so the
+            # daemon is told to stop (a cancelled future would look answered).
+            raw = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except (asyncio.CancelledError, asyncio.TimeoutError):
             if not future.done():
-                self.notify("$/cancelRequest", {"id": msg_id})
+                future.cancel()
+                if not self._closed:
+                    self.notify("$/cancelRequest", {"id": msg_id})
             raise
         finally:
             self._pending.pop(msg_id, None)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from ctxd.engine.context import Entry, never_compressed
+import math
+
+from ctxd.engine.context import ActiveContext, Entry, never_compressed
 from ctxd.engine.pipeline import tool_partners, unfold
 from ctxd.engine.watermark import WatermarkMove, apply_watermark, plan_watermark
 from ctxd.protocol.compression import (
@@ -23,6 +25,7 @@ from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
 from ctxd.service import compression, notify
 from ctxd.service.core import Service
 from ctxd.service.events import Progress
+from ctxd.service.state import SessionState
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
@@ -87,6 +90,26 @@ async def watermark(svc: Service, params: WatermarkParams) -> WatermarkResult:
 PARTNER_WINDOW = 50
 
 
+PIN_SHARE = 0.5
+"""Pinned messages, the system prompt and the goal together may take at most this share
+of the largest prompt: the conversation (the newest user message at least) needs room."""
+
+
+def _check_pins_fit(svc: Service, state: SessionState, ctx: ActiveContext, adding: list[Entry]) -> None:
+    budget = svc.cache.budget(state)
+    extra = sum(e.tokens.context for e in adding)
+    after = ctx.pinned_tokens + extra
+    limit = math.floor(PIN_SHARE * budget.max_prompt_tokens)
+    if after + ctx.system_tokens > limit:
+        raise CtxdError(ErrorCode.ContextOverflow,
+                        f"seq: pinning {', '.join(str(e.seq) for e in adding)} ({extra} tokens) would make pinned "
+                        f"messages {after} tokens; with the system prompt and goal ({ctx.system_tokens}) they may "
+                        f"take at most {limit} of the {budget.max_prompt_tokens}-token prompt", {
+                            "field": "seq", "pinTokens": extra, "pinnedTokens": after,
+                            "systemTokens": ctx.system_tokens, "limit": limit,
+                            "maxPromptTokens": budget.max_prompt_tokens})
+
+
 async def pin(svc: Service, params: PinParams) -> PinResult:
     """Pinned messages are sent verbatim whatever compression does; a pinned message
     already behind the boundary comes back into the prompt. A tool call and its result
@@ -103,6 +126,8 @@ async def pin(svc: Service, params: PinParams) -> PinResult:
         seqs = [params.seq] + tool_partners(list(entries.values()), params.seq)
         pinned = set(ctx.state.pinned)
         changed = any((seq in pinned) != params.pinned for seq in seqs)
+        if changed and params.pinned:
+            _check_pins_fit(svc, state, ctx, [entries[s] for s in seqs if s not in pinned and s in entries])
         if changed:
             kept_users = {e.seq for e in ctx.kept if never_compressed(e)}
             for seq in seqs:

@@ -394,6 +394,18 @@ async def test_pinned_message_stays_verbatim_across_compressions(daemon):
         await conn.call("message/pin", {"sessionId": "pins", "seq": text_seq})
         prompt = await drive.prompt("openai")
         assert pinned_text in [m["content"] for m in prompt["messages"]]
+
+        # A pin that could never be sent with room for the conversation is refused, with
+        # the figures, and changes nothing.
+        huge = await drive.push([{"role": "assistant", "content": "log line 42 failed\n" * 300}])
+        huge_seq = huge["messages"][0]["seq"]
+        with pytest.raises(RpcError) as error:
+            await conn.call("message/pin", {"sessionId": "pins", "seq": huge_seq})
+        assert error.value.code == CONTEXT_OVERFLOW and error.value.data["field"] == "seq"
+        assert error.value.data["pinnedTokens"] > error.value.data["limit"]
+        stats = await conn.call("context/stats", {"sessionId": "pins"})
+        assert huge_seq not in stats["pinned"]
+        assert not check_prompt(await drive.prompt("openai"), 4096)
     finally:
         await conn.close()
 
