@@ -22,6 +22,7 @@ from typing import Callable, Union
 
 import msgspec
 
+from ctxd.engine.clip import clip_message
 from ctxd.engine.render import PromptPlan
 from ctxd.protocol.compression import Checkpoint
 from ctxd.protocol.message import (
@@ -37,6 +38,14 @@ class PruneEvent(msgspec.Struct, array_like=True):
     """Tool outputs in messages up to ``through_seq`` were cleared at ``at``."""
 
     through_seq: int
+    at: str
+
+
+class ClipEvent(msgspec.Struct, array_like=True):
+    """The tool output of message ``seq`` is sent as an excerpt of ``max_tokens``."""
+
+    seq: int
+    max_tokens: int
     at: str
 
 
@@ -61,6 +70,14 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     """History's last seq when the last automatic snapshot was taken."""
     rolled_back: list[tuple[int, int]] = []
     """Ranges of history (inclusive) that a snapshot restore took out of the active context."""
+    clips: list[ClipEvent] = []
+    """Recent tool outputs too big for the prompt, sent as excerpts (``engine/clip.py``)."""
+
+    def clip_for(self, seq: int) -> int | None:
+        for event in self.clips:
+            if event.seq == seq:
+                return event.max_tokens
+        return None
 
     def is_rolled_back(self, seq: int) -> bool:
         return any(low <= seq <= high for low, high in self.rolled_back)
@@ -89,6 +106,8 @@ class Entry:
     # The message as sent and what it costs, refreshed by ActiveContext.refresh().
     view: Message | None = None
     view_tokens: int = 0
+    clipped: tuple[int, Message, int] | None = None
+    """(max_tokens, view, view_tokens) of the excerpt last made, so refreshes reuse it."""
 
     @classmethod
     def of(cls, seq: int, message: Message, tokens: MessageTokens) -> "Entry":
@@ -282,6 +301,14 @@ class ActiveContext:
                 else:
                     entry.view_tokens = (tokens.context - tokens.tool_result
                                          + len(entry.result_ids) * (TOOL_BLOCK_OVERHEAD + per))
+                return
+        if entry.result_ids and state.clips:
+            limit = state.clip_for(entry.seq)
+            if limit is not None:
+                if entry.clipped is None or entry.clipped[0] != limit:
+                    view, view_tokens = clip_message(message, tokens, limit, count)
+                    entry.clipped = (limit, view, view_tokens)
+                entry.view, entry.view_tokens = entry.clipped[1], entry.clipped[2]
                 return
         entry.view, entry.view_tokens = message, tokens.context
 

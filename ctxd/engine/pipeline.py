@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id, truncation_notice
-from ctxd.engine.context import ActiveContext, CompressionState, Entry, never_compressed
+from ctxd.engine.context import ActiveContext, ClipEvent, CompressionState, Entry, never_compressed
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.protocol.compression import Checkpoint, ToolUse, merge_ranges, seq_ranges
 from ctxd.protocol.context import Budget
@@ -242,6 +242,7 @@ def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkp
     state.boundary = selection.cut_seq
     state.kept_seqs = [e.seq for e in ctx.kept]
     state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
+    state.clips = [c for c in state.clips if c.seq > state.boundary]
     state.compression_count += 1
 
 
@@ -257,7 +258,35 @@ def advance(ctx: ActiveContext, selection: Selection) -> bool:
     state.boundary = selection.cut_seq
     state.kept_seqs = [e.seq for e in ctx.kept]
     state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
+    state.clips = [c for c in state.clips if c.seq > state.boundary]
     return True
+
+
+def plan_clips(ctx: ActiveContext, max_tokens: int) -> list[int]:
+    """Recent messages whose tool output, as sent, is bigger than ``max_tokens``: what
+    :func:`apply_clips` sends as excerpts. Pinned messages are sent whole."""
+    state = ctx.state
+    pinned = ctx.pinned_set
+    horizon = state.prune_horizon()
+    out = []
+    for entry in ctx.recent:
+        if not entry.result_ids or entry.seq in pinned or entry.seq <= horizon:
+            continue
+        if entry.seq < state.watermark_seq:
+            continue
+        current = state.clip_for(entry.seq)
+        if current is not None and current <= max_tokens:
+            continue
+        if entry.tokens.tool_result > max_tokens:
+            out.append(entry.seq)
+    return out
+
+
+def apply_clips(ctx: ActiveContext, seqs: list[int], max_tokens: int, at: str) -> None:
+    """Record the excerpts; the caller refreshes the views."""
+    chosen = set(seqs)
+    ctx.state.clips = [c for c in ctx.state.clips if c.seq not in chosen] + [
+        ClipEvent(seq, max_tokens, at) for seq in seqs]
 
 
 def fits(ctx: ActiveContext, budget: Budget) -> bool:

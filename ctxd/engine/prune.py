@@ -1,7 +1,7 @@
 """Layer 1: tool-output pruning (seed 004 layer 1, opencode's prune). Free, no LLM.
 
 Walking back from the newest message, tool outputs are protected until they add up
-to ``protect`` tokens; every older output is replaced by a placeholder that says it
+to ``protect`` tokens (the newest always, whatever its size); every older output is replaced by a placeholder that says it
 was cleared and when. Outputs of protected tools are never cleared. Pruning happens
 only when it frees at least ``minimum`` tokens (opencode's reading of the minimum:
 clearing a few small outputs would change the prompt, and break providers' prompt
@@ -32,14 +32,18 @@ def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[
     names = ctx.call_names
     seen = 0
     cut = -1
+    newest = True
     for index in range(len(recent) - 1, -1, -1):
         entry = recent[index]
         if not entry.result_ids:
             continue
         seen += entry.tokens.tool_result
-        if seen > protect:
+        # The newest output is what the model just asked for: never cleared, however big
+        # (when it is too big for the prompt it is sent as an excerpt, engine/clip.py).
+        if seen > protect and not newest:
             cut = index
             break
+        newest = False
     if cut < 0:
         return None
     through = recent[cut].seq

@@ -9,7 +9,7 @@ import msgspec
 
 from ctxd.protocol.message import Message
 
-Layer = Literal["prune", "watermark", "summarize", "truncate", "fold"]
+Layer = Literal["prune", "watermark", "summarize", "truncate", "clip", "fold"]
 Level = Literal["detailed", "moderate", "compact", "ultra"]
 CheckpointKind = Literal["summary", "truncated", "folded"]
 ReliabilityLevel = Literal["high", "medium", "low", "critical"]

@@ -34,12 +34,14 @@ from ctxd.engine.pipeline import (
     STAGES,
     Selection,
     advance,
+    apply_clips,
     apply_selection,
     decide,
     fits,
     fold,
     identify,
     make_checkpoint,
+    plan_clips,
     plan_fold,
     prepare,
     summary_rejection,
@@ -233,6 +235,8 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
 
 
 MAX_ROUNDS = 3
+MIN_CLIP = 256
+"""The smallest excerpt of a tool output worth sending."""
 
 
 def _checkpoint_cost(state: SessionState, ctx: ActiveContext) -> int:
@@ -343,10 +347,23 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
 
 
 async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, low_water: int) -> None:
-    """The prompt still does not fit: truncate what may be, then apply the overflow policy."""
+    """The prompt still does not fit: excerpts of oversized recent tool outputs, then
+    truncation of what may be, then the overflow policy."""
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
+    limit = max(MIN_CLIP, math.floor(policy.recent_share * budget.available))
+    clips = plan_clips(ctx, limit)
+    if clips:
+        async with state.lock:
+            apply_clips(ctx, clips, limit, now_iso())
+            ctx.state.lossy = True
+            cache.refresh(state)
+        run.layers.append("clip")
+        run.detail["clipped"] = {"seqs": clips, "maxTokens": limit}
+        budget = cache.budget(state)
+        if fits(ctx, budget):
+            return
     selection = identify(ctx, budget, policy, keep_recent=1)
     if selection is not None:
         prepare(selection, budget)

@@ -9,6 +9,8 @@ daemon's configuration or per session (always honoured: ContextOverflow instead)
 
 from __future__ import annotations
 
+import json
+
 import os
 
 import pytest
@@ -264,7 +266,8 @@ async def test_truncate_strategy_and_checkpoint_listing(daemon):
         assert all("summarize" not in r.note["layers"] for r in drive.runs)
         assert any("truncate" in r.note["layers"] for r in drive.runs)
         listing = await conn.call("context/checkpoints", {"sessionId": "trunc"})
-        assert [c["id"] for c in listing["checkpoints"]] == [c["id"] for c in created]
+        # (one truncation notice, grown in place: announced again with the same id)
+        assert [c["id"] for c in listing["checkpoints"]] == list(dict.fromkeys(c["id"] for c in created))
         assert listing["tokens"] == (await conn.call("context/stats", {"sessionId": "trunc"}))["checkpointTokens"]
         for fmt in FORMATS:
             prompt = await drive.prompt(fmt)
@@ -461,5 +464,38 @@ async def test_goal_methods_and_markers_shape_the_system_part(daemon):
         assert drive.runs
         system = system_text(await drive.prompt("anthropic"))
         assert "Goal: Migrate the ledger to Postgres" in system and "[locked] Keep the old ledger read-only" in system
+    finally:
+        await conn.close()
+
+
+# --- an output bigger than the prompt -----------------------------------------------------
+
+
+async def test_a_tool_output_bigger_than_the_prompt_is_sent_as_an_excerpt(daemon):
+    """``cat big.log`` in a 4K window: the model gets the head and tail of what it just
+    asked for (not a 'cleared' placeholder, not an error); history keeps all of it."""
+    conn = await daemon.connect()
+    try:
+        drive = await session(conn, "biglog", window=4096)
+        lines = [f"line {i:05d}: worker {i % 7} handled request {i * 31 % 997}" for i in range(1200)]
+        lines[-1] = "line 01199: FATAL disk quota exceeded on /var/lib/app"
+        await drive.push([{"role": "user", "content": "Why did the job die? Look at big.log."}])
+        await drive.push([{"role": "assistant", "content": "Reading it.",
+                           "toolCalls": [{"id": "cat1", "type": "function",
+                                          "function": {"name": "bash", "arguments": '{"cmd": "cat big.log"}'}}]}])
+        result = await drive.push([{"role": "tool", "toolCallId": "cat1", "content": "\n".join(lines)}])
+        assert result["messages"][0]["tokens"] > 4096
+        for fmt in FORMATS:
+            prompt = await drive.prompt(fmt)
+            assert not check_prompt(prompt, 4096), fmt
+            text = json.dumps(prompt["messages"])
+            assert "line 00000" in text and "FATAL disk quota exceeded" in text, fmt
+            assert "left out by ctxd" in text and "cleared by ctxd" not in text, fmt
+            if fmt != "ollama":  # (Ollama's shape has no call ids)
+                assert "cat1" in tool_ids_in(prompt), fmt  # the call and its result stay paired
+        passes = conn.of("context/compressed")
+        assert passes and "clip" in passes[-1]["layers"]
+        history = await conn.call("session/history", {"sessionId": "biglog"})
+        assert history["messages"][-1]["message"]["content"] == "\n".join(lines)
     finally:
         await conn.close()

@@ -11,7 +11,16 @@ import msgspec
 
 from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState
-from ctxd.engine.pipeline import apply_selection, fold, identify, make_checkpoint, plan_fold, prepare
+from ctxd.engine.pipeline import (
+    apply_clips,
+    apply_selection,
+    fold,
+    identify,
+    make_checkpoint,
+    plan_clips,
+    plan_fold,
+    prepare,
+)
 from ctxd.engine.policy import CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.render import render_anthropic, render_ollama, render_openai
@@ -179,11 +188,18 @@ def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[
         if e.seq not in ctx.pinned_set:
             assert e.view.role in ("user", "system")
             assert not isinstance(e.view.content, list) or all(isinstance(b, TextBlock) for b in e.view.content)
-    # protected tools' outputs are never cleared
+    # protected tools' outputs are never cleared (an excerpt, when too big for any prompt)
     for e in ctx.recent:
         if e.view is not None and e.result_ids and any(ctx.call_names.get(i) in PROTECTED for i in e.result_ids):
-            if e.seq >= ctx.state.watermark_seq:
+            if e.seq >= ctx.state.watermark_seq and ctx.state.clip_for(e.seq) is None:
                 assert e.view is e.message
+    # an excerpt is at most its limit, and says what it left out
+    for e in ctx.recent:
+        limit = ctx.state.clip_for(e.seq)
+        if limit is not None and e.view is not None and e.view is not e.message \
+                and e.seq > ctx.state.prune_horizon() and e.seq >= ctx.state.watermark_seq:
+            assert e.view_tokens <= e.tokens.context
+            assert "left out by ctxd" in str(e.view.content)
     # the same view comes back from history and the stored state
     again = rebuilt(ctx, history[:pushed])
     assert again.conversation() == ctx.conversation()
@@ -212,7 +228,7 @@ def test_random_sessions_keep_every_invariant():
         pushed = cut
         number = 0
         for step in range(12):
-            op = rng.choice(["push", "push", "prune", "watermark", "compress", "compress", "fold"])
+            op = rng.choice(["push", "push", "prune", "prune", "watermark", "compress", "compress", "fold", "clip"])
             if op == "push" and pushed < len(history):
                 k = rng.randint(1, 6)
                 new = entries(history[pushed:pushed + k], start=pushed + 1)
@@ -226,7 +242,7 @@ def test_random_sessions_keep_every_invariant():
                         done["checkpoint tool"] += 1
                 refresh(ctx, PROTECTED)
             elif op == "prune":
-                plan = plan_prune(ctx, rng.choice([0, 100]), rng.choice([50, 300, 1000]), PROTECTED)
+                plan = plan_prune(ctx, rng.choice([0, 100]), rng.choice([0, 50, 300, 1000]), PROTECTED)
                 if plan is not None:
                     apply_prune(ctx, plan, f"t{step}")
                     refresh(ctx, PROTECTED)
@@ -257,8 +273,15 @@ def test_random_sessions_keep_every_invariant():
                     fold(ctx, chosen, allowance=rng.choice([50, 400, 5000]), now=NOW, number=number, count=count)
                     refresh(ctx, PROTECTED)
                     done["fold"] += 1
+            elif op == "clip":
+                limit = rng.choice([5, 20, 100])
+                seqs = plan_clips(ctx, limit)
+                if seqs:
+                    apply_clips(ctx, seqs, limit, f"t{step}")
+                    refresh(ctx, PROTECTED)
+                    done["clip"] += 1
             operations += 1
             check_invariants(ctx, history, pristine, pushed)
     assert operations == CASES * 12
     # every layer really ran, many times
-    assert all(done[k] >= 10 for k in ("checkpoint tool", "prune", "watermark", "compress", "fold")), done
+    assert all(done[k] >= 10 for k in ("checkpoint tool", "prune", "watermark", "compress", "fold", "clip")), done

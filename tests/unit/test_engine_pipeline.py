@@ -344,10 +344,12 @@ def test_identify_counts_pruned_views():
         user("Start."),
         a_call(("c1", "read_file")), a_result(("c1", words(2000))),
         a_call(("c2", "read_file")), a_result(("c2", words(2000))),
+        a_call(("c3", "read_file")), a_result(("c3", words(20))),  # the newest: never pruned
         assistant("x"), user("y"), assistant("z"), user("w"), assistant("v"),
     ]
     ctx = make_ctx(messages)
     apply_prune(ctx, plan_prune(ctx, minimum=0, protect=1000), NOW)
+    assert ctx.state.prune_horizon() == 5
     refresh(ctx)
     sel = identify(ctx, BIG, POLICY)
     assert sel.freed_tokens == sum(e.view_tokens for e in sel.removed) - by_seq(ctx, 1).view_tokens

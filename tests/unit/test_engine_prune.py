@@ -49,8 +49,17 @@ def test_tool_result_tokens_of_both_styles():
 
 def test_nothing_below_the_minimum():
     ctx = make_ctx(conversation())
-    assert plan_prune(ctx, minimum=4007, protect=100) is None
-    assert plan_prune(ctx, minimum=4006, protect=100) is not None
+    # The newest output (9) is never cleared: 3, 5 and 7 hold 3006 tokens.
+    assert plan_prune(ctx, minimum=3007, protect=100) is None
+    assert plan_prune(ctx, minimum=3006, protect=100) is not None
+
+
+def test_the_newest_output_is_never_cleared_however_big():
+    ctx = make_ctx(conversation())
+    plan = plan_prune(ctx, minimum=0, protect=0)
+    assert plan is not None and plan.through_seq == 7 and plan.results == 3
+    ctx = make_ctx(conversation()[:3])  # one output, bigger than the protection
+    assert plan_prune(ctx, minimum=0, protect=10) is None
 
 
 def test_nothing_when_all_output_is_within_protection():
