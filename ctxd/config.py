@@ -153,6 +153,10 @@ class SummarizerConfig(_Section):
     """The summarizer model's own window; 0: ask the server. Larger inputs are summarized in chunks."""
     chain_timeout_seconds: float = 120.0
     """All of one LLM summary (chunks included); past it the extractive summarizer takes over."""
+    cooldown_seconds: float = 60.0
+    """After the backend timed out or failed, summaries are extractive for this long
+    before it is tried again (one dead server never costs a timeout per summary); 0: try
+    it every time."""
     query_model_info: bool = True
     """Ask the backend for a session model's window and size when the session does not say."""
 

@@ -86,6 +86,8 @@ class _Pass:
     summarizer: str | None = None
     fallback: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    told_fallback: bool = False
+    """A ``context/compressionFailed`` for a summarizer fallback was sent (once per pass)."""
 
 
 class _Stages:
@@ -265,9 +267,7 @@ async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext,
     result = await chain.summarize(request)
     run.summarizer = result.summarizer
     run.fallback = result.fallback_reason
-    if result.fallback_reason:
-        svc.events.emit(state.id, "context/compressionFailed", CompressionFailedNotification(
-            session_id=state.id, reason=result.fallback_reason, fallback=result.summarizer))
+    _tell_fallback(svc, state, run, result.fallback_reason, result.summarizer)
     stage("checkpoint", f"checkpoint from {result.summarizer}")
     checkpoint = make_checkpoint(selection, result.text, result.summarizer, now=now_iso(), number=number, count=count)
     rejection = summary_rejection(checkpoint)
@@ -280,7 +280,15 @@ async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext,
     return truncation_checkpoint(selection, now=now_iso(), number=number, count=count)
 
 
-async def _resummarize(svc: Service, state: SessionState, texts: list[str], level: str, target: int,
+def _tell_fallback(svc: Service, state: SessionState, run: _Pass, reason: str | None, used: str) -> None:
+    """A summarizer let us down and another stood in: tell clients, once per pass."""
+    if reason and not run.told_fallback:
+        run.told_fallback = True
+        svc.events.emit(state.id, "context/compressionFailed", CompressionFailedNotification(
+            session_id=state.id, reason=reason, fallback=used))
+
+
+async def _resummarize(svc: Service, state: SessionState, run: _Pass, texts: list[str], level: str, target: int,
                        goal: str | None) -> tuple[str, str] | None:
     from ctxd.summarize import SummaryRequest
 
@@ -288,6 +296,10 @@ async def _resummarize(svc: Service, state: SessionState, texts: list[str], leve
     request = SummaryRequest(messages=[Message(role="assistant", content=t) for t in texts], level=level,  # type: ignore[arg-type]
                              target_tokens=target, goal=goal, kind="checkpoint_merge")
     result = await chain.summarize(request)
+    if result.fallback_reason:
+        if result.fallback_reason not in (run.fallback or ""):
+            run.fallback = "; ".join(filter(None, [run.fallback, result.fallback_reason]))
+        _tell_fallback(svc, state, run, result.fallback_reason, result.summarizer)
     return result.text, result.summarizer
 
 
@@ -299,7 +311,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
     older = [cp for cp in ctx.checkpoints if cp.id != exclude]
     for step in ckpts.plan_aging(older, budget.max_prompt_tokens):
         cp = next(c for c in ctx.checkpoints if c.id == step.checkpoint_id)
-        out = await _resummarize(svc, state, [cp.summary], step.to_level, step.target_tokens, ctx.goal_text)
+        out = await _resummarize(svc, state, run, [cp.summary], step.to_level, step.target_tokens, ctx.goal_text)
         if out is None:
             continue
         text, summarizer = out
@@ -327,7 +339,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             break
         first = next(c for c in ctx.checkpoints if c.id == step.checkpoint_ids[0])
         second = next(c for c in ctx.checkpoints if c.id == step.checkpoint_ids[1])
-        out = await _resummarize(svc, state, [first.summary, second.summary], "ultra", step.target_tokens,
+        out = await _resummarize(svc, state, run, [first.summary, second.summary], "ultra", step.target_tokens,
                                  ctx.goal_text)
         if out is None:
             break

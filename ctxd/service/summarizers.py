@@ -63,7 +63,8 @@ class Summarizers:
             if self.backend is not None and self.settings is not None and model:
                 settings = self.settings if self.settings.model == model else _with_model(self.settings, model)
                 chain = SummarizerChain([LLMSummarizer(self.backend, settings, counter.count), extractive],
-                                        counter.count, timeout_seconds=self.config.chain_timeout_seconds)
+                                        counter.count, timeout_seconds=self.config.chain_timeout_seconds,
+                                        cooldown_seconds=self.config.cooldown_seconds)
             else:
                 chain = SummarizerChain([extractive], counter.count)
             self._chains[key] = chain

@@ -4,7 +4,10 @@ A model can be down, slow, or answer nonsense; compression must still happen. Ea
 summarizer but the last runs under an overall timeout and its answer is checked
 (``garbage_reason``) before it is accepted; the first acceptable answer wins and
 ``fallback_reason`` records why earlier ones were passed over. The last summarizer
-(normally the extractive one, which cannot fail) is trusted as is.
+(normally the extractive one, which cannot fail) is trusted as is. A summarizer whose
+backend is down (unreachable, timed out, refusing) is skipped for ``cooldown_seconds``:
+one pass ages and merges several checkpoints, and each would otherwise wait out the
+timeout again.
 Cancellation is never swallowed.
 """
 
@@ -12,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from ctxd.llm.base import BackendError
 from ctxd.protocol.message import message_text
@@ -51,6 +55,17 @@ def garbage_reason(text: str, count: Count, *, input_tokens: int | None, target_
     return None
 
 
+def _backend_down(exc: BackendError) -> bool:
+    """Failures that will repeat for the next summary too: nothing listening, no answer
+    in time, server errors that outlived the retries, a key or model the server refuses.
+    A 400/413 or a bad answer is about one request; cancellation is ours."""
+    if exc.kind in ("unreachable", "timeout"):
+        return True
+    if exc.kind == "http_status" and exc.status is not None:
+        return exc.status >= 500 or exc.status in (401, 403, 404)
+    return False
+
+
 class SummarizerChain:
     """Summarizers tried in order; the last is the dependable fallback.
 
@@ -59,7 +74,8 @@ class SummarizerChain:
     """
 
     def __init__(self, summarizers: Sequence[Summarizer], count: Count, *, timeout_seconds: float = 120.0,
-                 max_target_ratio: float = 2.0) -> None:
+                 max_target_ratio: float = 2.0, cooldown_seconds: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not summarizers:
             raise ValueError("a summarizer chain needs at least one summarizer")
         self.summarizers = list(summarizers)
@@ -67,6 +83,10 @@ class SummarizerChain:
         self._count = count
         self._timeout = timeout_seconds
         self._max_ratio = max_target_ratio
+        self._cooldown = cooldown_seconds
+        self._clock = clock
+        self._down: dict[int, tuple[float, str]] = {}
+        """index -> (when it failed, why): skipped until the cool-down has passed."""
 
     async def summarize(self, request: SummaryRequest) -> SummaryResult:
         reasons: list[str] = []
@@ -76,19 +96,30 @@ class SummarizerChain:
             if index == last:
                 result = await summarizer.summarize(request)
                 break
+            down = self._down.get(index)
+            if down is not None:
+                ago = self._clock() - down[0]
+                if ago < self._cooldown:
+                    reasons.append(f"skipped: {summarizer.name} failed {ago:.0f}s ago ({down[1]}); "
+                                   f"tried again {self._cooldown:g}s after")
+                    continue
             try:
                 async with asyncio.timeout(self._timeout):
                     result = await summarizer.summarize(request)
             except TimeoutError:
                 reasons.append(f"timeout: {summarizer.name} gave no summary within {self._timeout:g}s")
+                self._down[index] = (self._clock(), "timeout")
             except BackendError as exc:
                 reasons.append(f"backend_error: {exc.kind}: {exc.message}")
+                if _backend_down(exc):
+                    self._down[index] = (self._clock(), exc.kind if exc.status is None else f"HTTP {exc.status}")
             except SummarizeError as exc:
                 reasons.append(f"error: {exc}")
             except Exception as exc:  # a bug in one summarizer must not stop compression
                 log.exception("summarizer %s failed", summarizer.name)
                 reasons.append(f"error: {summarizer.name}: {type(exc).__name__}: {exc}")
             else:
+                self._down.pop(index, None)
                 if input_tokens is None:
                     input_tokens = self._input_tokens(request)
                 why = garbage_reason(result.text, self._count, input_tokens=input_tokens,

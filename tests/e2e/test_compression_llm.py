@@ -184,8 +184,9 @@ def failing_openai():
     that never converge)."""
     root = short_root()
     with FakeLLMServer(model=MODEL, api_key=KEY, context_length=32768) as server:
+        # (cool-down off: each test sets its own failure mode on the same daemon)
         daemon = daemon_for(root, server, "openai", "summarizer.chain_timeout_seconds=0.5",
-                            "summarizer.max_retries=0")
+                            "summarizer.max_retries=0", "summarizer.cooldown_seconds=0")
         try:
             yield server, daemon
         finally:
@@ -241,6 +242,35 @@ async def test_automatic_fallback_is_announced(failing_openai):
     finally:
         server.ok()
         await conn.close()
+
+
+async def test_a_slow_backend_is_waited_for_once_not_per_summary():
+    """One pass writes a checkpoint, ages older ones and merges: with the model timing out,
+    only the first summary waits for it; the rest of that pass and the next passes go
+    straight to the extractive summarizer until the cool-down ends, and clients hear of
+    the fallback once per pass."""
+    root = short_root()
+    with FakeLLMServer(model=MODEL, api_key=KEY, context_length=32768) as server:
+        daemon = daemon_for(root, server, "openai", "summarizer.chain_timeout_seconds=0.5",
+                            "summarizer.max_retries=0", "summarizer.cooldown_seconds=600")
+        server.slow(10)
+        try:
+            conn = await daemon.connect()
+            drive = await new_session(conn, "slow")
+            await drive.push_until(agent_session(seed=8, messages=900, markers=False),
+                                   lambda d: sum("summarize" in r.note["layers"] for r in d.runs) >= 4
+                                   and conn.of("checkpoint/aged"))
+            assert len(server.chat_requests()) == 1  # the one that timed out
+            failed = conn.of("context/compressionFailed")
+            summarized = [r for r in drive.runs if "summarize" in r.note["layers"]]
+            assert len(failed) == len(summarized)  # once per pass, ageing and merging included
+            assert failed[0]["reason"].startswith("timeout")
+            assert all(f["reason"].startswith("skipped: openai:") for f in failed[1:])
+            assert all(r.note["summarizer"] == "extractive" for r in summarized)
+            await conn.close()
+        finally:
+            daemon.stop()
+            remove_root(root)
 
 
 async def test_session_window_and_model_size_come_from_ollama():

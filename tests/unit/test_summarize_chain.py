@@ -131,9 +131,57 @@ async def test_several_failures_are_all_recorded(setup: tuple[FakeLLMServer, Sum
     assert first.startswith("error: boom") and second.startswith("backend_error: http_status")
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def with_clock(chain: SummarizerChain, clock: Clock, cooldown: float = 60.0) -> SummarizerChain:
+    return SummarizerChain(chain.summarizers, count, timeout_seconds=1.0, cooldown_seconds=cooldown, clock=clock)
+
+
 async def test_recovers_after_transient_failures(setup: tuple[FakeLLMServer, SummarizerChain]) -> None:
     server, chain = setup
+    clock = Clock()
+    chain = with_clock(chain, clock)
     server.fail("500")
+    assert (await chain.summarize(REQUEST)).summarizer == "extractive"
+    server.ok()
+    clock.now += 61  # past the cool-down
+    assert (await chain.summarize(REQUEST)).summarizer == "ollama:llama3.2:3b"
+
+
+async def test_a_dead_backend_is_not_waited_for_again_until_the_cool_down(
+        setup: tuple[FakeLLMServer, SummarizerChain]) -> None:
+    server, chain = setup
+    clock = Clock()
+    chain = with_clock(chain, clock)
+    server.slow(10)
+    first = await chain.summarize(REQUEST)
+    assert first.fallback_reason is not None and first.fallback_reason.startswith("timeout")
+    asked = len(server.chat_requests())
+    server.ok()
+    for _ in range(5):  # a pass ages and merges several checkpoints: none waits for the model
+        clock.now += 10
+        started = time.monotonic()
+        result = await chain.summarize(REQUEST)
+        assert time.monotonic() - started < 0.5
+        assert result.summarizer == "extractive"
+        assert result.fallback_reason is not None and result.fallback_reason.startswith("skipped: ollama:llama3.2:3b")
+        assert "(timeout)" in result.fallback_reason
+    assert len(server.chat_requests()) == asked
+    clock.now += 11  # 61 s after the failure: tried again, and it answers
+    assert (await chain.summarize(REQUEST)).summarizer == "ollama:llama3.2:3b"
+    assert len(server.chat_requests()) == asked + 1
+
+
+async def test_a_bad_answer_does_not_take_the_backend_out(setup: tuple[FakeLLMServer, SummarizerChain]) -> None:
+    server, chain = setup
+    chain = with_clock(chain, Clock())
+    server.garbage("empty")
     assert (await chain.summarize(REQUEST)).summarizer == "extractive"
     server.ok()
     assert (await chain.summarize(REQUEST)).summarizer == "ollama:llama3.2:3b"
