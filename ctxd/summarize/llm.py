@@ -14,6 +14,8 @@ import logging
 import math
 import re
 
+import msgspec
+
 from ctxd.llm.base import BackendError, ChatBackend, ChatTurn
 from ctxd.llm.settings import BackendSettings
 from ctxd.protocol.message import Message
@@ -29,6 +31,7 @@ DEFAULT_WINDOW = 8192
 MAX_AUTO_WINDOW = 32768
 _TURN_OVERHEAD = 4          # tokens a chat template adds per turn
 _SAFETY = 0.92              # our tokenizer is not the model's: keep a margin
+MIN_ANSWER = 64             # a summary answer shorter than this is not worth a model call
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
@@ -109,6 +112,11 @@ class LLMSummarizer:
         turns = build_prompt(request, rendered=rendered)
         if self.prompt_tokens(turns) <= budget:
             return await self._call(turns, max_out, stats, original)
+        fitted = self._fit_small_window(request, window, max_out)
+        if fitted is not None:  # a small window (Ollama's 2048): shorter answers make chunking possible
+            request, max_out = fitted
+            budget = self.input_budget(window, max_out)
+            rendered = render_messages(request)
         chunks = self._chunks(request, rendered, budget, max_out, window)
         summaries: list[str] = []
         for index, chunk in enumerate(chunks, start=1):
@@ -126,6 +134,25 @@ class LLMSummarizer:
             focus=request.focus, kind="checkpoint_merge")
         log.debug("merging %d chunk summaries (depth %d)", len(summaries), depth + 1)
         return await self._summarize(merge, window, stats, depth + 1)
+
+    def _fit_small_window(self, request: SummaryRequest, window: int,
+                          max_out: int) -> tuple[SummaryRequest, int] | None:
+        """When chunks would not leave room for two answers of ``max_out`` (what merging
+        needs), the largest answer size that does, with the target lowered to match; None
+        when ``max_out`` already fits or nothing useful does (``_chunks`` says why)."""
+        overhead = self.prompt_tokens(build_prompt(request, rendered=[], part=(99, 99)))
+        if self.input_budget(window, max_out) - overhead >= 2 * max_out + 64:
+            return None
+        # input_budget(w, m) - overhead >= 2m + 64, solved for m.
+        best = math.floor(((window * _SAFETY) - 16 - overhead - 64) / (2 + _SAFETY))
+        while best >= MIN_ANSWER and self.input_budget(window, best) - overhead < 2 * best + 64:
+            best -= 1
+        if best < MIN_ANSWER:
+            return None
+        target = max(1, min(request.target_tokens, math.floor(best / self._output_ratio)))
+        log.debug("summarizer window %d: answers of at most %d tokens (target %d -> %d)", window, best,
+                  request.target_tokens, target)
+        return msgspec.structs.replace(request, target_tokens=target), best
 
     def _chunks(self, request: SummaryRequest, rendered: list[str], budget: int, max_out: int,
                 window: int) -> list[list[str]]:

@@ -140,6 +140,21 @@ async def test_one_message_larger_than_a_chunk_is_cut_in_the_middle(server: Fake
     assert result.text
 
 
+async def test_a_2048_window_summarizes_with_shorter_answers(server: FakeLLMServer) -> None:
+    """Ollama's common num_ctx: the level's target would leave no room to merge two
+    chunk summaries, so the answers get shorter instead of the model being skipped."""
+    window = 2048
+    summarizer = await summarizer_for(server, context_window=window)
+    request = SummaryRequest(messages=conversation(30, words=80), level="detailed", target_tokens=600)
+    result = await summarizer.summarize(request)
+    await summarizer.backend.aclose()
+    chats = server.chat_requests()
+    assert len(chats) >= 3 and result.text
+    for chat in chats:
+        max_out = chat.json["options"]["num_predict"]
+        assert max_out < math.ceil(600 * 1.3) and prompt_tokens(chat) + max_out <= window
+
+
 async def test_window_too_small_for_the_target(server: FakeLLMServer) -> None:
     summarizer = await summarizer_for(server, context_window=512)
     request = SummaryRequest(messages=conversation(20), level="detailed", target_tokens=100)
