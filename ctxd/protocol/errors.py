@@ -54,7 +54,8 @@ ERROR_DOCS: dict[ErrorCode, str] = {
     ErrorCode.SessionExists: "`session/create` with an id that already exists.",
     ErrorCode.MessageTooLarge: "One message is larger than `limits.max_message_bytes`.",
     ErrorCode.BatchTooLarge: "A push carries more than `limits.max_batch_messages` messages.",
-    ErrorCode.StorageError: "The database refused the write; nothing of the request was stored.",
+    ErrorCode.StorageError: "The database refused the write (nothing of the request was stored), or stored "
+                            "data could not be read (`data.sessionId`; `ctxd-cli doctor` checks and recovers).",
     ErrorCode.Unauthorized: "TCP connection without the right `initializationOptions.token`.",
     ErrorCode.ContextOverflow: "The prompt cannot fit the window under the session's policy; `data` has the figures.",
     ErrorCode.CompressionFailed: "Every compression strategy failed; the active context is unchanged.",

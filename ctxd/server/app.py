@@ -7,6 +7,7 @@ decode nothing themselves and decide nothing; the service does the work.
 from __future__ import annotations
 
 import re
+import sqlite3
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -75,6 +76,15 @@ def decode_params(spec: MethodSpec, raw: Any) -> Any:
                         {"field": field or "params"}) from None
 
 
+def damaged_storage(config: Config, session_id: str | None, exc: BaseException) -> CtxdError:
+    """Stored data ctxd cannot read: a StorageError that names the session and the way out."""
+    where = f"session {session_id!r}" if isinstance(session_id, str) else "the database"
+    return CtxdError(ErrorCode.StorageError,
+                     f"stored data of {where} could not be read ({type(exc).__name__}: {exc}); the database "
+                     f"file may be damaged: `ctxd-cli doctor` checks it and can recover what is readable "
+                     f"into a new file", {"sessionId": session_id, "database": str(config.database_path)})
+
+
 class App:
     def __init__(self, daemon: "Daemon") -> None:
         self.daemon = daemon
@@ -92,4 +102,8 @@ class App:
     async def dispatch(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
                        raw: Any) -> Any:
         params = decode_params(spec, raw)
-        return await handler(Request(conn, self), params)
+        try:
+            return await handler(Request(conn, self), params)
+        except (msgspec.DecodeError, UnicodeDecodeError, sqlite3.DatabaseError) as exc:
+            # The params were valid (decoded above): what failed to decode is stored data.
+            raise damaged_storage(self.config, getattr(params, "session_id", None), exc) from exc

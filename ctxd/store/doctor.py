@@ -233,6 +233,38 @@ def _check_open(conn: sqlite3.Connection, path: Path, report: Report) -> None:
 
     _check_search(conn, report, tables)
     _check_consistency(conn, report, tables)
+    _check_payloads(conn, report, tables)
+
+
+KEYS = {"sessions": "id", "messages": "session_id, seq", "checkpoints": "session_id, id",
+        "compressions": "session_id, number", "snapshots": "session_id, id", "session_events": "session_id, at"}
+
+
+def _check_payloads(conn: sqlite3.Connection, report: Report, tables: set[str]) -> None:
+    """Every stored JSON value decoded as the daemon decodes it: a page can be intact for
+    SQLite and still hold bytes that are not the record that was written."""
+    bad: list[str] = []
+    try:
+        for table, columns in payload_decoders().items():
+            if table not in tables:
+                continue
+            present = {name for name, _ in _columns(conn, table)}
+            names = [c for c in columns if c in present]
+            if not names:
+                continue
+            for row in conn.execute(f"SELECT {KEYS[table]}, {', '.join(names)} FROM {table}"):
+                key_n = len(KEYS[table].split(", "))
+                for name, value in zip(names, row[key_n:]):
+                    if not _decodes(columns[name], value):
+                        key = " ".join(str(k) for k in row[:key_n])
+                        bad.append(f"{table} {key}: {name} cannot be read")
+    except sqlite3.DatabaseError as exc:
+        report.problem("payloads", f"cannot read every stored record: {exc}")
+        report.checks["payloads"] = "failed"
+        return
+    _listed(report, "payloads", bad)
+    if not bad:
+        report.checks["payloads"] = "ok"
 
 
 def _per_table_integrity(conn: sqlite3.Connection) -> list[str]:
@@ -582,6 +614,46 @@ def _merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
+def payload_decoders() -> dict[str, dict[str, Callable[[Any], Any]]]:
+    """table -> column -> a decoder raising on what the daemon could not read: each JSON
+    column decoded into the type the daemon decodes it into (valid JSON of the wrong
+    shape fails the daemon just the same). NULL passes where the column allows it."""
+    from ctxd.protocol.compression import Checkpoint
+    from ctxd.protocol.goal import Goal
+    from ctxd.protocol.message import Message
+    from ctxd.protocol.session import SessionSettings
+    from ctxd.protocol.snapshot import SnapshotInfo
+    from ctxd.service.state import StoredState
+    from ctxd.store.sessions import SessionStats
+
+    def typed(kind: Any, nullable: bool = False) -> Callable[[Any], Any]:
+        decoder = msgspec.json.Decoder(kind)
+
+        def decode(value: Any) -> Any:
+            if value is None:
+                if nullable:
+                    return None
+                raise ValueError("NULL")
+            return decoder.decode(value)
+        return decode
+
+    return {
+        "sessions": {"tags": typed(list[str]), "metadata": typed(dict[str, Any]), "stats": typed(SessionStats),
+                     "context_state": typed(StoredState), "settings": typed(SessionSettings),
+                     "model_info": typed(dict[str, Any]), "goal": typed(Goal, nullable=True)},
+        "messages": {"body": typed(Message)},
+        "checkpoints": {"body": typed(Checkpoint)},
+        "compressions": {"layers": typed(list[str]), "checkpoint_ids": typed(list[str]),
+                         "detail": typed(dict[str, Any], nullable=True)},
+        "snapshots": {"info": typed(SnapshotInfo), "state": typed(StoredState),
+                      "checkpoints": typed(list[Checkpoint]), "goal": typed(Goal, nullable=True)},
+        "session_events": {"detail": typed(dict[str, Any], nullable=True)},
+    }
+
+
+PAYLOAD_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError)
+
+
 def _valid_json(text: Any) -> bool:
     try:
         json.loads(text)
@@ -662,9 +734,19 @@ def _fsync(path: Path) -> None:
         os.close(dir_fd)
 
 
+def _decodes(decode: Callable[[Any], Any], value: Any) -> bool:
+    try:
+        decode(value)
+    except PAYLOAD_ERRORS:
+        return False
+    return True
+
+
 def _copy_all(src: sqlite3.Connection, out: sqlite3.Connection, src_tables: set[str],
               result: RecoveryResult) -> None:
-    decode_message = _message_decoder()
+    decoders = payload_decoders()
+    reset_context: set[str] = set()
+    """Sessions whose compression state (or one of its checkpoints) was unreadable."""
     sessions: set[str] = set()
     for table in TABLES:
         rec = TableRecovery(table)
@@ -693,22 +775,24 @@ def _copy_all(src: sqlite3.Connection, out: sqlite3.Connection, src_tables: set[
                   f"VALUES ({', '.join('?' * len(insert_cols))})")
         idx = {name: i + 1 for i, name in enumerate(cols)}  # position in a read row (rowid first)
 
+        checks = {name: fn for name, fn in decoders.get(table, {}).items() if name in idx}
+
         def on_row(row: tuple[Any, ...], table: str = table, rec: TableRecovery = rec,
-                   idx: dict[str, int] = idx, insert: str = insert, has_alias: bool = has_alias) -> None:
+                   idx: dict[str, int] = idx, insert: str = insert, has_alias: bool = has_alias,
+                   checks: dict[str, Callable[[Any], Any]] = checks) -> None:
             values = list(row)
+            bad = [name for name, decode in checks.items() if not _decodes(decode, values[idx[name]])]
             if table == "sessions":
-                for name, default in JSON_DEFAULTS.items():
-                    if name in idx and not _valid_json(values[idx[name]]):
-                        values[idx[name]] = default
-                        result.notes.append(f"session {values[idx['id']]}: its {name} was unreadable and was reset")
-                if "goal" in idx and values[idx["goal"]] is not None and not _valid_json(values[idx["goal"]]):
-                    values[idx["goal"]] = None
-            elif table == "messages":
-                try:
-                    decode_message(values[idx["body"]])
-                except (msgspec.DecodeError, TypeError, KeyError):
-                    rec.damaged += 1
-                    return
+                for name in bad:  # the row is the session: keep it, with that column reset
+                    values[idx[name]] = JSON_DEFAULTS.get(name)
+                    if name == "context_state":
+                        reset_context.add(values[idx["id"]])
+                    result.notes.append(f"session {values[idx['id']]}: its {name} was unreadable and was reset")
+            elif bad:
+                rec.damaged += 1
+                if table == "checkpoints" and "session_id" in idx:
+                    reset_context.add(values[idx["session_id"]])  # the context refers to it
+                return
             cursor = out.execute(insert, values[1:] if has_alias else values)
             if cursor.rowcount:
                 rec.copied += 1
@@ -731,6 +815,14 @@ def _copy_all(src: sqlite3.Connection, out: sqlite3.Connection, src_tables: set[
         seq = None
     if seq is not None:
         out.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'messages'", (seq[0],))
+    # A compression state that cannot be read, or that refers to a checkpoint that could
+    # not be: start that session's context afresh (its history is whole; the daemon
+    # compresses it again when it next needs to).
+    for sid in sorted(reset_context):
+        out.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
+        out.execute("UPDATE sessions SET context_state = '{}', context_tokens = token_count WHERE id = ?", (sid,))
+        result.notes.append(f"session {sid}: its compression state was unreadable and was reset (history is whole; "
+                            "ctxd compresses it again when it needs to)")
     # Messages whose session row was lost: rebuild the session from them.
     _rebuild_sessions(out, result)
     for table in OWNED:

@@ -55,7 +55,7 @@ def test_healthy_database(cli: Cli) -> None:
     report = cli.json("doctor")
     assert report["ok"] and report["database"] == str(db)
     assert report["check"]["checks"] == {"file": "ok", "integrity": "ok", "schema": "ok", "search": "ok",
-                                         "consistency": "ok"}
+                                         "consistency": "ok", "payloads": "ok"}
     assert report["check"]["sessions"] == 2 and report["check"]["messages"] == 12
     assert report["check"]["schemaVersion"] == report["check"]["expectedSchemaVersion"]
     text = cli("doctor", "--data-dir", str(cli.data_dir))
@@ -204,8 +204,11 @@ def test_messages_whose_session_row_was_lost_get_a_rebuilt_session(tmp_path: Pat
                          "tok_tool_call, tok_tool_result, tok_thinking, body) VALUES (?, ?, ?, ?, 10, 3, 7, 0, 0, 0, ?)",
                          [(sid, i, "user" if i % 2 else "assistant", f"2026-01-0{i}",
                            f'{{"role":"{"user" if i % 2 else "assistant"}","content":"{sid} {i}"}}') for i in (1, 2, 3)])
+    info = json.dumps({"snapshotId": "snap_1", "sessionId": "gone", "createdAt": "t", "trigger": "manual",
+                       "lastSeq": 1, "messageCount": 1, "tokenCount": 10, "contextTokens": 10, "checkpointCount": 0,
+                       "compressionCount": 0, "userMessageCount": 1, "contextWindow": 8192, "compressionRatio": 1.0})
     conn.execute("INSERT INTO snapshots (session_id, id, created_at, trigger_kind, last_seq, info, state, checkpoints) "
-                 "VALUES ('gone', 'snap_1', 't', 'manual', 1, '{}', '{}', '[]')")
+                 "VALUES ('gone', 'snap_1', 't', 'manual', 1, ?, '{}', '[]')", (info,))
     conn.commit()
     (sessions_page,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'sessions'").fetchone()
     conn.close()
@@ -224,3 +227,40 @@ def test_messages_whose_session_row_was_lost_get_a_rebuilt_session(tmp_path: Pat
     stats = json.loads(rows[0][7])
     assert stats["by_role"] == {"user": {"messages": 2, "tokens": 20}, "assistant": {"messages": 1, "tokens": 10}}
     assert doctor.check(result.path).ok
+
+
+def test_records_sqlite_can_read_but_ctxd_cannot(cli: Cli) -> None:
+    """Bytes damaged inside a row leave SQLite's pages intact: the daemon answers a
+    StorageError naming the session (not an internal error), doctor finds the record,
+    and a recovery drops it and starts that session's context afresh, history whole."""
+    db = make_database(cli, sessions=2, messages=30)
+    cli("compress", "s1")
+    cli("daemon", "stop")
+    with sqlite3.connect(db) as conn:
+        [(cp_id,)] = conn.execute("SELECT id FROM checkpoints WHERE session_id = 's1'").fetchall()
+        conn.execute("UPDATE checkpoints SET body = ? WHERE id = ?", (b'{"id":"caf\xe9', cp_id))
+        conn.execute("UPDATE messages SET body = ? WHERE session_id = 's0' AND seq = 7", (b'{"role": 5}',))
+
+    refused = cli("prompt", "s1", expect=1)
+    assert "(-33005)" in refused.stderr and "'s1'" in refused.stderr and "ctxd-cli doctor" in refused.stderr
+    assert "Traceback" not in refused.stderr and "Internal error" not in refused.stderr
+    assert cli.json("sessions", "list")["sessions"]  # the daemon still serves the rest
+    cli("daemon", "stop")
+
+    report = cli("--json", "doctor", expect=1).json()["check"]
+    assert report["checks"]["integrity"] == "ok" and report["checks"]["payloads"] == "problems"
+    problems = " ".join(p["message"] for p in report["problems"])
+    assert f"checkpoints s1 {cp_id}: body cannot be read" in problems and "messages s0 7: body" in problems
+
+    out = cli.json("doctor", "--recover")["recovery"]
+    new = Path(out["path"])
+    assert any("s1: its compression state was unreadable and was reset" in n for n in out["notes"])
+    assert cli.json("doctor", "--database", str(new))["ok"]
+    other = cli.root / "switched"
+    other.mkdir()
+    shutil.copy(new, other / "ctxd.db")
+    prompt = cli.json("--data-dir", str(other), "prompt", "s1", "--format", "openai")
+    assert prompt["messageCount"] == 30 and prompt["checkpointCount"] == 0
+    history = cli.json("--data-dir", str(other), "history", "s1")
+    assert len(history["messages"]) == 30
+    cli("--data-dir", str(other), "daemon", "stop")
