@@ -20,13 +20,23 @@ from ctxd import __version__
 from ctxd.config import ConfigError, load_config, parse_assignment
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0-65535)")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ctxd", description="The ctxd context daemon.")
     p.add_argument("--version", action="version", version=f"ctxd {__version__}")
     p.add_argument("--stdio", action="store_true", help="serve stdio (the default when no other transport is given)")
     p.add_argument("--socket", nargs="?", const="", default=None, metavar="PATH",
                    help="serve a Unix socket (default path: see docs/configuration.md)")
-    p.add_argument("--tcp", type=int, default=None, metavar="PORT",
+    p.add_argument("--tcp", type=_port, default=None, metavar="PORT",
                    help="serve TCP on 127.0.0.1:PORT (0: any free port); clients send the token file's token")
     p.add_argument("--config", metavar="FILE", help="configuration file (default ~/.config/ctxd/config.toml)")
     p.add_argument("--data-dir", metavar="DIR", help="where the database lives (daemon.data_dir)")

@@ -163,16 +163,16 @@ def history(ctx: click.Context, session_id: str, from_seq: int, limit: int, all_
     settings = settings_of(ctx)
 
     async def work(client: Client) -> dict[str, Any]:
-        params = {"sessionId": session_id, "fromSeq": from_seq, "limit": limit}
+        params = {"sessionId": session_id, "from": from_seq, "limit": limit}
         page = await client.request("session/history", params)
         merged = dict(page)
         if from_seq > 1:  # compressions and events come with the first page only
-            first = await client.request("session/history", {"sessionId": session_id, "fromSeq": 1, "limit": 1})
+            first = await client.request("session/history", {"sessionId": session_id, "from": 1, "limit": 1})
             merged["compressions"] = first.get("compressions", [])
             merged["events"] = first.get("events", [])
         messages = list(page["messages"])
         while all_pages and page.get("nextSeq") is not None:
-            page = await client.request("session/history", {**params, "fromSeq": page["nextSeq"],
+            page = await client.request("session/history", {**params, "from": page["nextSeq"],
                                                              "limit": MAX_PAGE})
             messages += page["messages"]
         merged["messages"] = messages

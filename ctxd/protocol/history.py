@@ -14,10 +14,10 @@ ImportFormat = Literal["auto", "json", "markdown", "jsonl", "claude_code", "open
 
 
 class HistoryParams(msgspec.Struct, rename="camel", omit_defaults=True):
-    """Page through a session's whole history: messages with ``seq >= fromSeq``."""
+    """Page through a session's whole history: messages with ``seq >= from``."""
 
     session_id: str
-    from_seq: int = 1
+    from_seq: int = msgspec.field(default=1, name="from")
     limit: int = 100
 
 
@@ -62,7 +62,7 @@ class HistoryResult(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: str
     messages: list[HistoryEntry]
     next_seq: Union[int, None]
-    """Pass as ``fromSeq`` for the next page; null at the end."""
+    """Pass as ``from`` for the next page; null at the end."""
     message_count: int
     model: Union[str, None] = None
     provider: Union[str, None] = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import msgspec
@@ -50,6 +50,15 @@ class Request:
         return self.app.daemon
 
 
+LSP_PARAMS = frozenset({"workDoneToken", "partialResultToken"})
+"""Fields LSP lets any request carry; accepted (and ignored where unused) everywhere."""
+
+
+@lru_cache(maxsize=None)
+def _param_names(params: type) -> frozenset[str]:
+    return frozenset(f.encode_name for f in msgspec.structs.fields(params))
+
+
 def decode_params(spec: MethodSpec, raw: Any) -> Any:
     """Params as the method's Struct, or a -32602 that names the field at fault."""
     if raw is None:
@@ -61,6 +70,13 @@ def decode_params(spec: MethodSpec, raw: Any) -> Any:
         raise CtxdError(ErrorCode.InvalidParams,
                         f"Invalid params: {spec.name} takes an object, not {type(raw).__name__}",
                         {"field": "params"})
+    if spec.name != "initialize":  # LSP clients send many initialize fields ctxd has no use for
+        known = _param_names(spec.params)
+        unknown = [k for k in raw if k not in known and k not in LSP_PARAMS]
+        if unknown:
+            raise CtxdError(ErrorCode.InvalidParams,
+                            f"Invalid params: {spec.name} has no field {unknown[0]!r} "
+                            f"(it takes {', '.join(sorted(known)) or 'no fields'})", {"field": unknown[0]})
     try:
         return msgspec.convert(raw, spec.params)
     except msgspec.ValidationError as exc:

@@ -110,8 +110,16 @@ def claim_socket(path: Path) -> SocketLock:
 
 async def serve_unix(path: Path, on_connection: OnConnection, lock: SocketLock) -> asyncio.AbstractServer:
     """Listen on ``path``, whose ``lock`` the caller holds (see :func:`claim_socket`)."""
-    if path.exists() or path.is_symlink():
-        path.unlink()  # we hold the lock, so whoever made it is gone
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            lock.release()
+            raise TransportError(f"{path} exists and is not a socket: ctxd will not replace it "
+                                 f"(choose another --socket path, or move it away)")
+        path.unlink()  # a stale socket: we hold the lock, so whoever made it is gone
     old_umask = os.umask(0o177)
     try:
         server = await asyncio.start_unix_server(

@@ -59,7 +59,7 @@ async def history(svc: Service, params: HistoryParams) -> HistoryResult:
     if not 1 <= params.limit <= MAX_PAGE:
         raise invalid_params(f"limit must be 1 to {MAX_PAGE}", "limit")
     if params.from_seq < 1:
-        raise invalid_params("fromSeq must be at least 1", "fromSeq")
+        raise invalid_params("from must be at least 1", "from")
     state = await svc.cache.get(params.session_id)
     rows = await svc.db.read(message_store.load_range, state.id, params.from_seq - 1, None, params.limit + 1)
     more = len(rows) > params.limit

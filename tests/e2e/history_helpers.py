@@ -245,7 +245,7 @@ async def full_history(conn: Conn, session_id: str, limit: int = 1000) -> dict[s
     pages = 0
     seq: int | None = 1
     while seq is not None:
-        page = await conn.call("session/history", {"sessionId": session_id, "fromSeq": seq, "limit": limit})
+        page = await conn.call("session/history", {"sessionId": session_id, "from": seq, "limit": limit})
         pages += 1
         first = first or page
         entries += page["messages"]

@@ -82,7 +82,7 @@ async def test_history_pages_through_everything_once_with_statuses():
         pages: list[dict[str, Any]] = []
         seq: int | None = 1
         while seq is not None:
-            page = await conn.call("session/history", {"sessionId": "h", "fromSeq": seq, "limit": 7})
+            page = await conn.call("session/history", {"sessionId": "h", "from": seq, "limit": 7})
             pages.append(page)
             assert page["messageCount"] == total
             if page["nextSeq"] is not None:
@@ -131,9 +131,9 @@ async def test_history_pages_through_everything_once_with_statuses():
                 assert marker_of(drive.pushed[q]) not in everything, f"{fmt}: rolled-back {q} is sent"
 
         # Past the end: nothing, and no next page.
-        tail = await conn.call("session/history", {"sessionId": "h", "fromSeq": total + 1, "limit": 10})
+        tail = await conn.call("session/history", {"sessionId": "h", "from": total + 1, "limit": 10})
         assert tail["messages"] == [] and tail["nextSeq"] is None and tail["messageCount"] == total
-        exact = await conn.call("session/history", {"sessionId": "h", "fromSeq": total - 4, "limit": 5})
+        exact = await conn.call("session/history", {"sessionId": "h", "from": total - 4, "limit": 5})
         assert [e["seq"] for e in exact["messages"]] == list(range(total - 4, total + 1)) and exact["nextSeq"] is None
 
 
@@ -143,11 +143,17 @@ async def test_history_bad_params():
         await conn.call("session/create", {"sessionId": "h"})
         await push(conn, "h", [{"role": "user", "content": "hi"}])
         for params, field in (({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"limit": -3}, "limit"),
-                              ({"fromSeq": 0}, "fromSeq"), ({"fromSeq": -1}, "fromSeq")):
+                              ({"from": 0}, "from"), ({"from": -1}, "from")):
             err = await rpc_error(conn, "session/history", {"sessionId": "h", **params}, -32602)
             assert err.data and err.data.get("field") == field, (params, err.data)
-        for params in ({"fromSeq": "1"}, {"limit": 2.5}):
+        for params in ({"from": "1"}, {"limit": 2.5}):
             await rpc_error(conn, "session/history", {"sessionId": "h", **params}, -32602)
+        # A field the method does not have is named, not ignored (a client written against
+        # another version would otherwise silently get the wrong page).
+        err = await rpc_error(conn, "session/history", {"sessionId": "h", "fromSeq": 3}, -32602)
+        assert err.data == {"field": "fromSeq"} and "'fromSeq'" in err.message and "from" in err.message
+        page = await conn.call("session/history", {"sessionId": "h", "workDoneToken": "t1"})  # LSP's own: fine
+        assert [e["seq"] for e in page["messages"]] == [1]
         await rpc_error(conn, "session/history", {"sessionId": "nope"}, -33001)
         page = await conn.call("session/history", {"sessionId": "h"})
         assert [e["seq"] for e in page["messages"]] == [1] and page["nextSeq"] is None

@@ -94,6 +94,24 @@ def test_data_dir_without_write_permission(tmp_path):
     assert str(data) in one_line(result)
 
 
+def test_socket_path_that_is_not_a_socket_is_left_alone(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("my notes\n")
+    result = run_ctxd(["--socket", str(path), "--data-dir", str(tmp_path / "d")])
+    assert result.returncode != 0
+    line = one_line(result)
+    assert str(path) in line and "not a socket" in line
+    assert path.read_text() == "my notes\n"
+
+
+def test_tcp_port_out_of_range_is_a_usage_error(tmp_path):
+    result = run_ctxd(["--tcp", "99999", "--data-dir", str(tmp_path / "d")])
+    assert result.returncode == 2
+    text = result.stderr.decode()
+    assert "Traceback" not in text
+    assert text.strip().splitlines()[-1] == "ctxd: error: argument --tcp: 99999 is not a port number (0-65535)"
+
+
 @pytest.mark.parametrize("env, args, named", [
     ({"CTXD_STORAGE_DURABILITY": "bad"}, [], "CTXD_STORAGE_DURABILITY"),
     ({"CTXD_LIMITS_MAX_BATCH_MESSAGES": "many"}, [], "CTXD_LIMITS_MAX_BATCH_MESSAGES"),
