@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+MAX_COUNT = 2**53 - 1
+"""The largest integer JSON carries exactly (and far below SQLite's 2^63)."""
+TokenCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+"""A number of tokens a client reports: never negative."""
+Seq = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
+"""A message's sequence number in its session (the first is 1)."""
+WindowSize = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+"""A context window in tokens."""
 
 
 class SessionRef(msgspec.Struct, rename="camel"):

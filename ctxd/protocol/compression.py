@@ -7,6 +7,7 @@ from typing import Literal, Union
 
 import msgspec
 
+from ctxd.protocol.common import Seq
 from ctxd.protocol.message import Message
 
 Layer = Literal["prune", "watermark", "summarize", "truncate", "clip", "fold"]
@@ -144,7 +145,7 @@ class WatermarkParams(msgspec.Struct, rename="camel", omit_defaults=True):
 
     session_id: str
     tool_use_id: Union[str, None] = None
-    seq: Union[int, None] = None
+    seq: Union[Seq, None] = None
 
 
 class WatermarkResult(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -161,7 +162,7 @@ class PinParams(msgspec.Struct, rename="camel"):
     """Pin (or unpin) a message: pinned messages are sent verbatim and never compressed."""
 
     session_id: str
-    seq: int
+    seq: Seq
     pinned: bool = True
 
 

@@ -6,6 +6,7 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from ctxd.protocol.common import Seq
 from ctxd.protocol.message import Message
 
 ExportFormat = Literal["json", "markdown", "jsonl"]
@@ -17,7 +18,7 @@ class HistoryParams(msgspec.Struct, rename="camel", omit_defaults=True):
     """Page through a session's whole history: messages with ``seq >= from``."""
 
     session_id: str
-    from_seq: int = msgspec.field(default=1, name="from")
+    from_seq: Seq = msgspec.field(default=1, name="from")
     limit: int = 100
 
 

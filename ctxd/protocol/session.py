@@ -6,6 +6,7 @@ from typing import Any, Union
 
 import msgspec
 
+from ctxd.protocol.common import WindowSize
 from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.context import Budget
 from ctxd.protocol.message import Message
@@ -21,7 +22,7 @@ class SessionCreateParams(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: Union[str, None] = None
     model: Union[str, None] = None
     provider: Union[str, None] = None
-    context_window: Union[int, None] = None
+    context_window: Union[WindowSize, None] = None
     system_prompt: Union[str, None] = None
     title: Union[str, None] = None
     tags: Union[list[str], None] = None
@@ -38,7 +39,7 @@ class SessionUpdateParams(msgspec.Struct, rename="camel", omit_defaults=True):
     tags: Union[list[str], None] = None
     metadata: Union[dict[str, Any], None] = None
     settings: Union[SessionSettings, None] = None
-    context_window: Union[int, None] = None
+    context_window: Union[WindowSize, None] = None
     system_prompt: Union[str, None] = None
 
 

@@ -123,3 +123,6 @@ class App:
         except (msgspec.DecodeError, UnicodeDecodeError, sqlite3.DatabaseError) as exc:
             # The params were valid (decoded above): what failed to decode is stored data.
             raise damaged_storage(self.config, getattr(params, "session_id", None), exc) from exc
+        except OverflowError as exc:  # a number the Structs do not bound, too big for SQLite
+            raise CtxdError(ErrorCode.InvalidParams, f"Invalid params: a number is too large to store ({exc})",
+                            {"field": "params"}) from exc
