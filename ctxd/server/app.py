@@ -50,6 +50,9 @@ class Request:
         return self.app.daemon
 
 
+OUT_OF_ORDER = frozenset({"context/compress", "session/import"})
+"""Requests later ones from the same client do not wait for (they may take minutes)."""
+
 LSP_PARAMS = frozenset({"workDoneToken", "partialResultToken"})
 """Fields LSP lets any request carry; accepted (and ignored where unused) everywhere."""
 
@@ -117,6 +120,21 @@ class App:
 
     async def dispatch(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
                        raw: Any) -> Any:
+        if spec.name == "initialize":
+            try:
+                return await handler(Request(conn, self), decode_params(spec, raw))
+            finally:
+                if conn.initialize_done is not None:
+                    conn.initialize_done.set()
+        await conn.ready(spec.name)
+        done = await conn.in_order(spec.name not in OUT_OF_ORDER)
+        try:
+            return await self._run(conn, spec, handler, raw)
+        finally:
+            done.set()
+
+    async def _run(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
+                   raw: Any) -> Any:
         params = decode_params(spec, raw)
         try:
             return await handler(Request(conn, self), params)

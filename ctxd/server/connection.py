@@ -72,6 +72,15 @@ class Writer:
             return False
         return True
 
+    async def drain(self) -> None:
+        """Wait until what was written has gone out (or the other side is gone)."""
+        if self.closed or not isinstance(self._stream, asyncio.StreamWriter):
+            return
+        try:
+            await self._stream.drain()
+        except (ConnectionError, OSError, RuntimeError):
+            self.closed = True
+
     def close(self) -> None:
         if self.closed:
             return
@@ -80,6 +89,10 @@ class Writer:
             self._stream.close()
         except (ConnectionError, OSError, RuntimeError):
             pass
+
+
+DRAIN_SECONDS = 60.0
+"""How long requests already received may still run after the client's input ends."""
 
 
 class CtxdProtocol(JsonRPCProtocol):
@@ -233,7 +246,12 @@ class Connection:
         self.writer = writer
         self.reader = reader
         self.initialized = False
+        self.initialize_done: asyncio.Event | None = None
+        """Set when an ``initialize`` arrived; fires when it has been answered. Requests
+        sent right behind it (pipelined, without waiting for its result) wait for it."""
         self.shutdown_requested = False
+        self._tail: asyncio.Event | None = None
+        """Set when the last request that later ones must wait for has finished."""
         self.closed = asyncio.Event()
         # Set by a handler whose answer must be the last thing this connection sends
         # (a refused token): the connection closes once that answer is written.
@@ -253,12 +271,38 @@ class Connection:
         if self.shutdown_requested:
             return ErrorCode.InvalidRequest, f"Invalid Request: {method!r} after shutdown; only exit is accepted"
         if method == "initialize":
-            if self.initialized:
+            if self.initialized or self.initialize_done is not None:
                 return ErrorCode.InvalidRequest, "Invalid Request: initialize was already received"
+            self.initialize_done = asyncio.Event()
             return None
-        if not self.initialized:
+        if not self.initialized and self.initialize_done is None:
             return ErrorCode.ServerNotInitialized, f"server not initialized: send initialize before {method!r}"
         return None
+
+    async def in_order(self, blocks_followers: bool) -> asyncio.Event:
+        """Wait until the requests this client sent before have finished; the returned
+        event is set when this one has. A client may send ``session/create`` and pushes
+        without waiting for answers: they run in the order sent. A request that does not
+        ``blocks_followers`` (a compression that may wait minutes for an LLM) still waits
+        for those before it, but those after it do not wait for it."""
+        done = asyncio.Event()
+        before = self._tail
+        if blocks_followers:
+            self._tail = done
+        if before is not None and not before.is_set():
+            await before.wait()
+        if not blocks_followers:
+            done.set()  # nothing waits on it
+        return done
+
+    async def ready(self, method: str) -> None:
+        """Wait for an ``initialize`` still running (see ``initialize_done``)."""
+        if self.initialized or self.initialize_done is None:
+            return
+        await self.initialize_done.wait()
+        if not self.initialized:
+            raise CtxdError(ErrorCode.ServerNotInitialized,
+                            f"server not initialized: initialize failed, so {method!r} cannot run")
 
     def on_notification(self, method: str, params: Any) -> None:
         if method == "exit":
@@ -288,6 +332,19 @@ class Connection:
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
 
+    async def _finish_in_flight(self) -> None:
+        """The client stopped sending (EOF): requests it already sent still run to the
+        end and are answered (``printf frames | ctxd`` stores its pushes), within
+        ``DRAIN_SECONDS``; then the connection closes and cancels what is left."""
+        pending = [f for f in self.protocol._request_futures.values()
+                   if isinstance(f, asyncio.Future) and not f.done()]
+        if not pending:
+            return
+        log.debug("connection %s: input ended; finishing %d request(s)", self.id, len(pending))
+        await asyncio.wait(pending, timeout=DRAIN_SECONDS)
+        await asyncio.sleep(0)  # their done-callbacks write the answers
+        await self.writer.drain()
+
     async def serve(self) -> None:
         """Read and dispatch frames until the client leaves or sends ``exit``."""
         limits = self.app.config.limits
@@ -298,6 +355,7 @@ class Connection:
             while not self.closed.is_set():
                 event = await frames.next()
                 if event is None:
+                    await self._finish_in_flight()
                     break
                 if isinstance(event, FrameError):
                     log.info("connection %s: %s", self.id, event.reason)

@@ -43,15 +43,37 @@ async def open_stdio() -> tuple[asyncio.StreamReader, Writer]:
     sys.stdout = sys.stderr
     reader = asyncio.StreamReader(limit=1 << 20)
     try:
+        if not _pollable(stdin.fileno()):
+            raise ValueError("not pollable")
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
     except (ValueError, OSError):
         loop.create_task(_pump_blocking(stdin, reader))
     try:
+        if not _pollable(stdout.fileno()):
+            raise ValueError("not pollable")
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, stdout)
         writer: Any = asyncio.StreamWriter(transport, protocol, None, loop)
     except (ValueError, OSError):
         writer = stdout
     return reader, Writer(writer)
+
+
+def _pollable(fd: int) -> bool:
+    """Whether the event loop can wait on ``fd``: epoll refuses regular files and some
+    devices (``ctxd </dev/null``, input redirected from a file), which then get a thread."""
+    try:
+        import select
+
+        poller = select.epoll()
+    except (ImportError, AttributeError, OSError):
+        return True  # not Linux: let asyncio decide
+    try:
+        poller.register(fd, select.EPOLLIN)
+    except OSError:
+        return False
+    finally:
+        poller.close()
+    return True
 
 
 async def _pump_blocking(stream: Any, reader: asyncio.StreamReader) -> None:

@@ -353,3 +353,46 @@ async def test_process_id_that_is_no_pid_is_not_watched(tmp_path, process_id):
     assert code == 0
     assert {m["id"]: "result" in m for m in parse_frames(out)} == {1: True, 2: True, 3: True}
     assert b"Traceback" not in err, err.decode()
+
+
+# --- stdio fed by a pipe or a file --------------------------------------------------------
+
+
+def test_frames_piped_in_without_waiting_are_all_answered_in_order(tmp_path):
+    """An agent (or ``cat frames | ctxd``) writes initialize, create and pushes at once
+    and closes its end: each request runs after the ones before it, every one is
+    answered, and the pushes are stored before the daemon exits."""
+    data = tmp_path / "d"
+    pushes = [request_frame(10 + i, "session/push", {"sessionId": "piped", "messages": [
+        {"role": "user", "content": f"message {i}"}]}) for i in range(20)]
+    stdin = b"".join([
+        request_frame(1, "initialize", {"processId": None, "capabilities": {}}),
+        frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+        request_frame(2, "session/create", {"sessionId": "piped"}),
+        *pushes,
+        request_frame(99, "session/get", {"sessionId": "piped"}),
+    ])
+    result = run_ctxd(["--data-dir", str(data)], stdin=stdin)
+    assert b"Traceback" not in result.stderr, result.stderr.decode()
+    answers = parse_frames(result.stdout)
+    assert [a["id"] for a in answers] == [1, 2, *range(10, 30), 99]
+    assert all("result" in a for a in answers), [a for a in answers if "error" in a]
+    assert [a["result"]["messages"][0]["seq"] for a in answers[2:22]] == list(range(1, 21))
+    assert answers[-1]["result"]["messageCount"] == 20
+    with sqlite3.connect(data / "ctxd.db") as conn:
+        assert conn.execute("SELECT count(*) FROM messages WHERE session_id = 'piped'").fetchone()[0] == 20
+
+
+def test_stdin_from_dev_null_or_a_file_exits_cleanly(tmp_path):
+    with open(os.devnull, "rb") as null:
+        result = subprocess.run([*CTXD, "--data-dir", str(tmp_path / "d")], stdin=null, capture_output=True,
+                                timeout=60, env=daemon_env())
+    assert result.stdout == b"" and b"Traceback" not in result.stderr, result.stderr.decode()
+    frames = tmp_path / "frames.bin"
+    frames.write_bytes(request_frame(1, "initialize", {"processId": None, "capabilities": {}})
+                       + request_frame(2, "session/list", {}))
+    with open(frames, "rb") as source:
+        result = subprocess.run([*CTXD, "--data-dir", str(tmp_path / "d")], stdin=source, capture_output=True,
+                                timeout=60, env=daemon_env())
+    assert b"Traceback" not in result.stderr, result.stderr.decode()
+    assert [a["id"] for a in parse_frames(result.stdout)] == [1, 2]
