@@ -67,7 +67,9 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     snapshot_armed: bool = True
     """The next rise above the snapshot threshold takes an automatic snapshot."""
     snapshot_seq: int = 0
-    """History's last seq when the last automatic snapshot was taken."""
+    """History's last seq when the last snapshot was taken."""
+    snapshot_compressions: int = -1
+    """``compression_count`` when the last snapshot was taken (-1: none yet)."""
     rolled_back: list[tuple[int, int]] = []
     """Ranges of history (inclusive) that a snapshot restore took out of the active context."""
     clips: list[ClipEvent] = []

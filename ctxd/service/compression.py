@@ -88,6 +88,15 @@ class _Pass:
     detail: dict[str, Any] = field(default_factory=dict)
     told_fallback: bool = False
     """A ``context/compressionFailed`` for a summarizer fallback was sent (once per pass)."""
+    snapshotted: bool = False
+
+
+async def _before_change(svc: Service, state: SessionState, run: _Pass) -> None:
+    """The restore point of a pass, taken right before its first change to the context
+    (a pass that changes nothing leaves no snapshot behind). Never under the lock."""
+    if not run.snapshotted:
+        run.snapshotted = True
+        await snapshots.before_compression(svc, state)
 
 
 class _Stages:
@@ -151,7 +160,6 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
                 return CompressResult(session_id=state.id, compressed=False, layers=[],
                                       before_tokens=ctx.prompt_tokens, after_tokens=ctx.prompt_tokens,
                                       reason=decision.reason)
-        await snapshots.before_compression(svc, state)
         run = _Pass(trigger=trigger, started=time.perf_counter(), before=ctx.prompt_tokens)
         progress.begin("Compressing context", f"{ctx.prompt_tokens} tokens")
         stage = _Stages(svc, state, progress)
@@ -186,6 +194,7 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
     minimum, protect = policy.prune_thresholds(budget.available)
     plan = plan_prune(ctx, minimum, protect, policy.protected_tools)
     if plan is not None:
+        await _before_change(svc, state, run)
         async with state.lock:
             apply_prune(ctx, plan, now_iso())
             cache.refresh(state)
@@ -208,6 +217,7 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
                              f"target {selection.target_tokens}")
         checkpoint = await _checkpoint_for(svc, state, ctx, selection, run, stage, focus, policy.strategy)
         stage("update", "updating the active context")
+        await _before_change(svc, state, run)
         async with state.lock:
             apply_selection(ctx, selection, checkpoint)
             cache.refresh(state, system=True)
@@ -367,6 +377,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     limit = max(MIN_CLIP, math.floor(policy.recent_share * budget.available))
     clips = plan_clips(ctx, limit)
     if clips:
+        await _before_change(svc, state, run)
         async with state.lock:
             apply_clips(ctx, clips, limit, now_iso())
             ctx.state.lossy = True
@@ -381,6 +392,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         prepare(selection, budget)
         cp = truncation_checkpoint(selection, now=now_iso(), number=state.cstate.compression_count + 1,
                                    count=state.counter.count)
+        await _before_change(svc, state, run)
         async with state.lock:
             apply_selection(ctx, selection, cp)
             ctx.state.lossy = True
@@ -413,6 +425,7 @@ async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: 
             # messages only, never summarized): move it over them first.
             selection = identify(ctx, budget, policy, keep_recent=keep_recent, min_freed=-1)
             if selection is not None and selection.freed_tokens == 0:
+                await _before_change(svc, state, run)
                 async with state.lock:
                     if advance(ctx, selection):
                         cache.refresh(state)
@@ -429,6 +442,7 @@ async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: 
         recent_tokens=ctx.recent_tokens, action=action, folded_messages=len(chosen)))
     if not chosen:
         return
+    await _before_change(svc, state, run)
     async with state.lock:
         cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=state.cstate.compression_count + 1,
                   count=state.counter.count)

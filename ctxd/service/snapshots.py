@@ -66,6 +66,7 @@ async def _take(svc: Service, state: SessionState, trigger: str, label: str | No
         context_window=state.context_window, compression_ratio=round(row.context_tokens / history, 4),
         label=label, model=row.model, watermark_seq=cstate.watermark_seq,
     )
+    cstate.snapshot_seq, cstate.snapshot_compressions = row.last_seq, cstate.compression_count
     snap = SnapshotRow(info, state.encoded_state(), list(ctx.checkpoints), row.goal)
     cfg = svc.config.snapshots
     older = None
@@ -113,9 +114,9 @@ async def before_compression(svc: Service, state: SessionState) -> None:
     if not (cfg.auto and cfg.before_compression):
         return
     async with state.lock:
-        if state.cstate.snapshot_seq >= state.row.last_seq and state.cstate.snapshot_seq:
-            return
-        state.cstate.snapshot_seq = state.row.last_seq
+        cstate = state.cstate
+        if cstate.snapshot_seq >= state.row.last_seq and cstate.snapshot_compressions == cstate.compression_count:
+            return  # the newest snapshot (of any kind) already holds this very context
         await _take(svc, state, "auto", "before compression")
 
 
@@ -195,7 +196,7 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
         if last > snap.info.last_seq:
             rolled = (snap.info.last_seq + 1, last)
             cstate.rolled_back = [*cstate.rolled_back, rolled]
-        cstate.snapshot_seq = last
+        cstate.snapshot_seq, cstate.snapshot_compressions = last, cstate.compression_count  # it is a snapshot
         cstate.snapshot_armed = False
         encoded = msgspec.json.encode(restored)
         now = now_iso()

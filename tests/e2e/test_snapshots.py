@@ -127,6 +127,20 @@ async def test_before_compression_every_pass_starts_from_a_snapshot():
         assert [s["createdAt"] for s in listed] == sorted((s["createdAt"] for s in listed), reverse=True)
 
 
+async def test_a_pass_that_changes_nothing_takes_no_snapshot():
+    """Snapshots are restore points: a compression that finds nothing to compress, or a
+    context that a snapshot (a manual one included) already holds, adds none."""
+    async with running() as d:
+        conn = await d.connect("*")
+        await conn.call("session/create", {"sessionId": "s", "contextWindow": WINDOW})
+        await push(conn, "s", [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}])
+        manual = await conn.call("snapshot/create", {"sessionId": "s", "label": "mine"})
+        result = await conn.call("context/compress", {"sessionId": "s"})
+        assert not result["compressed"]
+        listed = (await conn.call("snapshot/list", {"sessionId": "s"}))["snapshots"]
+        assert [s["snapshotId"] for s in listed] == [manual["snapshotId"]]
+
+
 async def test_without_before_compression_passes_take_no_snapshot_of_their_own():
     async with running("snapshots.before_compression=false", "snapshots.keep=50") as d:
         conn = await d.connect("*")
