@@ -191,18 +191,22 @@ def make_checkpoint(selection: Selection, summary: str, summarizer: str, *, now:
 
 
 def truncation_checkpoint(selection: Selection, *, now: str, number: int, count: Callable[[str], int]) -> Checkpoint:
-    """The last resort: a checkpoint that only says what was left out (and where it is)."""
-    summarized = set(selection.message_seqs)
+    """The last resort: a checkpoint that only says what was left out (and where it is).
+    Its ``message_ranges`` are exactly the messages left out: the user's words among the
+    removed stay in the prompt, so they are neither counted nor covered."""
     from ctxd.engine.extract import extract
 
-    removed = [e for e in selection.removed if e.seq in summarized]
+    removed = [e for e in selection.removed if e.seq in set(selection.message_seqs) and not e.has_user_text]
+    summarized = {e.seq for e in removed}
     facts = extract([e.message for e in removed])
     earlier = selection.earlier_truncations
     if not earlier:
         notice = truncation_notice(selection.seq_from, selection.cut_seq, len(removed), selection.freed_tokens,
                                    facts.files_modified)
-        return make_checkpoint(selection, notice, "truncation", now=now, number=number, count=count,
-                               kind="truncated")
+        cp = make_checkpoint(selection, notice, "truncation", now=now, number=number, count=count,
+                             kind="truncated")
+        cp.message_ranges = seq_ranges(sorted(summarized))
+        return cp
     # One notice for everything left out (like the one folded checkpoint): the oldest
     # truncation checkpoint grows, keeping its id, instead of a new one per pass.
     oldest = earlier[0]

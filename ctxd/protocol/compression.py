@@ -48,8 +48,10 @@ def merge_ranges(*groups: "list[tuple[int, int]]") -> list[tuple[int, int]]:
 class Checkpoint(msgspec.Struct, rename="camel", omit_defaults=True):
     """A compressed stretch of conversation (seed 000 "Checkpoint Structure", seed 004
     "ConversationSummary"). ``messageRanges`` are the history messages it stands for, as
-    inclusive runs of sequence numbers (the user's words and pins in between stay in the
-    prompt, so they are not in them); ``checkpoint/expand`` returns those messages whole."""
+    inclusive runs of sequence numbers; ``checkpoint/expand`` returns those messages whole.
+    A summary covers the user's messages it read too (their words also stay in the prompt,
+    verbatim); a truncation notice covers only what was left out; pinned and system
+    messages, sent whole, are in none."""
 
     id: str
     kind: CheckpointKind

@@ -419,7 +419,9 @@ def test_truncation_checkpoint():
     sel = prepare(identify(ctx, BIG, POLICY), BIG)
     cp = truncation_checkpoint(sel, now=NOW, number=3, count=count)
     assert cp.kind == "truncated" and cp.level == "compact" and cp.summarizer == "truncation"
-    assert f"{len(sel.message_seqs)} earlier messages ({sel.freed_tokens} tokens)" in cp.summary
+    # The user's "Edit the config." stays in the prompt: not counted, not covered.
+    assert f"3 earlier messages ({sel.freed_tokens} tokens)" in cp.summary
+    assert cp.message_ranges == [(2, 4)]
     assert "conf/app.toml" in cp.summary
     assert summary_rejection(cp) is None
     assert render_checkpoint(cp).startswith("### Messages 1-4 (omitted)")
