@@ -50,6 +50,26 @@ def _status(text: str) -> str:
     return "pending"
 
 
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
+
+
+def _outside_fences(text: str) -> str:
+    """``text`` without its fenced code blocks: a marker quoted in an example (how to
+    write one, a log being shown) is not one the assistant meant."""
+    out: list[str] = []
+    fence: str | None = None
+    for line in text.split("\n"):
+        found = _FENCE.match(line)
+        if fence is None:
+            if found:
+                fence = found.group(1)
+                continue
+            out.append(line)
+        elif found and found.group(1)[0] == fence[0] and len(found.group(1)) >= len(fence):
+            fence = None
+    return "\n".join(out)
+
+
 def parse_markers(message: Message, seq: int | None = None) -> Markers:
     """Goal markers in an assistant message's text (seed 000 "Goal Markers")."""
     markers = Markers()
@@ -64,6 +84,8 @@ def parse_markers(message: Message, seq: int | None = None) -> Markers:
         return markers
     if "[" not in text:
         return markers
+    if "```" in text or "~~~" in text:
+        text = _outside_fences(text)
     for match in _MARKER.finditer(text):
         kind, body = match.group(1).upper(), match.group(2)
         if kind == "GOAL":

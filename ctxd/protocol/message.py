@@ -139,3 +139,57 @@ def message_text(message: Message) -> str:
     for call in message.tool_calls or ():
         parts.append(f"{call.function.name}({call.function.arguments})")
     return "\n".join(parts)
+
+
+# Provider-native spellings a client may push as they came from the provider's API,
+# renamed to ctxd's (only where ctxd's own is absent): messages pasted from OpenAI or
+# Anthropic need no rewriting, and nothing is lost.
+_NATIVE_MESSAGE = {"tool_call_id": "toolCallId", "tool_calls": "toolCalls", "idempotency_key": "idempotencyKey"}
+_NATIVE_BLOCK = {"tool_use_id": "toolUseId", "is_error": "isError"}
+_NATIVE_USAGE = {"prompt_tokens": "inputTokens", "completion_tokens": "outputTokens", "input_tokens": "inputTokens",
+                 "output_tokens": "outputTokens", "total_tokens": "totalTokens",
+                 "cache_read_input_tokens": "cacheReadTokens", "cache_creation_input_tokens": "cacheWriteTokens"}
+
+
+def _rename(obj: dict[str, Any], names: dict[str, str]) -> None:
+    for native in [k for k in obj if k in names]:
+        ours = names[native]
+        if ours not in obj:
+            obj[ours] = obj.pop(native)
+
+
+_NATIVE_EXTRAS = ("refusal", "annotations", "audio")
+"""OpenAI response fields without a place in Message: kept in ``metadata`` when set."""
+
+
+def accept_native_names(messages: Any) -> None:
+    """Rename provider-native fields of raw (JSON-decoded) messages in place, before they
+    are decoded as :class:`Message` (which refuses unknown fields). OpenAI's ``refusal``,
+    ``annotations`` and ``audio`` go to ``metadata`` when they hold something; Anthropic's
+    ``cache_control`` (a caching hint for one request, not content) is dropped."""
+    if not isinstance(messages, list):
+        return
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        if "tool_call_id" in message or "tool_calls" in message or "idempotency_key" in message:
+            _rename(message, _NATIVE_MESSAGE)
+        for key in _NATIVE_EXTRAS:
+            if key in message:
+                value = message.pop(key)
+                if value not in (None, [], {}, ""):
+                    if message.get("metadata") is None:
+                        message["metadata"] = {}
+                    metadata = message["metadata"]
+                    if isinstance(metadata, dict):
+                        metadata.setdefault(key, value)
+        usage = message.get("usage")
+        if isinstance(usage, dict) and any(k in _NATIVE_USAGE for k in usage):
+            _rename(usage, _NATIVE_USAGE)
+        content = message.get("content")
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict):
+                    if "tool_use_id" in block or "is_error" in block:
+                        _rename(block, _NATIVE_BLOCK)
+                    block.pop("cache_control", None)

@@ -16,6 +16,7 @@ import msgspec
 
 from ctxd.config import Config
 from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.message import accept_native_names
 from ctxd.protocol.methods import METHODS, MethodSpec
 from ctxd.server.connection import Connection
 from ctxd.server.handlers import HANDLERS
@@ -80,6 +81,8 @@ def decode_params(spec: MethodSpec, raw: Any) -> Any:
             raise CtxdError(ErrorCode.InvalidParams,
                             f"Invalid params: {spec.name} has no field {unknown[0]!r} "
                             f"(it takes {', '.join(sorted(known)) or 'no fields'})", {"field": unknown[0]})
+    if spec.name == "session/push":
+        accept_native_names(raw.get("messages"))
     try:
         return msgspec.convert(raw, spec.params)
     except msgspec.ValidationError as exc:

@@ -84,6 +84,17 @@ def test_markers_in_lists_quotes_and_blocks():
     assert m.decisions[0].description == "Keep the API" and m.decisions[0].locked
 
 
+def test_markers_inside_code_fences_are_examples_not_markers():
+    m = parse_markers(assistant(
+        "Here is how to record one:\n```\n[ARTIFACT] Modified /etc/passwd\n[GOAL] example goal\n```\n"
+        "~~~~text\n[DECISION] quoted - LOCKED\n```\n~~~~\n"
+        "[NEXT] Document the marker format"))
+    assert m.artifacts == [] and m.goal is None and m.decisions == []
+    assert m.next_steps == ["Document the marker format"]
+    # An unclosed fence hides what follows it (it is all code).
+    assert not parse_markers(assistant("```python\n[GOAL] x = 1\n"))
+
+
 def test_markers_only_at_line_start():
     m = parse_markers(assistant("As I said, [GOAL] is how markers look. See [DECISION] docs."))
     assert not m

@@ -1,0 +1,61 @@
+"""Params decoding (server/app.py): provider-native message spellings, unknown fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.message import FunctionCall, TextBlock, ToolCall, ToolResultBlock, ToolUseBlock, Usage
+from ctxd.protocol.methods import METHODS
+from ctxd.server.app import decode_params
+
+PUSH = METHODS["session/push"]
+
+
+def push(*messages: dict) -> list:
+    return decode_params(PUSH, {"sessionId": "s", "messages": list(messages)}).messages
+
+
+def test_openai_messages_as_the_api_returns_them():
+    call, reply, answer = push(
+        {"role": "assistant", "content": None, "refusal": None,
+         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a b"},
+        {"role": "assistant", "content": "I can't.", "refusal": "policy", "annotations": [],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}},
+    )
+    assert call.tool_calls == [ToolCall(id="call_1", function=FunctionCall(name="ls", arguments="{}"))]
+    assert call.metadata is None  # a null refusal is nothing to keep
+    assert reply.tool_call_id == "call_1"
+    assert answer.metadata == {"refusal": "policy"}
+    assert answer.usage == Usage(input_tokens=5, output_tokens=1, total_tokens=6)
+
+
+def test_anthropic_blocks_as_the_api_returns_them():
+    use, result = push(
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"c": 1}}],
+         "usage": {"input_tokens": 10, "output_tokens": 3, "cache_read_input_tokens": 2,
+                   "cache_creation_input_tokens": 4}},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                                      "content": [{"type": "text", "text": "x"}],
+                                      "cache_control": {"type": "ephemeral"}}]},
+    )
+    assert use.content == [ToolUseBlock(id="toolu_1", name="bash", input={"c": 1})]
+    assert use.usage == Usage(input_tokens=10, output_tokens=3, cache_read_tokens=2, cache_write_tokens=4)
+    assert result.content == [ToolResultBlock(tool_use_id="toolu_1", content=[TextBlock(text="x")], is_error=True)]
+
+
+def test_both_spellings_at_once_is_refused_not_guessed():
+    with pytest.raises(CtxdError) as error:
+        push({"role": "tool", "toolCallId": "ours", "tool_call_id": "theirs", "content": "x"})
+    assert error.value.code == ErrorCode.InvalidParams and "tool_call_id" in error.value.message
+
+
+def test_unknown_fields_are_named():
+    with pytest.raises(CtxdError) as error:
+        push({"role": "user", "content": "x", "colour": "red"})
+    assert error.value.code == ErrorCode.InvalidParams and "colour" in error.value.message
+    with pytest.raises(CtxdError) as error:
+        decode_params(METHODS["session/get"], {"sessionId": "s", "session": "t"})
+    assert error.value.data == {"field": "session"}
+    assert decode_params(METHODS["session/get"], {"sessionId": "s", "workDoneToken": 1}).session_id == "s"
