@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", metavar="DIR", help="where the database lives (daemon.data_dir)")
     p.add_argument("--durability", choices=["normal", "full"], help="storage.durability")
     p.add_argument("--idle-exit", type=float, metavar="SECONDS", help="daemon.idle_exit_seconds")
+    p.add_argument("--autostarted", action="store_true",
+                   help="started on demand by a client: idle exit after daemon.autostart_idle_exit_seconds")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="set any configuration key (repeatable)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug")
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ctxd: configuration error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.daemon.log_level, args.verbose, config.daemon.log_file or None)
+    if args.autostarted and args.idle_exit is None:
+        config.daemon.idle_exit_seconds = config.daemon.autostart_idle_exit_seconds
 
     from ctxd.daemon import Daemon
     from ctxd.server.transports import TransportError

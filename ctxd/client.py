@@ -236,9 +236,16 @@ class Client:
 
 
 def spawn_daemon(socket_path: Path, *, data_dir: str | None = None, config_file: str | None = None,
-                 idle_exit: float = 900.0, log_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start a detached socket daemon (what ``ctxd-cli`` does when none answers)."""
-    args = [sys.executable, "-m", "ctxd", "--socket", str(socket_path), "--idle-exit", str(idle_exit)]
+                 idle_exit: float | None = None, autostarted: bool = True,
+                 log_path: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start a detached socket daemon (what ``ctxd-cli`` does when none answers). Without
+    ``idle_exit`` it exits when idle as the configuration says:
+    ``daemon.autostart_idle_exit_seconds`` when ``autostarted``, else ``idle_exit_seconds``."""
+    args = [sys.executable, "-m", "ctxd", "--socket", str(socket_path)]
+    if idle_exit is not None:
+        args += ["--idle-exit", str(idle_exit)]
+    elif autostarted:
+        args += ["--autostarted"]
     if data_dir:
         args += ["--data-dir", data_dir]
     if config_file:

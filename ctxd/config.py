@@ -41,7 +41,9 @@ class DaemonConfig(_Section):
     log_file: str = ""
     """Log to this file instead of stderr."""
     idle_exit_seconds: float = 0
-    """A socket daemon started by ctxd-cli exits after this long without connections (0: never)."""
+    """A socket daemon exits after this long without connections (0: never)."""
+    autostart_idle_exit_seconds: float = 900
+    """The same for a daemon ctxd-cli started on demand, because none answered (0: never)."""
 
 
 class StorageConfig(_Section):

@@ -119,12 +119,12 @@ def stop(ctx: click.Context) -> None:
 
 
 @daemon.command("start")
-@click.option("--idle-exit", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
-              help="Exit after this long without connections (0: never). Daemons that other commands "
-                   "start on demand use 900.")
+@click.option("--idle-exit", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Exit after this long without connections (0: never; default: daemon.idle_exit_seconds). "
+                   "Daemons that other commands start on demand use daemon.autostart_idle_exit_seconds (900).")
 @json_option
 @click.pass_context
-def start(ctx: click.Context, idle_exit: float) -> None:
+def start(ctx: click.Context, idle_exit: float | None) -> None:
     """Start the daemon in the background unless one is running; print its socket and pid."""
     settings = settings_of(ctx)
     socket = settings.socket_path

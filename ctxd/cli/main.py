@@ -213,13 +213,13 @@ async def wait_for_daemon(socket: Path, seconds: float, *, process: Any = None,
 
 
 async def start_daemon(settings: Settings, *, idle_exit: float | None = None) -> Client:
-    """Start a detached daemon on the configured socket and connect to it."""
+    """Start a detached daemon on the configured socket (``ctxd-cli daemon start``: it
+    stays up as the configuration says, unless ``idle_exit``) and connect to it."""
     socket, log_path = settings.socket_path, settings.log_path
     offset = log_path.stat().st_size if log_path.exists() else 0
-    kwargs: dict[str, Any] = {} if idle_exit is None else {"idle_exit": idle_exit}
     try:
         process = spawn_daemon(socket, data_dir=settings.data_dir, config_file=settings.config_file,
-                               log_path=log_path, **kwargs)
+                               log_path=log_path, idle_exit=idle_exit, autostarted=False)
     except OSError as exc:
         raise DaemonUnavailable(f"cannot start ctxd for {socket}: {exc}") from None
     client = await wait_for_daemon(socket, START_WAIT_SECONDS, process=process,

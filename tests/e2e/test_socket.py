@@ -454,10 +454,14 @@ async def test_sigterm_under_load_stops_cleanly(daemon_factory):
         assert row["token_count"] == row["row_tokens"]
 
 
-def test_idle_exit(daemon_factory):
-    """``--idle-exit`` (what ctxd-cli's autostarted daemons use): once the last client
-    has gone, the daemon exits by itself and removes its socket."""
-    daemon = daemon_factory(name="idle", args=["--idle-exit", "0.5"])
+@pytest.mark.parametrize("args", [["--idle-exit", "0.5"],
+                                  ["--autostarted", "--set", "daemon.autostart_idle_exit_seconds=0.5"]],
+                         ids=["flag", "autostarted"])
+def test_idle_exit(daemon_factory, args):
+    """``--idle-exit``, or ``--autostarted`` (how ctxd-cli starts one on demand) with the
+    configured ``autostart_idle_exit_seconds``: once the last client has gone, the daemon
+    exits by itself and removes its socket."""
+    daemon = daemon_factory(name="idle", args=args)
 
     async def visit() -> None:
         client = await connect(daemon)
