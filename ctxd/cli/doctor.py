@@ -7,6 +7,8 @@ how to switch; the old file is never changed.
 
 from __future__ import annotations
 
+import asyncio
+
 import socket as socketlib
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +34,30 @@ def daemon_listening(path: Path) -> bool:
     finally:
         sock.close()
     return True
+
+
+def daemon_uses(socket: Path, database: Path) -> bool:
+    """Whether a daemon answering on ``socket`` serves ``database`` (it says so in
+    ``daemon/status``; one that will not say is assumed to)."""
+    if not daemon_listening(socket):
+        return False
+
+    async def ask() -> str:
+        from ctxd.client import Client
+
+        client = await Client.connect_unix(socket)
+        try:
+            await client.initialize(client_name="ctxd-cli doctor")
+            status = await client.request("daemon/status", timeout=5)
+            return str(status["database"])
+        finally:
+            await client.close()
+
+    try:
+        served = asyncio.run(asyncio.wait_for(ask(), 10))
+    except Exception:  # something listens but does not answer like ctxd: be careful
+        return True
+    return Path(served).expanduser().resolve() == database.expanduser().resolve()
 
 
 def _size(n: int | None) -> str:
@@ -158,7 +184,7 @@ def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recov
     running = False
     if not database:
         try:
-            running = daemon_listening(settings.socket_path)
+            running = daemon_uses(settings.socket_path, path)
         except Exception:  # a bad socket setting must not stop a check that does not need it
             running = False
     now = datetime.now(timezone.utc)
@@ -190,6 +216,9 @@ def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recov
             render.line(f"The old database is kept as {store_doctor.damaged_name(path, now)}"
                         + (f" (with its {' and '.join(companions)} files: they must move with it, never stay next to "
                            "the new one)" if companions else "") + "; delete it once you are happy.")
+        elif report.newer_schema:
+            render.line("This database was written by a newer ctxd: upgrade ctxd (pip install -U ctxd) rather "
+                        "than recover it, which would drop what this version does not know.")
         elif not report.ok and report.sqlite:
             render.line("To copy what can be read into a new file (the old one is kept): "
                         "ctxd-cli doctor --recover" + (f" --data-dir {path.parent}" if not database else

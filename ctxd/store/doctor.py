@@ -66,6 +66,8 @@ class Report:
     schema_version: int | None = None
     expected_schema_version: int | None = None
     checks: dict[str, str] = field(default_factory=dict)  # check -> ok | problems | skipped | failed
+    newer_schema: bool = False
+    """Written by a newer ctxd: upgrading is the way, not recovering."""
     integrity: list[str] = field(default_factory=list)
     sessions: int | None = None
     messages: int | None = None
@@ -216,6 +218,7 @@ def _check_open(conn: sqlite3.Connection, path: Path, report: Report) -> None:
     report.schema_version = version
     expected = report.expected_schema_version or 0
     if version > expected:
+        report.newer_schema = True
         report.problem("schema", f"schema version {version} was written by a newer ctxd (this one knows up to "
                                  f"{expected}): upgrade ctxd")
     elif version == 0 and not tables:
@@ -686,9 +689,17 @@ def recover(path: str | os.PathLike[str], *, now: datetime | None = None) -> Rec
     try:
         src = open_readonly(source)
         src_tables = _tables(src)
+        version = int(src.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.DatabaseError as exc:
         raise DoctorError(f"{source}: SQLite cannot read its schema ({exc}); nothing can be recovered with "
                           "SQLite (a backup is the way back)") from None
+    from ctxd.store.db import schema_version
+
+    if version > schema_version():
+        src.close()
+        raise DoctorError(f"{source} has schema version {version}, written by a newer ctxd (this one knows up to "
+                          f"{schema_version()}): upgrade ctxd instead; recovering with this one would drop what "
+                          "it does not know")
     dest = recovered_name(source.parent, now)
     result = RecoveryResult(source=str(source), path=str(dest))
     try:

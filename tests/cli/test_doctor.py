@@ -264,3 +264,28 @@ def test_records_sqlite_can_read_but_ctxd_cannot(cli: Cli) -> None:
     history = cli.json("--data-dir", str(other), "history", "s1")
     assert len(history["messages"]) == 30
     cli("--data-dir", str(other), "daemon", "stop")
+
+
+def test_a_newer_schema_is_upgraded_not_recovered(cli: Cli) -> None:
+    db = make_database(cli, sessions=1, messages=4)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    before = sha256(db)
+    text = cli("doctor", expect=1).stdout
+    assert "newer ctxd" in text and "upgrade ctxd" in text and "doctor --recover" not in text
+    refused = cli("doctor", "--recover", expect=1)
+    assert "newer ctxd" in refused.stdout + refused.stderr
+    assert sha256(db) == before
+    assert not [p for p in db.parent.iterdir() if "recovered" in p.name]  # no downgraded copy written
+
+
+def test_a_daemon_serving_another_database_is_not_blamed(cli: Cli) -> None:
+    db = make_database(cli, sessions=1, messages=4)
+    other = cli.root / "other"
+    other.mkdir()
+    cli("--data-dir", str(other), "sessions", "list")  # a daemon on the same socket, another database
+    report = cli.json("doctor", "--database", str(db))
+    assert report["ok"] and report["daemonRunning"] is False
+    mine = cli.json("doctor", "--data-dir", str(other))
+    assert mine["daemonRunning"] is True
+    cli("daemon", "stop")
