@@ -1,0 +1,26 @@
+"""The examples in clients/ run as documented against the real daemon."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.helpers import daemon_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_agent_loop_example(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "clients" / "python" / "agent_loop.py"), "--ctxd", f"{sys.executable} -m ctxd",
+         "--data-dir", str(tmp_path / "data"), "--turns", "30", "--window", "4096"],
+        capture_output=True, text=True, timeout=300, env=daemon_env())
+    assert result.returncode == 0, result.stderr
+    turns = re.findall(r"^turn +\d+: prompt +([\d,]+) / ([\d,]+) tokens", result.stdout, re.M)
+    assert len(turns) == 30
+    assert all(int(used.replace(",", "")) <= int(limit.replace(",", "")) for used, limit in turns)
+    assert "compressed (" in result.stdout
+    assert "done: 120 messages" in result.stdout
+    assert (tmp_path / "data" / "ctxd.db").exists()
