@@ -8,8 +8,6 @@ import msgspec
 
 MAX_COUNT = 2**53 - 1
 """The largest integer JSON carries exactly (and far below SQLite's 2^63)."""
-TokenCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
-"""A number of tokens a client reports: never negative."""
 Seq = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
 """A message's sequence number in its session (the first is 1)."""
 WindowSize = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]

@@ -14,7 +14,6 @@ from typing import Any, Literal, Union
 
 import msgspec
 
-from ctxd.protocol.common import TokenCount
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -72,14 +71,16 @@ class ToolCall(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Usage(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):
-    """Token usage the provider reported for the call that produced this message."""
+    """Token usage the provider reported for the call that produced this message. A push
+    refuses negative or absurd counts (``session/push`` checks them; the type stays open
+    so messages stored by any version always read back)."""
 
-    input_tokens: Union[TokenCount, None] = None
-    output_tokens: Union[TokenCount, None] = None
-    total_tokens: Union[TokenCount, None] = None
-    cache_read_tokens: Union[TokenCount, None] = None
-    cache_write_tokens: Union[TokenCount, None] = None
-    reasoning_tokens: Union[TokenCount, None] = None
+    input_tokens: Union[int, None] = None
+    output_tokens: Union[int, None] = None
+    total_tokens: Union[int, None] = None
+    cache_read_tokens: Union[int, None] = None
+    cache_write_tokens: Union[int, None] = None
+    reasoning_tokens: Union[int, None] = None
 
 
 class Message(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):

@@ -6,6 +6,7 @@ decode nothing themselves and decide nothing; the service does the work.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -123,26 +124,31 @@ class App:
 
     async def dispatch(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
                        raw: Any) -> Any:
-        if spec.name == "initialize":
-            try:
-                return await handler(Request(conn, self), decode_params(spec, raw))
-            finally:
-                if conn.initialize_done is not None:
-                    conn.initialize_done.set()
-        await conn.ready(spec.name)
-        done = await conn.in_order(spec.name not in OUT_OF_ORDER)
+        if spec.name == "initialize":  # (the connection wakes what waits for it when it ends)
+            return await handler(Request(conn, self), decode_params(spec, raw))
+        before, done = conn.order(spec.name not in OUT_OF_ORDER)
         try:
+            await conn.ready(spec.name)
+            if before is not None and not before.done():
+                await asyncio.shield(before)  # (shielded: cancelling this must not cancel that)
+            if conn.shutdown_requested:
+                raise CtxdError(ErrorCode.InvalidRequest,
+                                f"Invalid Request: {spec.name!r} after shutdown; only exit is accepted")
             return await self._run(conn, spec, handler, raw)
         finally:
-            done.set()
+            conn.release(before, done)
 
     async def _run(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
                    raw: Any) -> Any:
         params = decode_params(spec, raw)
         try:
             return await handler(Request(conn, self), params)
+        except sqlite3.OperationalError as exc:  # busy, locked, out of disk: not damage
+            raise CtxdError(ErrorCode.StorageError, f"the database could not be used: {exc}",
+                            {"database": str(self.config.database_path)}) from exc
         except (msgspec.DecodeError, UnicodeDecodeError, sqlite3.DatabaseError) as exc:
-            # The params were valid (decoded above): what failed to decode is stored data.
+            # The params were valid (decoded above), and handlers turn what they decode
+            # from clients into their own errors: what failed to decode is stored data.
             raise damaged_storage(self.config, getattr(params, "session_id", None), exc) from exc
         except OverflowError as exc:  # a number the Structs do not bound, too big for SQLite
             raise CtxdError(ErrorCode.InvalidParams, f"Invalid params: a number is too large to store ({exc})",

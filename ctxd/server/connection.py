@@ -144,6 +144,12 @@ class CtxdProtocol(JsonRPCProtocol):
             self.send_error(msg_id, *refusal)
             return
         contextvars.copy_context().run(self._handle_request, msg_id, method, params)
+        if method == "initialize":
+            future = self._request_futures.get(msg_id)
+            if future is None:
+                conn.initialize_finished()
+            else:  # a done-callback runs even when the request is cancelled before it starts
+                future.add_done_callback(lambda _: conn.initialize_finished())
 
     def _get_handler(self, feature_name: str) -> Callable[..., Any]:
         conn = self.connection
@@ -250,8 +256,9 @@ class Connection:
         """Set when an ``initialize`` arrived; fires when it has been answered. Requests
         sent right behind it (pipelined, without waiting for its result) wait for it."""
         self.shutdown_requested = False
-        self._tail: asyncio.Event | None = None
-        """Set when the last request that later ones must wait for has finished."""
+        self._tail: asyncio.Future[None] | None = None
+        """Done when the last request that later ones must wait for has finished."""
+        self._exiting: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         # Set by a handler whose answer must be the last thing this connection sends
         # (a refused token): the connection closes once that answer is written.
@@ -268,6 +275,8 @@ class Connection:
 
     def refuse(self, method: str) -> tuple[ErrorCode, str] | None:
         """Why a request may not run now, if it may not."""
+        if self._exiting is not None:
+            return ErrorCode.InvalidRequest, f"Invalid Request: {method!r} after exit"
         if self.shutdown_requested:
             return ErrorCode.InvalidRequest, f"Invalid Request: {method!r} after shutdown; only exit is accepted"
         if method == "initialize":
@@ -279,21 +288,40 @@ class Connection:
             return ErrorCode.ServerNotInitialized, f"server not initialized: send initialize before {method!r}"
         return None
 
-    async def in_order(self, blocks_followers: bool) -> asyncio.Event:
-        """Wait until the requests this client sent before have finished; the returned
-        event is set when this one has. A client may send ``session/create`` and pushes
-        without waiting for answers: they run in the order sent. A request that does not
-        ``blocks_followers`` (a compression that may wait minutes for an LLM) still waits
-        for those before it, but those after it do not wait for it."""
-        done = asyncio.Event()
+    def order(self, blocks_followers: bool) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:
+        """Take this request's place in the connection's order (call it before any await):
+        (what to wait for, what to complete with :meth:`release`). A client may send
+        ``session/create`` and pushes without waiting for answers: they run in the order
+        sent. A request that does not ``blocks_followers`` (a compression that may wait
+        minutes for an LLM) still waits for those before it, but later ones do not wait
+        for it."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         before = self._tail
         if blocks_followers:
             self._tail = done
-        if before is not None and not before.is_set():
-            await before.wait()
-        if not blocks_followers:
-            done.set()  # nothing waits on it
-        return done
+        else:
+            done.set_result(None)
+        return before, done
+
+    @staticmethod
+    def release(before: asyncio.Future[None] | None, done: asyncio.Future[None]) -> None:
+        """This request is over (answered, failed or cancelled, even while still waiting
+        its turn): the next may run once everything before this one has."""
+        if done.done():
+            return
+        if before is None or before.done():
+            done.set_result(None)
+        else:
+            before.add_done_callback(lambda _: done.done() or done.set_result(None))
+
+    def initialize_finished(self) -> None:
+        """The ``initialize`` request is over, however it ended: wake what waits for it; if
+        it failed, the client may send another."""
+        event = self.initialize_done
+        if event is not None:
+            event.set()
+            if not self.initialized:
+                self.initialize_done = None
 
     async def ready(self, method: str) -> None:
         """Wait for an ``initialize`` still running (see ``initialize_done``)."""
@@ -306,7 +334,9 @@ class Connection:
 
     def on_notification(self, method: str, params: Any) -> None:
         if method == "exit":
-            self.close()
+            # Requests sent before it still finish (as at end of input); then it closes.
+            if self._exiting is None:
+                self._exiting = asyncio.get_running_loop().create_task(self._exit())
         elif method == "$/cancelRequest":
             if isinstance(params, dict) and "id" in params:
                 self.protocol.cancel(params["id"])
@@ -331,6 +361,12 @@ class Connection:
         self.writer.close()
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
+
+    async def _exit(self) -> None:
+        try:
+            await self._finish_in_flight()
+        finally:
+            self.close()
 
     async def _finish_in_flight(self) -> None:
         """The client stopped sending (EOF): requests it already sent still run to the

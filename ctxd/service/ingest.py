@@ -20,6 +20,7 @@ from ctxd.engine.goals import apply_markers, parse_markers
 from ctxd.engine.watermark import find_checkpoint_call
 from ctxd.protocol.compression import CompressedNotification
 from ctxd.protocol.goal import Goal
+from ctxd.protocol.common import MAX_COUNT
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params, session_not_found
 from ctxd.protocol.message import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
@@ -74,6 +75,13 @@ def check_message(message: Message, index: int) -> None:
         except ValueError:
             raise invalid_params(f"{where}.timestamp: {message.timestamp!r} is not an ISO 8601 timestamp",
                                  f"{where}.timestamp") from None
+    usage = message.usage
+    if usage is not None:
+        for field in msgspec.structs.fields(usage):
+            value = getattr(usage, field.name)
+            if value is not None and not 0 <= value <= MAX_COUNT:
+                raise invalid_params(f"{where}.usage.{field.encode_name}: {value} is not a token count "
+                                     f"(0 to {MAX_COUNT})", f"{where}.usage.{field.encode_name}")
     key = message.idempotency_key
     if key is not None and not (0 < len(key) <= MAX_KEY_LENGTH):
         raise invalid_params(f"{where}.idempotencyKey: must be 1 to {MAX_KEY_LENGTH} characters",

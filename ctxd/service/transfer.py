@@ -155,8 +155,12 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
             used += tokens.context
             items.append((message, body, tokens, item.created_at or now))
         window = doc.context_window if doc.context_window and doc.context_window >= MIN_WINDOW else None
-        goal = msgspec.convert(doc.goal, Goal) if doc.goal else None
-        settings = msgspec.convert(doc.settings, SessionSettings) if doc.settings else SessionSettings()
+        try:
+            goal = msgspec.convert(doc.goal, Goal) if doc.goal else None
+            settings = msgspec.convert(doc.settings, SessionSettings) if doc.settings else SessionSettings()
+        except msgspec.ValidationError as exc:
+            raise CtxdError(ErrorCode.ImportFailed, f"document: its goal or settings are not valid: {exc}",
+                            {"field": "document"}) from None
         first_user = next((m for m, *_ in items if m.role == "user"), None)
         title = params.title or doc.title
         if title is None and first_user is not None:

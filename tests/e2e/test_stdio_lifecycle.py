@@ -104,6 +104,37 @@ async def test_cancel_slow_push(stdio_factory):
     assert after["messages"][0]["seq"] == 1
 
 
+async def test_cancelling_a_request_waiting_its_turn_does_not_stall_the_ones_after_it(stdio_factory):
+    """Requests run in the order sent. One cancelled while it waits behind a slow one
+    ends with -32800, and the requests behind it still run, in order."""
+    client = await stdio_factory("--set", "limits.max_batch_messages=100000")
+    await initialize(client)
+    await create(client, sessionId="s")
+    body = " ".join(f"word{i}" for i in range(300))
+    slow = client.protocol.send_request("session/push", {"sessionId": "s", "messages": [
+        user(f"{i} {body}") for i in range(3000)]}, msg_id="slow")
+    waiting = client.protocol.send_request("session/get", {"sessionId": "s"}, msg_id="waiting")
+    client.protocol.notify("$/cancelRequest", {"id": "waiting"})
+    behind = client.protocol.send_request("session/push", {"sessionId": "s", "messages": [user("behind")]},
+                                          msg_id="behind")
+    with pytest.raises(JsonRpcException) as info:
+        await asyncio.wait_for(asyncio.wrap_future(waiting), 120)
+    assert info.value.code == -32800
+    first = await asyncio.wait_for(asyncio.wrap_future(slow), 120)
+    last = await asyncio.wait_for(asyncio.wrap_future(behind), 120)
+    assert first["messages"][-1]["seq"] == 3000 and last["messages"][0]["seq"] == 3001
+
+
+async def test_a_failed_initialize_may_be_sent_again(stdio_factory):
+    client = await stdio_factory()
+    pending = client.protocol.send_request("initialize", {"processId": "not a pid"}, msg_id="bad")
+    with pytest.raises(JsonRpcException) as info:
+        await asyncio.wait_for(asyncio.wrap_future(pending), 30)
+    assert info.value.code == -32602
+    await initialize(client)
+    await create(client, sessionId="s")
+
+
 # --- the client library over stdio ---------------------------------------------------------
 
 
