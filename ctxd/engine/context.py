@@ -68,8 +68,10 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     """The next rise above the snapshot threshold takes an automatic snapshot."""
     snapshot_seq: int = 0
     """History's last seq when the last snapshot was taken."""
-    snapshot_compressions: int = -1
-    """``compression_count`` when the last snapshot was taken (-1: none yet)."""
+    revision: int = 0
+    """Bumped by every change to the active context (the service's ``refresh``)."""
+    snapshot_revision: int = -1
+    """``revision`` when the last snapshot was taken (-1: none yet)."""
     rolled_back: list[tuple[int, int]] = []
     """Ranges of history (inclusive) that a snapshot restore took out of the active context."""
     clips: list[ClipEvent] = []

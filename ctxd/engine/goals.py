@@ -65,7 +65,8 @@ def _outside_fences(text: str) -> str:
                 fence = found.group(1)
                 continue
             out.append(line)
-        elif found and found.group(1)[0] == fence[0] and len(found.group(1)) >= len(fence):
+        elif (found and found.group(1)[0] == fence[0] and len(found.group(1)) >= len(fence)
+              and not line[found.end():].strip()):  # a closing fence has nothing after it
             fence = None
     return "\n".join(out)
 

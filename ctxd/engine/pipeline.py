@@ -266,15 +266,19 @@ def advance(ctx: ActiveContext, selection: Selection) -> bool:
     return True
 
 
-def plan_clips(ctx: ActiveContext, max_tokens: int) -> list[int]:
+def plan_clips(ctx: ActiveContext, max_tokens: int, protected: tuple[str, ...] = ()) -> list[int]:
     """Recent messages whose tool output, as sent, is bigger than ``max_tokens``: what
-    :func:`apply_clips` sends as excerpts. Pinned messages are sent whole."""
+    :func:`apply_clips` sends as excerpts. Pinned messages are sent whole; outputs the
+    pruning horizon cleared are already small (protected tools' are never cleared)."""
     state = ctx.state
     pinned = ctx.pinned_set
     horizon = state.prune_horizon()
+    names = ctx.call_names
     out = []
     for entry in ctx.recent:
-        if not entry.result_ids or entry.seq in pinned or entry.seq <= horizon:
+        if not entry.result_ids or entry.seq in pinned:
+            continue
+        if entry.seq <= horizon and not (protected and any(names.get(i, "") in protected for i in entry.result_ids)):
             continue
         if entry.seq < state.watermark_seq:
             continue

@@ -264,9 +264,11 @@ class ThresholdNotification(msgspec.Struct, rename="camel"):
 
 
 class OverflowNotification(msgspec.Struct, rename="camel", omit_defaults=True):
-    """``context/overflow``: what may never be compressed no longer fits under the
-    compression trigger (or, at worst, in the prompt), so compressing again would not help.
-    The parts add up to ``promptTokens`` (with a few tokens of priming)."""
+    """``context/overflow``: the prompt does not fit even after compressing what may be
+    compressed, because of what may never be (the user's words, pins, the system part).
+    The parts add up to ``promptTokens`` (with a few tokens of priming). Folding the
+    user's words before that point (see docs/decisions.md) is a compression layer
+    (``fold`` in ``context/compressed``), not an overflow."""
 
     session_id: str
     policy: Literal["fold", "error"]

@@ -166,8 +166,9 @@ _NATIVE_EXTRAS = ("refusal", "annotations", "audio")
 def accept_native_names(messages: Any) -> None:
     """Rename provider-native fields of raw (JSON-decoded) messages in place, before they
     are decoded as :class:`Message` (which refuses unknown fields). OpenAI's ``refusal``,
-    ``annotations`` and ``audio`` go to ``metadata`` when they hold something; Anthropic's
-    ``cache_control`` (a caching hint for one request, not content) is dropped."""
+    ``annotations`` and ``audio``, Anthropic's ``citations`` and either's extra usage
+    details go to ``metadata`` when they hold something; ``cache_control`` (a caching
+    hint for one request, not content) is dropped."""
     if not isinstance(messages, list):
         return
     for message in messages:
@@ -179,14 +180,10 @@ def accept_native_names(messages: Any) -> None:
             if key in message:
                 value = message.pop(key)
                 if value not in (None, [], {}, ""):
-                    if message.get("metadata") is None:
-                        message["metadata"] = {}
-                    metadata = message["metadata"]
-                    if isinstance(metadata, dict):
-                        metadata.setdefault(key, value)
+                    _metadata(message).setdefault(key, value)
         usage = message.get("usage")
-        if isinstance(usage, dict) and any(k in _NATIVE_USAGE for k in usage):
-            _rename(usage, _NATIVE_USAGE)
+        if isinstance(usage, dict) and any(k not in _USAGE_FIELDS for k in usage):
+            _native_usage(message, usage)
         content = message.get("content")
         if isinstance(content, list):
             for block in content:
@@ -194,3 +191,39 @@ def accept_native_names(messages: Any) -> None:
                     if "tool_use_id" in block or "is_error" in block:
                         _rename(block, _NATIVE_BLOCK)
                     block.pop("cache_control", None)
+                    citations = block.pop("citations", None)
+                    if citations:
+                        _metadata(message).setdefault("citations", []).extend(
+                            citations if isinstance(citations, list) else [citations])
+                    inner = block.get("content")
+                    if isinstance(inner, list):  # a tool_result's own text blocks
+                        for part in inner:
+                            if isinstance(part, dict):
+                                part.pop("cache_control", None)
+
+
+_USAGE_FIELDS = frozenset({"inputTokens", "outputTokens", "totalTokens", "cacheReadTokens", "cacheWriteTokens",
+                           "reasoningTokens"})
+
+
+def _metadata(message: dict[str, Any]) -> dict[str, Any]:
+    """The message's metadata object, created when absent (one that is not an object is
+    left for validation to refuse)."""
+    if message.get("metadata") is None:
+        message["metadata"] = {}
+    metadata = message["metadata"]
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _native_usage(message: dict[str, Any], usage: dict[str, Any]) -> None:
+    """A provider's usage object: its counts renamed, the reasoning and cached-prompt
+    counts OpenAI nests taken out, the rest kept whole in ``metadata.usageDetails``."""
+    _rename(usage, _NATIVE_USAGE)
+    for details, native, ours in (("completion_tokens_details", "reasoning_tokens", "reasoningTokens"),
+                                  ("prompt_tokens_details", "cached_tokens", "cacheReadTokens")):
+        nested = usage.get(details)
+        if isinstance(nested, dict) and isinstance(nested.get(native), int) and ours not in usage:
+            usage[ours] = nested[native]
+    extra = {k: usage.pop(k) for k in [k for k in usage if k not in _USAGE_FIELDS]}
+    if extra:
+        _metadata(message).setdefault("usageDetails", extra)

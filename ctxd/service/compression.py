@@ -375,7 +375,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     policy = cache.policy(state)
     budget = cache.budget(state)
     limit = max(MIN_CLIP, math.floor(policy.recent_share * budget.available))
-    clips = plan_clips(ctx, limit)
+    clips = plan_clips(ctx, limit, policy.protected_tools)
     if clips:
         await _before_change(svc, state, run)
         async with state.lock:
@@ -424,7 +424,7 @@ async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: 
             # The user's words are all still after the boundary (a session of user
             # messages only, never summarized): move it over them first.
             selection = identify(ctx, budget, policy, keep_recent=keep_recent, min_freed=-1)
-            if selection is not None and selection.freed_tokens == 0:
+            if selection is not None and selection.freed_tokens == 0 and len(selection.keep) == len(selection.removed):
                 await _before_change(svc, state, run)
                 async with state.lock:
                     if advance(ctx, selection):
@@ -435,11 +435,12 @@ async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: 
     action = (f"folding the {len(chosen)} oldest user messages into a checkpoint" if chosen
               else "nothing can be folded: context/prompt will answer with ContextOverflow"
               if policy.overflow_policy == "fold" else "context/prompt will answer with ContextOverflow")
-    svc.events.emit(state.id, "context/overflow", OverflowNotification(
-        session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
-        max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
-        pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
-        recent_tokens=ctx.recent_tokens, action=action, folded_messages=len(chosen)))
+    if not fits(ctx, budget) or policy.overflow_policy != "fold":
+        svc.events.emit(state.id, "context/overflow", OverflowNotification(
+            session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
+            max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
+            pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
+            recent_tokens=ctx.recent_tokens, action=action, folded_messages=len(chosen)))
     if not chosen:
         return
     await _before_change(svc, state, run)

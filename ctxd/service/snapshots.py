@@ -66,7 +66,7 @@ async def _take(svc: Service, state: SessionState, trigger: str, label: str | No
         context_window=state.context_window, compression_ratio=round(row.context_tokens / history, 4),
         label=label, model=row.model, watermark_seq=cstate.watermark_seq,
     )
-    cstate.snapshot_seq, cstate.snapshot_compressions = row.last_seq, cstate.compression_count
+    cstate.snapshot_seq, cstate.snapshot_revision = row.last_seq, cstate.revision
     snap = SnapshotRow(info, state.encoded_state(), list(ctx.checkpoints), row.goal)
     cfg = svc.config.snapshots
     older = None
@@ -115,7 +115,7 @@ async def before_compression(svc: Service, state: SessionState) -> None:
         return
     async with state.lock:
         cstate = state.cstate
-        if cstate.snapshot_seq >= state.row.last_seq and cstate.snapshot_compressions == cstate.compression_count:
+        if cstate.snapshot_seq >= state.row.last_seq and cstate.snapshot_revision == cstate.revision:
             return  # the newest snapshot (of any kind) already holds this very context
         await _take(svc, state, "auto", "before compression")
 
@@ -196,7 +196,7 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
         if last > snap.info.last_seq:
             rolled = (snap.info.last_seq + 1, last)
             cstate.rolled_back = [*cstate.rolled_back, rolled]
-        cstate.snapshot_seq, cstate.snapshot_compressions = last, cstate.compression_count  # it is a snapshot
+        cstate.snapshot_seq, cstate.snapshot_revision = last, cstate.revision  # it is a snapshot
         cstate.snapshot_armed = False
         encoded = msgspec.json.encode(restored)
         now = now_iso()
@@ -218,6 +218,7 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
         state.row.goal = snap.goal
         state.ctx = None
         await svc.cache.context(state)
+        state.cstate.snapshot_revision = state.cstate.revision  # (rebuilt: still the snapshot's context)
         await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
                            context_tokens=state.row.context_tokens)
         budget = svc.cache.budget(state)

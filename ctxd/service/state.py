@@ -235,6 +235,7 @@ class SessionCache:
         """Recompute the loaded context's views (and system part) after a state change."""
         ctx = state.ctx
         assert ctx is not None
+        ctx.state.revision += 1  # (what "the newest snapshot already holds this" compares)
         if system:
             ctx.goal_text = render_goal(state.row.goal)
             ctx.refresh_system(state.counter.count, render_section(ctx.checkpoints))

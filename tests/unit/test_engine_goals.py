@@ -91,6 +91,9 @@ def test_markers_inside_code_fences_are_examples_not_markers():
         "[NEXT] Document the marker format"))
     assert m.artifacts == [] and m.goal is None and m.decisions == []
     assert m.next_steps == ["Document the marker format"]
+    # "```python" inside a block opens nothing and closes nothing (CommonMark).
+    m = parse_markers(assistant("```\nsee:\n```python\n[GOAL] still code\n```\n[NEXT] after the block"))
+    assert m.goal is None and m.next_steps == ["after the block"]
     # An unclosed fence hides what follows it (it is all code).
     assert not parse_markers(assistant("```python\n[GOAL] x = 1\n"))
 

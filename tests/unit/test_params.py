@@ -59,3 +59,24 @@ def test_unknown_fields_are_named():
         decode_params(METHODS["session/get"], {"sessionId": "s", "session": "t"})
     assert error.value.data == {"field": "session"}
     assert decode_params(METHODS["session/get"], {"sessionId": "s", "workDoneToken": 1}).session_id == "s"
+
+
+def test_usage_details_and_citations_are_kept_not_refused():
+    openai, anthropic = push(
+        {"role": "assistant", "content": "done",
+         "usage": {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70,
+                   "prompt_tokens_details": {"cached_tokens": 32, "audio_tokens": 0},
+                   "completion_tokens_details": {"reasoning_tokens": 12}}},
+        {"role": "assistant", "content": [{"type": "text", "text": "per the docs", "cache_control": None,
+                                           "citations": [{"type": "char_location", "cited_text": "x"}]}],
+         "usage": {"input_tokens": 9, "output_tokens": 4, "service_tier": "standard",
+                   "cache_creation": {"ephemeral_5m_input_tokens": 0}}},
+    )
+    assert openai.usage == Usage(input_tokens=50, output_tokens=20, total_tokens=70, cache_read_tokens=32,
+                                 reasoning_tokens=12)
+    assert openai.metadata == {"usageDetails": {"prompt_tokens_details": {"cached_tokens": 32, "audio_tokens": 0},
+                                                "completion_tokens_details": {"reasoning_tokens": 12}}}
+    assert anthropic.content == [TextBlock(text="per the docs")]
+    assert anthropic.metadata == {"citations": [{"type": "char_location", "cited_text": "x"}],
+                                  "usageDetails": {"service_tier": "standard",
+                                                   "cache_creation": {"ephemeral_5m_input_tokens": 0}}}
