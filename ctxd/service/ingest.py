@@ -276,7 +276,7 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
         row.stats = outcome.stats
         if outcome.title is not None:
             row.title = outcome.title
-        svc.cache.appended(state, [Entry.of(m.seq, m.message, m.tokens) for m in outcome.stored])
+        svc.cache.appended(state, outcome.stored)
         await _adopt_derived(svc, state, outcome.derived)
         await snapshots.auto_at_threshold(svc, state)
         budget = svc.cache.budget(state)

@@ -28,6 +28,7 @@ from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.db import Database
+from ctxd.store.messages import StoredMessage
 from ctxd.store.sessions import SessionRow
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
 
@@ -277,14 +278,14 @@ class SessionCache:
         self.refresh(state, system=True)
         return ctx
 
-    def appended(self, state: SessionState, entries: list[Entry]) -> None:
+    def appended(self, state: SessionState, stored: list[StoredMessage]) -> None:
         """Keep the figures (and a loaded context) in step with a committed push."""
         if state.ctx is not None:
-            state.ctx.append(entries)
+            state.ctx.append([Entry.of(m.seq, m.message, m.tokens) for m in stored])
             state.sync_figures()
             self._track(state)
-        else:
-            state.stored.figures.used += sum(e.tokens.context for e in entries)
+        else:  # nothing to keep in step but the figures (a context loads when first needed)
+            state.stored.figures.used += sum(m.tokens.context for m in stored)
             state.row.context_tokens = state.stored.figures.prompt
 
     def _track(self, state: SessionState) -> None:

@@ -37,6 +37,9 @@ class DriftTotals(msgspec.Struct):
     counted_input: int = 0
 
 
+KINDS = ("text", "toolCall", "toolResult", "thinking", "framing")
+
+
 class SessionStats(msgspec.Struct):
     """Per-session aggregates, updated with each push (stored as JSON on the row)."""
 
@@ -66,14 +69,27 @@ class SessionStats(msgspec.Struct):
                 n_thinking += 1
         if message.role == "tool":
             n_text, n_result = 0, max(n_result, 1)
-        for kind, n, t in (("text", n_text, tokens.text), ("toolCall", n_call, tokens.tool_call),
-                           ("toolResult", n_result, tokens.tool_result), ("thinking", n_thinking, tokens.thinking),
-                           ("framing", 1, tokens.overhead)):
-            totals = self.by_kind.get(kind)
-            if totals is None:
-                totals = self.by_kind[kind] = KindTotals()
-            totals.blocks += n
-            totals.tokens += t
+        by_kind = self.by_kind
+        if len(by_kind) < 5:  # (once per session: every kind is listed, zeros included)
+            for kind in KINDS:
+                if kind not in by_kind:
+                    by_kind[kind] = KindTotals()
+        # Spelled out: this runs for every pushed message.
+        totals = by_kind["text"]
+        totals.blocks += n_text
+        totals.tokens += tokens.text
+        totals = by_kind["toolCall"]
+        totals.blocks += n_call
+        totals.tokens += tokens.tool_call
+        totals = by_kind["toolResult"]
+        totals.blocks += n_result
+        totals.tokens += tokens.tool_result
+        totals = by_kind["thinking"]
+        totals.blocks += n_thinking
+        totals.tokens += tokens.thinking
+        totals = by_kind["framing"]
+        totals.blocks += 1
+        totals.tokens += tokens.overhead
 
 
 _stats_decoder = msgspec.json.Decoder(SessionStats)
