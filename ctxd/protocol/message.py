@@ -182,7 +182,7 @@ def accept_native_names(messages: Any) -> None:
                 if value not in (None, [], {}, ""):
                     _metadata(message).setdefault(key, value)
         usage = message.get("usage")
-        if isinstance(usage, dict) and any(k not in _USAGE_FIELDS for k in usage):
+        if isinstance(usage, dict) and any(k not in _USAGE_FIELDS and "_" in k for k in usage):
             _native_usage(message, usage)
         content = message.get("content")
         if isinstance(content, list):
@@ -193,8 +193,11 @@ def accept_native_names(messages: Any) -> None:
                     block.pop("cache_control", None)
                     citations = block.pop("citations", None)
                     if citations:
-                        _metadata(message).setdefault("citations", []).extend(
-                            citations if isinstance(citations, list) else [citations])
+                        kept = _metadata(message).setdefault("citations", [])
+                        if isinstance(kept, list):
+                            kept.extend(citations if isinstance(citations, list) else [citations])
+                        else:  # the client's own metadata.citations: keep both, never fail
+                            _metadata(message).setdefault("providerCitations", citations)
                     inner = block.get("content")
                     if isinstance(inner, list):  # a tool_result's own text blocks
                         for part in inner:
@@ -216,14 +219,17 @@ def _metadata(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _native_usage(message: dict[str, Any], usage: dict[str, Any]) -> None:
-    """A provider's usage object: its counts renamed, the reasoning and cached-prompt
-    counts OpenAI nests taken out, the rest kept whole in ``metadata.usageDetails``."""
+    """A provider's usage object: its counts renamed, the reasoning count OpenAI nests
+    taken out, the rest of the provider's keys kept whole in ``metadata.usageDetails``."""
     _rename(usage, _NATIVE_USAGE)
-    for details, native, ours in (("completion_tokens_details", "reasoning_tokens", "reasoningTokens"),
-                                  ("prompt_tokens_details", "cached_tokens", "cacheReadTokens")):
-        nested = usage.get(details)
-        if isinstance(nested, dict) and isinstance(nested.get(native), int) and ours not in usage:
-            usage[ours] = nested[native]
-    extra = {k: usage.pop(k) for k in [k for k in usage if k not in _USAGE_FIELDS]}
+    # (OpenAI's prompt_tokens_details.cached_tokens stays a detail: prompt_tokens already
+    # includes it, unlike Anthropic's input_tokens, so it is not a cacheReadTokens.)
+    nested = usage.get("completion_tokens_details")
+    if isinstance(nested, dict) and isinstance(nested.get("reasoning_tokens"), int) \
+            and "reasoningTokens" not in usage:
+        usage["reasoningTokens"] = nested["reasoning_tokens"]
+    # Provider keys are snake_case; anything else unknown (a misspelt camelCase field)
+    # is left for validation to refuse.
+    extra = {k: usage.pop(k) for k in [k for k in usage if k not in _USAGE_FIELDS and "_" in k]}
     if extra:
         _metadata(message).setdefault("usageDetails", extra)

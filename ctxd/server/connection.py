@@ -377,9 +377,14 @@ class Connection:
         if not pending:
             return
         log.debug("connection %s: input ended; finishing %d request(s)", self.id, len(pending))
+        started = asyncio.get_running_loop().time()
         await asyncio.wait(pending, timeout=DRAIN_SECONDS)
         await asyncio.sleep(0)  # their done-callbacks write the answers
-        await self.writer.drain()
+        left = max(1.0, DRAIN_SECONDS - (asyncio.get_running_loop().time() - started))
+        try:
+            await asyncio.wait_for(self.writer.drain(), left)  # a client that stopped reading
+        except asyncio.TimeoutError:
+            log.info("connection %s: the client is not reading its answers; closing", self.id)
 
     async def serve(self) -> None:
         """Read and dispatch frames until the client leaves or sends ``exit``."""

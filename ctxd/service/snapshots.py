@@ -73,8 +73,17 @@ async def _take(svc: Service, state: SessionState, trigger: str, label: str | No
     if cfg.max_age_days > 0:
         older = (parse_iso(info.created_at) - timedelta(days=cfg.max_age_days)).isoformat().replace("+00:00", "Z")
 
+    marker = (cstate.snapshot_seq, cstate.snapshot_revision)
+
     def job(conn: Any) -> list[str]:
         store.insert_snapshot(conn, snap)
+        # The session remembers which context its newest snapshot holds, across restarts:
+        # only those two fields of the stored state change (a pass under way stores its own).
+        row = conn.execute("SELECT context_state FROM sessions WHERE id = ?", (state.id,)).fetchone()
+        if row is not None:
+            stored = decode_stored(row[0])
+            stored.compression.snapshot_seq, stored.compression.snapshot_revision = marker
+            session_store.save_context(conn, state.id, context_state=msgspec.json.encode(stored))
         return _cleanup_job(conn, state.id, cfg.keep, older)
 
     try:
@@ -218,7 +227,6 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
         state.row.goal = snap.goal
         state.ctx = None
         await svc.cache.context(state)
-        state.cstate.snapshot_revision = state.cstate.revision  # (rebuilt: still the snapshot's context)
         await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
                            context_tokens=state.row.context_tokens)
         budget = svc.cache.budget(state)

@@ -232,11 +232,13 @@ class SessionCache:
             used=f.used,
         )
 
-    def refresh(self, state: SessionState, *, system: bool = False) -> None:
-        """Recompute the loaded context's views (and system part) after a state change."""
+    def refresh(self, state: SessionState, *, system: bool = False, changed: bool = True) -> None:
+        """Recompute the loaded context's views (and system part) after a state change
+        (``changed=False``: after loading it, when nothing changed)."""
         ctx = state.ctx
         assert ctx is not None
-        ctx.state.revision += 1  # (what "the newest snapshot already holds this" compares)
+        if changed:
+            ctx.state.revision += 1  # (what "the newest snapshot already holds this" compares)
         if system:
             ctx.goal_text = render_goal(state.row.goal)
             ctx.refresh_system(state.counter.count, render_section(ctx.checkpoints))
@@ -275,7 +277,7 @@ class SessionCache:
             recent=[Entry.of(m.seq, m.message, m.tokens) for m in recent],
         )
         state.ctx = ctx
-        self.refresh(state, system=True)
+        self.refresh(state, system=True, changed=False)
         return ctx
 
     def appended(self, state: SessionState, stored: list[StoredMessage]) -> None:

@@ -38,6 +38,7 @@ class DriftTotals(msgspec.Struct):
 
 
 KINDS = ("text", "toolCall", "toolResult", "thinking", "framing")
+_KIND_SET = frozenset(KINDS)
 
 
 class SessionStats(msgspec.Struct):
@@ -70,7 +71,7 @@ class SessionStats(msgspec.Struct):
         if message.role == "tool":
             n_text, n_result = 0, max(n_result, 1)
         by_kind = self.by_kind
-        if len(by_kind) < 5:  # (once per session: every kind is listed, zeros included)
+        if not by_kind.keys() >= _KIND_SET:  # (once per session: every kind is listed, zeros included)
             for kind in KINDS:
                 if kind not in by_kind:
                     by_kind[kind] = KindTotals()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.e2e.compression_helpers import Driver, is_auto_pass
+from tests.e2e.compression_helpers import CtxdProc, Driver, is_auto_pass, remove_root, short_root
 from tests.e2e.history_helpers import (
     canonical,
     chat_turns,
@@ -139,6 +139,30 @@ async def test_a_pass_that_changes_nothing_takes_no_snapshot():
         assert not result["compressed"]
         listed = (await conn.call("snapshot/list", {"sessionId": "s"}))["snapshots"]
         assert [s["snapshotId"] for s in listed] == [manual["snapshotId"]]
+
+
+async def test_a_restart_does_not_make_an_unchanged_context_look_new():
+    """Loading a session's context after a restart changes nothing: the first
+    compression then needs no restore point of its own when a snapshot holds it."""
+    root = short_root()
+    try:
+        first = CtxdProc(root).start()
+        conn = await first.connect()
+        await conn.call("session/create", {"sessionId": "s", "contextWindow": 32768})
+        await push(conn, "s", [m for t in chat_turns(3, 30) for m in t.messages])
+        manual = await conn.call("snapshot/create", {"sessionId": "s", "label": "mine"})
+        await conn.close()
+        first.stop()
+        again = CtxdProc(root).start()
+        conn = await again.connect()
+        result = await conn.call("context/compress", {"sessionId": "s"})
+        assert result["compressed"]
+        listed = (await conn.call("snapshot/list", {"sessionId": "s"}))["snapshots"]
+        assert [s["snapshotId"] for s in listed] == [manual["snapshotId"]]
+        await conn.close()
+        again.stop()
+    finally:
+        remove_root(root)
 
 
 async def test_without_before_compression_passes_take_no_snapshot_of_their_own():

@@ -72,11 +72,20 @@ def test_usage_details_and_citations_are_kept_not_refused():
          "usage": {"input_tokens": 9, "output_tokens": 4, "service_tier": "standard",
                    "cache_creation": {"ephemeral_5m_input_tokens": 0}}},
     )
-    assert openai.usage == Usage(input_tokens=50, output_tokens=20, total_tokens=70, cache_read_tokens=32,
-                                 reasoning_tokens=12)
+    # (cached_tokens is part of prompt_tokens for OpenAI: a detail, not cacheReadTokens)
+    assert openai.usage == Usage(input_tokens=50, output_tokens=20, total_tokens=70, reasoning_tokens=12)
     assert openai.metadata == {"usageDetails": {"prompt_tokens_details": {"cached_tokens": 32, "audio_tokens": 0},
                                                 "completion_tokens_details": {"reasoning_tokens": 12}}}
     assert anthropic.content == [TextBlock(text="per the docs")]
     assert anthropic.metadata == {"citations": [{"type": "char_location", "cited_text": "x"}],
                                   "usageDetails": {"service_tier": "standard",
                                                    "cache_creation": {"ephemeral_5m_input_tokens": 0}}}
+
+
+def test_a_misspelt_usage_field_is_refused_not_hidden():
+    with pytest.raises(CtxdError) as error:
+        push({"role": "assistant", "content": "x", "usage": {"inputTokens": 5, "outputToken": 3}})
+    assert "outputToken" in error.value.message
+    [message] = push({"role": "assistant", "content": [{"type": "text", "text": "t", "citations": [{"n": 1}]}],
+                      "metadata": {"citations": "mine"}})
+    assert message.metadata == {"citations": "mine", "providerCitations": [{"n": 1}]}
