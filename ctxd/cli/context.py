@@ -9,7 +9,7 @@ from typing import Any, Callable, ContextManager
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import json_option, run, settings_of
+from ctxd.cli.main import json_option, request, run, settings_of
 from ctxd.cli.sessions import (
     CHECKPOINT_COLUMNS,
     checkpoint_rows,
@@ -125,10 +125,7 @@ def checkpoints(ctx: click.Context, session_id: str) -> None:
     """The checkpoints in SESSION's active context, oldest first."""
     settings = settings_of(ctx)
 
-    async def work(client: Client) -> Any:
-        return await client.request("context/checkpoints", {"sessionId": session_id})
-
-    result = run(settings, work)
+    result = request(settings, "context/checkpoints", {"sessionId": session_id})
     if settings.json:
         render.print_json(result)
         return
@@ -172,10 +169,7 @@ def expand(ctx: click.Context, session_id: str, checkpoint_id: str, full: bool) 
     """The summary of CHECKPOINT and the original messages it stands for."""
     settings = settings_of(ctx)
 
-    async def work(client: Client) -> Any:
-        return await client.request("checkpoint/expand", {"sessionId": session_id, "checkpointId": checkpoint_id})
-
-    result = run(settings, work)
+    result = request(settings, "checkpoint/expand", {"sessionId": session_id, "checkpointId": checkpoint_id})
     if settings.json:
         render.print_json(result)
         return
@@ -260,10 +254,7 @@ def goal_show(ctx: click.Context, session_id: str) -> None:
     """SESSION's goal: milestones, decisions, artifacts, next steps."""
     settings = settings_of(ctx)
 
-    async def work(client: Client) -> Any:
-        return await client.request("goal/get", {"sessionId": session_id})
-
-    show_goal(run(settings, work), settings)
+    show_goal(request(settings, "goal/get", {"sessionId": session_id}), settings)
 
 
 PRIORITY = click.Choice(["high", "medium", "low"])
@@ -283,10 +274,7 @@ def goal_set(ctx: click.Context, session_id: str, description: str, priority: st
     if milestones:
         params["checkpoints"] = [{"description": m, "status": "pending"} for m in milestones]
 
-    async def work(client: Client) -> Any:
-        return await client.request("goal/set", params)
-
-    show_goal(run(settings, work), settings)
+    show_goal(request(settings, "goal/set", params), settings)
 
 
 def parse_milestone(text: str) -> dict[str, str]:
@@ -358,7 +346,4 @@ def goal_update(ctx: click.Context, session_id: str, description: str | None, pr
         raise click.UsageError("nothing to change: give --status, --decision, --milestone, --artifact, --next, "
                                "--description or --priority")
 
-    async def work(client: Client) -> Any:
-        return await client.request("goal/update", params)
-
-    show_goal(run(settings, work), settings)
+    show_goal(request(settings, "goal/update", params), settings)

@@ -16,12 +16,12 @@ from ctxd.cli.main import (
     check_data_dir,
     initialize_client,
     json_option,
-    run,
+    request,
     settings_of,
     start_daemon,
     try_connect,
 )
-from ctxd.client import Client, DaemonUnavailable
+from ctxd.client import DaemonUnavailable
 
 STOP_WAIT_SECONDS = 10.0
 
@@ -53,10 +53,7 @@ def status(ctx: click.Context) -> None:
     """The running daemon's status (exit 3 when none runs; never starts one)."""
     settings = settings_of(ctx)
 
-    async def work(client: Client) -> Any:
-        return await client.request("daemon/status")
-
-    result = run(settings, work, autostart=False, verify_data_dir=False)
+    result = request(settings, "daemon/status", autostart=False, verify_data_dir=False)
     if settings.json:
         render.print_json(result)
         return

@@ -271,6 +271,16 @@ async def check_data_dir(client: Client, settings: Settings) -> None:
                        "give another --socket, or stop it with: ctxd-cli daemon stop", EXIT_UNAVAILABLE)
 
 
+def request(settings: Settings, method: str, params: Any = None, *, autostart: bool | None = None,
+            verify_data_dir: bool = True) -> Any:
+    """One request's result (what most commands need), with :func:`run`'s error handling."""
+
+    async def work(client: Client) -> Any:
+        return await client.request(method, params)
+
+    return run(settings, work, autostart=autostart, verify_data_dir=verify_data_dir)
+
+
 def run(settings: Settings, work: Callable[[Client], Awaitable[T]], *, autostart: bool | None = None,
         interrupt_code: int = 130, verify_data_dir: bool = True) -> T:
     """Run ``work`` with a connected client; map failures to exit codes and one-line errors."""

@@ -7,9 +7,8 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import json_option, run, settings_of
+from ctxd.cli.main import json_option, request, settings_of
 from ctxd.cli.sessions import session_argument
-from ctxd.client import Client
 
 FORMATS = ("openai", "anthropic", "ollama")
 
@@ -44,10 +43,7 @@ def prompt(ctx: click.Context, session_id: str, fmt: str, summary: bool) -> None
     """
     settings = settings_of(ctx)
 
-    async def work(client: Client) -> Any:
-        return await client.request("context/prompt", {"sessionId": session_id, "format": fmt})
-
-    result = run(settings, work)
+    result = request(settings, "context/prompt", {"sessionId": session_id, "format": fmt})
     if settings.json:
         render.print_json(result)
         return

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import AliasGroup, Settings, confirm, json_option, require_terminal, run, settings_of
+from ctxd.cli.main import AliasGroup, Settings, confirm, json_option, require_terminal, request, run, settings_of
 from ctxd.client import Client
 
 
@@ -73,10 +73,7 @@ def list_sessions(ctx: click.Context, limit: int | None, tag: str | None) -> Non
     if tag is not None:
         params["tag"] = tag
 
-    async def work(client: Client) -> Any:
-        return await client.request("session/list", params)
-
-    result = run(settings, work)
+    result = request(settings, "session/list", params)
     if settings.json:
         render.print_json(result)
         return
@@ -268,10 +265,7 @@ def delete(ctx: click.Context, session_id: str, yes: bool) -> None:
             render.note("not deleted")
             return
 
-    async def work(client: Client) -> Any:
-        return await client.request("session/delete", {"sessionId": session_id})
-
-    result = run(settings, work)
+    result = request(settings, "session/delete", {"sessionId": session_id})
     if settings.json:
         render.print_json(result)
         return
@@ -403,10 +397,8 @@ def cleanup(ctx: click.Context, keep: int, yes: bool) -> None:
             render.note("nothing deleted")
             return
 
-    async def work(client: Client) -> Any:
-        return await client.request("session/cleanup", {"keep": keep})
-
-    _deleted_output(settings, run(settings, work), f"there are no more than {keep} sessions")
+    _deleted_output(settings, request(settings, "session/cleanup", {"keep": keep}),
+                    f"there are no more than {keep} sessions")
 
 
 @sessions.command("clear")
@@ -442,7 +434,4 @@ def clear(ctx: click.Context, all_: bool, yes: bool) -> None:
             render.note("nothing deleted")
             return
 
-    async def work(client: Client) -> Any:
-        return await client.request("session/clear", {"all": True})
-
-    _deleted_output(settings, run(settings, work), "there are no sessions")
+    _deleted_output(settings, request(settings, "session/clear", {"all": True}), "there are no sessions")

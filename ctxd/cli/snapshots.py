@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import confirm, json_option, run, settings_of
+from ctxd.cli.main import confirm, json_option, request, run, settings_of
 from ctxd.cli.sessions import (
     CHECKPOINT_COLUMNS,
     SNAPSHOT_COLUMNS,
@@ -79,10 +79,7 @@ def create(ctx: click.Context, session_id: str, label: str | None) -> None:
     if label is not None:
         params["label"] = label
 
-    async def work(client: Client) -> Any:
-        return await client.request("snapshot/create", params)
-
-    info = run(settings, work)
+    info = request(settings, "snapshot/create", params)
     if settings.json:
         render.print_json(info)
         return
@@ -99,10 +96,7 @@ def list_snapshots(ctx: click.Context, session_id: str) -> None:
     """SESSION's snapshots, newest first."""
     settings = settings_of(ctx)
 
-    async def work(client: Client) -> Any:
-        return await client.request("snapshot/list", {"sessionId": session_id})
-
-    result = run(settings, work)
+    result = request(settings, "snapshot/list", {"sessionId": session_id})
     if settings.json:
         render.print_json(result)
         return
@@ -144,10 +138,7 @@ def show(ctx: click.Context, session_id: str, snapshot_id: str, all_messages: bo
     """What a snapshot holds: user messages, other messages, checkpoints, goal, watermark."""
     settings = settings_of(ctx)
 
-    async def work(client: Client) -> Any:
-        return await client.request("snapshot/get", {"sessionId": session_id, "snapshotId": snapshot_id})
-
-    content = run(settings, work)
+    content = request(settings, "snapshot/get", {"sessionId": session_id, "snapshotId": snapshot_id})
     if settings.json:
         render.print_json(content)
         return
@@ -200,10 +191,7 @@ def restore(ctx: click.Context, session_id: str, snapshot_id: str, yes: bool) ->
             render.note("not restored")
             return
 
-    async def work(client: Client) -> Any:
-        return await client.request("snapshot/restore", ref)
-
-    result = run(settings, work)
+    result = request(settings, "snapshot/restore", ref)
     if settings.json:
         render.print_json(result)
         return
@@ -234,10 +222,7 @@ def delete(ctx: click.Context, session_id: str, snapshot_id: str, yes: bool) -> 
         render.note("not deleted")
         return
 
-    async def work(client: Client) -> Any:
-        return await client.request("snapshot/delete", ref)
-
-    result = run(settings, work)
+    result = request(settings, "snapshot/delete", ref)
     if settings.json:
         render.print_json(result)
         return

@@ -7,9 +7,8 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import json_option, run, settings_of
+from ctxd.cli.main import json_option, request, settings_of
 from ctxd.cli.sessions import session_argument
-from ctxd.client import Client
 
 
 def drift_cell(value: float | None) -> Any:
@@ -28,10 +27,7 @@ def stats(ctx: click.Context, session_id: str) -> None:
     """Counts and tokens by role and kind, counted-vs-reported drift, and the budget."""
     settings = settings_of(ctx)
 
-    async def work(client: Client) -> Any:
-        return await client.request("context/stats", {"sessionId": session_id})
-
-    result = run(settings, work)
+    result = request(settings, "context/stats", {"sessionId": session_id})
     if settings.json:
         render.print_json(result)
         return

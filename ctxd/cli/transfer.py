@@ -16,10 +16,20 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import EXIT_REFUSED, EXIT_USAGE, CliError, bad_input, json_option, run, settings_of
+from ctxd.cli.main import (
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CliError,
+    bad_input,
+    json_option,
+    request,
+    run,
+    settings_of,
+)
 from ctxd.cli.sessions import session_argument, sessions
 from ctxd.client import Client, RpcError
 from ctxd.protocol.errors import ErrorCode
+from ctxd.store.files import fsync_directory
 
 EXPORT_FORMATS = ("json", "markdown", "jsonl")
 SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".md": "markdown",
@@ -78,16 +88,7 @@ def write_atomically(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
-    try:
-        dir_fd = os.open(target.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    fsync_directory(target.parent)
 
 
 @click.command("export")
@@ -113,10 +114,7 @@ def export(ctx: click.Context, session_id: str, output: str | None, fmt: str | N
         path = Path(output)
         check_writable(path)
 
-    async def work(client: Client) -> Any:
-        return await client.request("session/export", {"sessionId": session_id, "format": fmt})
-
-    result = run(settings, work)
+    result = request(settings, "session/export", {"sessionId": session_id, "format": fmt})
     document: str = result["document"]
     if output == "-":
         if settings.json:

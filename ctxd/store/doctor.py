@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 
+from ctxd.store.files import fsync_directory
+
 SQLITE_HEADER = b"SQLite format 3\x00"
 DB_NAME = "ctxd.db"
 # Copied in this order (sessions first: the others belong to one).
@@ -733,16 +735,7 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    fsync_directory(path.parent)
 
 
 def _decodes(decode: Callable[[Any], Any], value: Any) -> bool:
