@@ -15,7 +15,7 @@ import os
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
 import msgspec
 import platformdirs
@@ -70,6 +70,16 @@ class LimitsConfig(_Section):
     frame_stall_seconds: float = 5.0
     """A frame body that stops arriving for this long is treated as complete (and answered
     as malformed), so a client that sent a wrong Content-Length is not left waiting."""
+    max_frame_bytes_before_initialize: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
+    """Largest frame read from a Unix-socket or TCP client before its ``initialize`` succeeded
+    (the TCP token is checked there): a larger one is skipped and answered with an error, so a
+    client that has not authenticated cannot make the daemon buffer or decode more."""
+    initialize_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    """A Unix-socket or TCP client whose ``initialize`` has not succeeded this long after it
+    connected is disconnected."""
+    max_pending_connections: Annotated[int, msgspec.Meta(ge=1)] = 64
+    """Unix-socket (and, counted apart, TCP) connections that may wait for ``initialize`` at
+    once; past it a new connection is closed as soon as it is accepted."""
 
 
 class BudgetConfig(_Section):
@@ -89,8 +99,10 @@ class BudgetConfig(_Section):
     """Reply reservation as a share of the window for a model whose output limit is unknown."""
     safety_margin_fraction: float = 0.02
     """Extra headroom kept free of conversation, as a share of the window."""
-    trigger_fraction: float = 0.80
-    """Compress when the conversation passes this share of the available budget (seed 000)."""
+    trigger_fraction: float = 0.90
+    """Compress when the conversation passes this share of the available budget (seed 000 says
+    80%; 90% with a 60% low-water mark fills the window better and still compresses in big
+    steps, see docs/decisions.md)."""
 
 
 class CompressionConfig(_Section):
@@ -107,9 +119,10 @@ class CompressionConfig(_Section):
     checkpoint that keeps their words as far as the budget allows, or answer ``context/prompt``
     with an error carrying the figures."""
     keep_recent: int = 5
-    """Newest messages never summarized."""
-    low_water_fraction: float = 0.5
-    """A compression aims to leave the conversation at this share of the available budget."""
+    """Newest messages never summarized (a floor: a pass summarizes only as much as it must)."""
+    low_water_fraction: float = 0.6
+    """A compression takes the oldest part of the conversation just far enough to leave it at
+    this share of the available budget, and no further."""
     min_growth_fraction: float = 0.10
     """Automatic compression waits until the conversation grew by this share of the available
     budget since the last one (no compaction loops)."""
@@ -129,6 +142,9 @@ class CompressionConfig(_Section):
     """More summary checkpoints than this and the two oldest merge into one."""
     fold_share: float = 0.25
     """Folded user words may take at most this share of the largest prompt."""
+    user_share: float = 0.5
+    """User messages stay verbatim while they take at most this share of the largest prompt;
+    past it the overflow policy folds the oldest."""
 
 
 class SummarizerConfig(_Section):
@@ -309,10 +325,16 @@ def load_config(
     explicit = path or env.get("CTXD_CONFIG")
     file = Path(explicit).expanduser() if explicit else default_config_file()
     data: dict[str, Any] = {}
-    if file.exists():
+    try:
+        exists = file.exists()
+    except OSError as exc:  # a directory on the way we may not search
+        raise ConfigError(f"{file}: {exc.strerror}") from None
+    if exists:
         try:
             data = tomllib.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        except OSError as exc:
+            raise ConfigError(f"{file}: {exc.strerror}") from None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{file}: {exc}") from None
     elif explicit:
         raise ConfigError(f"{file}: configuration file not found")

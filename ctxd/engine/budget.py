@@ -30,7 +30,7 @@ class BudgetPolicy:
     reserved_output_cap: int = 32_000
     reserved_output_fraction: float = 0.125
     safety_margin_fraction: float = 0.02
-    trigger_fraction: float = 0.80
+    trigger_fraction: float = 0.90
 
 
 MAX_RESERVED_SHARE = 0.25

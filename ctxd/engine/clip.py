@@ -13,7 +13,15 @@ from typing import Any, Callable
 
 import msgspec
 
-from ctxd.protocol.message import Message, TextBlock, ToolResultBlock, tool_result_text
+from ctxd.protocol.message import (
+    FunctionCall,
+    Message,
+    TextBlock,
+    ToolCall,
+    ToolResultBlock,
+    ToolUseBlock,
+    tool_result_text,
+)
 from ctxd.tokens import TOOL_BLOCK_OVERHEAD, MessageTokens
 
 ELIDED = ("[... {lines} lines, {tokens} tokens of this output left out by ctxd to fit the context window; "
@@ -98,3 +106,73 @@ def clip_message(message: Message, tokens: MessageTokens, max_tokens: int,
     if not changed:
         return message, before
     return msgspec.structs.replace(message, content=new_content), before - tokens.tool_result + results
+
+
+def _arguments_excerpt(arguments: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """Tool-call arguments cut to an excerpt, still a JSON object (providers parse them)."""
+    cut = excerpt(arguments, max_tokens, count)
+    if cut == arguments:
+        return arguments
+    return msgspec.json.encode({"ctxd_excerpt": cut}).decode()
+
+
+def clip_any(message: Message, tokens: MessageTokens, max_tokens: int,
+             count: Callable[[str], int]) -> tuple[Message, int]:
+    """Any message cut to about ``max_tokens`` as sent: tool output as by
+    :func:`clip_message`, and the text and tool-call arguments of other messages (an
+    assistant's long answer, a huge ``write_file`` call) as head/tail excerpts. Thinking
+    is never sent, so it is left as it is."""
+    if tokens.tool_result and message.role == "tool":
+        return clip_message(message, tokens, max_tokens, count)
+    view, cost = message, tokens.context
+    if tokens.tool_result:
+        share = max(MIN_EXCERPT, max_tokens * tokens.tool_result // max(1, tokens.context))
+        view, cost = clip_message(message, tokens, share, count)
+    sized = tokens.text + tokens.tool_call
+    if sized <= 0 or cost <= max_tokens:
+        return view, cost
+    room = max(MIN_EXCERPT, max_tokens - tokens.overhead - (cost - sized - tokens.overhead))
+
+    def share_of(part_tokens: int) -> int:
+        return max(MIN_EXCERPT, room * part_tokens // max(1, sized))
+
+    content = view.content
+    delta = 0
+    if isinstance(content, str) and content:
+        cut = excerpt(content, share_of(tokens.text), count)
+        if cut != content:
+            delta += count(cut) - tokens.text
+            content = cut
+    elif isinstance(content, list):
+        blocks: list[Any] = []
+        for block in content:
+            if isinstance(block, TextBlock) and block.text:
+                before = count(block.text)
+                cut = excerpt(block.text, share_of(before), count)
+                delta += count(cut) - before
+                blocks.append(TextBlock(text=cut) if cut != block.text else block)
+            elif isinstance(block, ToolUseBlock):
+                raw = msgspec.json.encode(block.input).decode()
+                before = count(raw)
+                cut = excerpt(raw, share_of(before), count)
+                if cut != raw:
+                    blocks.append(ToolUseBlock(id=block.id, name=block.name, input={"ctxd_excerpt": cut}))
+                    delta += count(msgspec.json.encode({"ctxd_excerpt": cut}).decode()) - before
+                else:
+                    blocks.append(block)
+            else:
+                blocks.append(block)
+        content = blocks
+    calls = view.tool_calls
+    if calls:
+        new_calls = []
+        for call in calls:
+            before = count(call.function.arguments)
+            cut = _arguments_excerpt(call.function.arguments, share_of(before), count)
+            delta += count(cut) - before
+            new_calls.append(call if cut == call.function.arguments else ToolCall(
+                id=call.id, function=FunctionCall(name=call.function.name, arguments=cut), type=call.type))
+        calls = new_calls
+    if delta >= 0:
+        return view, cost
+    return msgspec.structs.replace(view, content=content, tool_calls=calls), cost + delta

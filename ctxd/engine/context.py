@@ -22,7 +22,7 @@ from typing import Callable, Union
 
 import msgspec
 
-from ctxd.engine.clip import clip_message
+from ctxd.engine.clip import clip_any
 from ctxd.engine.render import PromptPlan
 from ctxd.protocol.compression import Checkpoint
 from ctxd.protocol.message import (
@@ -306,11 +306,11 @@ class ActiveContext:
                     entry.view_tokens = (tokens.context - tokens.tool_result
                                          + len(entry.result_ids) * (TOOL_BLOCK_OVERHEAD + per))
                 return
-        if entry.result_ids and state.clips:
+        if state.clips:
             limit = state.clip_for(entry.seq)
             if limit is not None:
                 if entry.clipped is None or entry.clipped[0] != limit:
-                    view, view_tokens = clip_message(message, tokens, limit, count)
+                    view, view_tokens = clip_any(message, tokens, limit, count)
                     entry.clipped = (limit, view, view_tokens)
                 entry.view, entry.view_tokens = entry.clipped[1], entry.clipped[2]
                 return

@@ -121,42 +121,88 @@ def _safe_cut(recent: list[Entry], cut: int) -> int:
     return cut
 
 
+def _safe_cut_forward(recent: list[Entry], cut: int, limit: int) -> int:
+    """Move the cut forward, up to ``limit``, until no tool call before it has its result
+    after it; -1 when that would pass ``limit``."""
+    last: dict[str, int] = {}
+    reach = [-1] * len(recent)  # per call index: the index of its last result
+    for index, entry in enumerate(recent):
+        for result_id in entry.result_ids:
+            if result_id in last:
+                reach[last[result_id]] = index
+        for call_id in entry.call_ids:
+            last[call_id] = index
+    furthest = -1
+    for index in range(len(recent)):
+        if index >= cut and furthest < index:
+            return index if index <= limit else -1
+        furthest = max(furthest, reach[index])
+    return len(recent) if len(recent) <= limit else -1
+
+
+def estimated_checkpoint(freed: int, max_prompt: int) -> int:
+    """What the checkpoint replacing ``freed`` tokens is expected to cost (its level's
+    target plus its title line)."""
+    return target_tokens(initial_level(freed, max_prompt), freed, max_prompt) + 16
+
+
 def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, keep_recent: int | None = None,
-             min_freed: int = 0) -> Selection | None:
-    """Stage 1: the oldest messages after the boundary, all but the newest few; None when
-    nothing can go, or when it would free less than ``min_freed`` (what a checkpoint
-    itself costs: compressing less would make the prompt bigger). A negative
-    ``min_freed`` also selects what frees nothing (see :func:`advance`)."""
+             min_freed: int = 0, goal_used: int | None = None) -> Selection | None:
+    """Stage 1: the oldest messages after the boundary, just enough of them to bring the
+    conversation down to ``goal_used`` tokens once their checkpoint is in (all but the
+    newest ``keep_recent`` when no goal is given); ``keep_recent`` is a floor, never the
+    target. None when nothing can go, or when it would free less than ``min_freed``
+    (what a checkpoint itself costs: compressing less would make the prompt bigger). A
+    negative ``min_freed`` also selects what frees nothing (see :func:`advance`)."""
     recent = ctx.recent
     n = len(recent)
     if n == 0:
         return None
     keep_n = min(policy.keep_recent if keep_recent is None else keep_recent, n)
-    cut = n - keep_n
+    limit = n - keep_n
     cap = policy.recent_share * budget.available
-    tail = sum(e.view_tokens for e in recent[cut:])
-    while cut < n - 1 and tail > cap:
-        tail -= recent[cut].view_tokens
-        cut += 1
-    cut = _safe_cut(recent, cut)
+    tail = sum(e.view_tokens for e in recent[limit:])
+    while limit < n - 1 and tail > cap:
+        tail -= recent[limit].view_tokens
+        limit += 1
+    pinned = ctx.pinned_set
+    cut = limit
+    if goal_used is not None:
+        excess = ctx.used - goal_used
+        if excess <= 0:
+            return None
+        freed = 0
+        cut = 0
+        while cut < limit:
+            e = recent[cut]
+            freed += _freed_by(e, pinned)
+            cut += 1
+            if freed - estimated_checkpoint(freed, budget.max_prompt_tokens) >= excess:
+                break
+        forward = _safe_cut_forward(recent, cut, limit)
+        cut = forward if forward >= 0 else _safe_cut(recent, cut)
+    else:
+        cut = _safe_cut(recent, cut)
     if cut <= 0:
         return None
     removed = recent[:cut]
-    pinned = ctx.pinned_set
     # The user's words, system messages (instructions, like the system prompt) and pinned
     # messages stay verbatim; everything else goes into the checkpoint.
     keep = [e for e in removed if e.seq in pinned or never_compressed(e)]
-    stays = 0
-    for e in keep:
-        if e.seq in pinned or e.role == "system":
-            stays += e.view_tokens
-        else:
-            stays += e.tokens.overhead + e.tokens.text
-    freed = sum(e.view_tokens for e in removed) - stays
+    freed = sum(_freed_by(e, pinned) for e in removed)
     if freed <= min_freed:
         return None
     return Selection(cut, removed[-1].seq, removed, keep, freed,
                      earlier_truncations=[c for c in ctx.checkpoints if c.kind == "truncated"])
+
+
+def _freed_by(e: Entry, pinned: set[int]) -> int:
+    """What moving ``e`` behind the boundary frees: all of it, but for what stays verbatim."""
+    if e.seq in pinned or e.role == "system":
+        return 0
+    if never_compressed(e):
+        return e.view_tokens - (e.tokens.overhead + e.tokens.text)
+    return e.view_tokens
 
 
 def prepare(selection: Selection, budget: Budget) -> Selection:
@@ -267,25 +313,27 @@ def advance(ctx: ActiveContext, selection: Selection) -> bool:
 
 
 def plan_clips(ctx: ActiveContext, max_tokens: int, protected: tuple[str, ...] = ()) -> list[int]:
-    """Recent messages whose tool output, as sent, is bigger than ``max_tokens``: what
-    :func:`apply_clips` sends as excerpts. Pinned messages are sent whole; outputs the
-    pruning horizon cleared are already small (protected tools' are never cleared)."""
+    """Recent messages bigger than ``max_tokens`` as sent: what :func:`apply_clips` sends
+    as excerpts (tool output, assistant text, tool-call arguments). The user's words are
+    never cut (the overflow policy folds them whole), nor are pinned messages; outputs
+    the pruning horizon cleared are already small (protected tools' are never cleared)."""
     state = ctx.state
     pinned = ctx.pinned_set
     horizon = state.prune_horizon()
     names = ctx.call_names
     out = []
     for entry in ctx.recent:
-        if not entry.result_ids or entry.seq in pinned:
+        if entry.seq in pinned or entry.has_user_text or entry.role == "system":
             continue
-        if entry.seq <= horizon and not (protected and any(names.get(i, "") in protected for i in entry.result_ids)):
+        if entry.result_ids and entry.seq <= horizon and not (
+                protected and any(names.get(i, "") in protected for i in entry.result_ids)):
             continue
-        if entry.seq < state.watermark_seq:
+        if entry.seq < state.watermark_seq and (entry.call_ids or entry.result_ids):
             continue
         current = state.clip_for(entry.seq)
         if current is not None and current <= max_tokens:
             continue
-        if entry.tokens.tool_result > max_tokens:
+        if entry.tokens.context > max_tokens:
             out.append(entry.seq)
     return out
 
@@ -316,8 +364,22 @@ def _folded_line(entry: Entry) -> str:
     return f"[message {entry.seq}] " + _user_text(entry).replace("\n", "\n    ")
 
 
-def _folded_notice(dropped: int) -> str:
-    return f"[{dropped} older user messages are folded out of the prompt; they are whole in history]"
+def _folded_notice(dropped: int, ranges: str = "", checkpoint_id: str = "") -> str:
+    where = f" (messages {ranges})" if ranges else ""
+    how = (f"checkpoint/expand {checkpoint_id} or session/history returns them" if checkpoint_id
+           else "session/history returns them")
+    return (f"[{dropped} older user messages{where} are folded out of the prompt to fit the window; "
+            f"they are whole in history: {how}]")
+
+
+def _dropped_ranges(seqs: list[int], lines: list[str]) -> str:
+    """The folded messages whose words no longer fit the folded checkpoint, as ranges."""
+    shown = {int(line[len("[message "):line.index("]")]) for line in lines}
+    gone = sorted(set(seqs) - shown)
+    runs = seq_ranges(gone)
+    if len(runs) > 4:  # user messages alternate with replies: name the span, not every seq
+        return f"between {gone[0]} and {gone[-1]}"
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _folded_lines(summary: str) -> list[str]:
@@ -328,6 +390,34 @@ def _folded_lines(summary: str) -> list[str]:
         elif line.startswith("    ") and out:
             out[-1] += "\n" + line
     return out
+
+
+def user_entries(ctx: ActiveContext) -> list[Entry]:
+    """The user's messages sent verbatim (kept and recent), pinned ones aside."""
+    pinned = ctx.pinned_set
+    return [e for e in ctx.kept + ctx.recent if e.has_user_text and e.seq not in pinned]
+
+
+def user_tokens(ctx: ActiveContext) -> int:
+    """What the user's words cost in the prompt (their text and message overhead)."""
+    return sum(e.tokens.overhead + e.tokens.text for e in user_entries(ctx))
+
+
+def plan_fold_users(ctx: ActiveContext, max_user_tokens: int) -> list[Entry]:
+    """The oldest kept user messages to fold so that the user's verbatim words take at most
+    ``max_user_tokens`` (never the newest user message, nor pinned ones)."""
+    pinned = ctx.pinned_set
+    users = [e for e in ctx.kept if e.role == "user" and e.has_user_text and e.seq not in pinned]
+    if not any(e.has_user_text for e in ctx.recent) and users:
+        users = users[:-1]
+    excess = user_tokens(ctx) - max_user_tokens
+    chosen: list[Entry] = []
+    for entry in users:
+        if excess <= 0:
+            break
+        chosen.append(entry)
+        excess -= entry.tokens.overhead + entry.tokens.text
+    return chosen
 
 
 def plan_fold(ctx: ActiveContext, goal_tokens: int, allowance: int | None = None) -> list[Entry]:
@@ -380,10 +470,11 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     kept_lines.reverse()
     # Lines dropped by earlier folds are gone from the summary; the seqs are not.
     dropped = len(set(seqs)) - len(kept_lines)
-    parts = [_folded_notice(dropped)] if dropped else []
+    cp_id = previous.id if previous is not None else new_id()
+    parts = [_folded_notice(dropped, _dropped_ranges(seqs, kept_lines), cp_id)] if dropped else []
     parts += kept_lines
     cp = Checkpoint(
-        id=previous.id if previous is not None else new_id(), kind="folded", level="compact",
+        id=cp_id, kind="folded", level="compact",
         seq_from=min(seqs), seq_to=max(seqs), message_ranges=seq_ranges(seqs), summary="\n".join(parts),
         tokens=0, original_tokens=(previous.original_tokens if previous else 0) + sum(e.view_tokens for e in entries),
         created_at=previous.created_at if previous else now, compressed_at=now, compression_number=number,
@@ -410,7 +501,7 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
         ctx.checkpoints = [c for c in ctx.checkpoints if c.id != folded.id]
         return True
     dropped = len(seqs) - len(lines)
-    head = [_folded_notice(dropped)] if dropped else []
+    head = [_folded_notice(dropped, _dropped_ranges(seqs, lines), folded.id)] if dropped else []
     folded.summary = "\n".join(head + lines)
     folded.message_ranges = seq_ranges(seqs)
     folded.seq_from, folded.seq_to = min(seqs), max(seqs)

@@ -20,11 +20,12 @@ class CompressionPolicy:
     what was dropped; seed 000's ``strategy``)."""
     overflow_policy: str = "fold"
     keep_recent: int = 5
-    """Newest messages never summarized (seed 001 stage 1)."""
+    """Newest messages never summarized (seed 001 stage 1): a floor, not the target."""
     recent_share: float = 0.5
     """At most this share of the available budget is protected as 'recent'."""
-    low_water_fraction: float = 0.5
-    """A compression aims to leave the conversation at this share of the available budget."""
+    low_water_fraction: float = 0.6
+    """A compression takes the oldest part of the conversation just far enough to leave it at
+    this share of the available budget, and no further."""
     min_growth_fraction: float = 0.10
     """Automatic compression waits until the conversation grew by this share of the
     available budget since the last one (no compaction loops)."""
@@ -38,6 +39,9 @@ class CompressionPolicy:
     """More summary checkpoints than this and the two oldest merge (seed 000 "Ultra")."""
     fold_share: float = 0.25
     """Folded user words may take this share of the prompt at most."""
+    user_share: float = 0.5
+    """The user's messages stay verbatim in the conversation while they take at most this
+    share of the largest prompt; only past it does the overflow policy fold the oldest."""
     critical_fraction: float = 0.95
 
     def prune_thresholds(self, available: int) -> tuple[int, int]:

@@ -25,8 +25,13 @@ class PrunePlan:
     """Tool-output tokens they held."""
 
 
-def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[str, ...] = ()) -> PrunePlan | None:
-    """Where the pruning horizon should move, or None when pruning would not help."""
+def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[str, ...] = (),
+               need: int | None = None) -> PrunePlan | None:
+    """Where the pruning horizon should move, or None when pruning would not help.
+
+    With ``need`` (tokens the pass must free), the horizon stops at the oldest outputs
+    that free that much (at least ``minimum``): a large window keeps its newer outputs
+    whole instead of clearing everything outside the protected tail."""
     horizon = ctx.state.prune_horizon()
     recent = ctx.recent
     names = ctx.call_names
@@ -51,6 +56,7 @@ def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[
         return None
     results = tokens = 0
     pinned = ctx.pinned_set
+    enough = None if need is None else max(need, minimum)
     for entry in recent[: cut + 1]:
         if not entry.result_ids or entry.seq <= horizon or entry.seq in pinned:
             continue
@@ -60,6 +66,9 @@ def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[
             continue
         results += len(entry.result_ids)
         tokens += entry.tokens.tool_result
+        through = entry.seq
+        if enough is not None and tokens >= enough:
+            break
     if results == 0 or tokens < minimum:
         return None
     return PrunePlan(through, results, tokens)

@@ -32,6 +32,8 @@ from ctxd.engine import checkpoints as ckpts
 from ctxd.engine.context import ActiveContext, Entry
 from ctxd.engine.pipeline import (
     STAGES,
+    plan_fold_users,
+    user_tokens,
     Selection,
     advance,
     apply_clips,
@@ -47,7 +49,8 @@ from ctxd.engine.pipeline import (
     summary_rejection,
     truncation_checkpoint,
 )
-from ctxd.engine.policy import MIN_TARGET
+from ctxd.engine.policy import MIN_TARGET, CompressionPolicy
+from ctxd.protocol.context import Budget
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.protocol.compression import (
     Checkpoint,
@@ -183,16 +186,23 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
         return result
 
 
+def _low_water(policy: CompressionPolicy, budget: Budget) -> int:
+    return math.floor(policy.low_water_fraction * budget.available)
+
+
 async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, stage: _Stages,
                       *, focus: str | None, force: bool) -> None:
+    """A pass compresses to a target: the conversation at the low-water mark, no lower
+    (``force``: everything but the newest ``keep_recent``, as ``context/compress`` asks)."""
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
-    low_water = math.floor(policy.low_water_fraction * budget.available)
+    low_water = _low_water(policy, budget)
 
-    # Layer 1: pruning.
+    # Layer 1: pruning, of the oldest outputs only as far as the low-water mark needs.
     minimum, protect = policy.prune_thresholds(budget.available)
-    plan = plan_prune(ctx, minimum, protect, policy.protected_tools)
+    need = None if force else max(0, ctx.used - low_water)
+    plan = plan_prune(ctx, minimum, protect, policy.protected_tools, need=need) if need != 0 else None
     if plan is not None:
         await _before_change(svc, state, run)
         async with state.lock:
@@ -201,49 +211,52 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
         run.layers.append("prune")
         run.detail["pruned"] = {"results": plan.results, "tokens": plan.tokens, "throughSeq": plan.through_seq}
         budget = cache.budget(state)
-        if not force and ctx.used <= low_water and fits(ctx, budget):
-            return
 
     # Layer 3: summarization into a checkpoint (the watermark layer acts when it is set).
     # Pushes go on during a slow summary; if they alone overflow the prompt again, another
     # round summarizes them rather than truncating.
     for _ in range(MAX_ROUNDS):
-        selection = identify(ctx, budget, policy, min_freed=_checkpoint_cost(state, ctx))
+        low_water = _low_water(policy, budget)
+        if not force and ctx.used <= low_water and fits(ctx, budget):
+            break
+        selection = identify(ctx, budget, policy, min_freed=_checkpoint_cost(state, ctx),
+                             goal_used=None if force else low_water)
         if selection is None:
             break
         prepare(selection, budget)
-        stage("identification", f"{len(selection.removed)} messages up to {selection.cut_seq}")
-        stage("preparation", f"{selection.freed_tokens} tokens, {selection.level} level, "
-                             f"target {selection.target_tokens}")
-        checkpoint = await _checkpoint_for(svc, state, ctx, selection, run, stage, focus, policy.strategy)
-        stage("update", "updating the active context")
-        await _before_change(svc, state, run)
-        async with state.lock:
-            apply_selection(ctx, selection, checkpoint)
-            cache.refresh(state, system=True)
-        run.created.append(checkpoint)
-        run.layers.append("truncate" if checkpoint.kind == "truncated" else "summarize")
-        svc.events.emit(state.id, "checkpoint/created",
-                        CheckpointCreatedNotification(session_id=state.id, checkpoint=checkpoint))
-        stage("aging", "ageing older checkpoints")
-        await _age_and_merge(svc, state, ctx, run, exclude=checkpoint.id)
+        await _summarize_selection(svc, state, ctx, selection, run, stage, focus, policy.strategy)
         budget = cache.budget(state)
-        if fits(ctx, budget):
+        if force:
             break
 
-    # Validation: the prompt must fit; if what is never compressed does not, the overflow policy.
+    # Validation: the prompt must fit; the user's words take at most their share.
     budget = cache.budget(state)
     if run.layers:
         stage("validation", "checking the prompt fits")
     if not fits(ctx, budget):
-        await _squeeze(svc, state, ctx, run, low_water)
-    elif (run.layers and policy.overflow_policy == "fold" and ctx.used > (low_water + budget.trigger_at) // 2
-          and ctx.user_tokens >= ctx.recent_tokens):
-        # The user's words, which are never summarized, keep the conversation closer to
-        # the trigger than to the low-water mark: passes would come every few turns, each
-        # freeing little. Fold now, down to the low-water mark. (A long recent tail, such
-        # as big tool outputs, is the next pass's to summarize: no folding for it.)
-        await _overflow(svc, state, ctx, run, low_water, keep_recent=policy.keep_recent)
+        await _squeeze(svc, state, ctx, run, focus)
+    await _fold_users(svc, state, ctx, run)
+
+
+async def _summarize_selection(svc: Service, state: SessionState, ctx: ActiveContext, selection: Selection,
+                               run: _Pass, stage: _Stages, focus: str | None, strategy: str) -> None:
+    """Stages 1-5 for one selection, then ageing and merging of the older checkpoints."""
+    cache = svc.cache
+    stage("identification", f"{len(selection.removed)} messages up to {selection.cut_seq}")
+    stage("preparation", f"{selection.freed_tokens} tokens, {selection.level} level, "
+                         f"target {selection.target_tokens}")
+    checkpoint = await _checkpoint_for(svc, state, ctx, selection, run, stage, focus, strategy)
+    stage("update", "updating the active context")
+    await _before_change(svc, state, run)
+    async with state.lock:
+        apply_selection(ctx, selection, checkpoint)
+        cache.refresh(state, system=True)
+    run.created.append(checkpoint)
+    run.layers.append("truncate" if checkpoint.kind == "truncated" else "summarize")
+    svc.events.emit(state.id, "checkpoint/created",
+                    CheckpointCreatedNotification(session_id=state.id, checkpoint=checkpoint))
+    stage("aging", "ageing older checkpoints")
+    await _age_and_merge(svc, state, ctx, run, exclude=checkpoint.id)
 
 
 MAX_ROUNDS = 3
@@ -368,9 +381,11 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             session_id=state.id, merged_ids=[first.id, second.id], into_id=merged.id, tokens=merged.tokens))
 
 
-async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, low_water: int) -> None:
-    """The prompt still does not fit: excerpts of oversized recent tool outputs, then
-    truncation of what may be, then the overflow policy."""
+async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, focus: str | None) -> None:
+    """The prompt still does not fit. Cheapest and least lossy first: excerpts of any
+    message too big for the prompt (never the user's words), checkpoints merged and
+    shortened, the rest of the conversation summarized down to the newest message;
+    only then the overflow policy folds the user's words."""
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
@@ -387,29 +402,113 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         budget = cache.budget(state)
         if fits(ctx, budget):
             return
-    selection = identify(ctx, budget, policy, keep_recent=1)
+    await _shrink_checkpoints(svc, state, ctx, run)
+    budget = cache.budget(state)
+    if fits(ctx, budget):
+        return
+    selection = identify(ctx, budget, policy, keep_recent=1, goal_used=_low_water(policy, budget))
     if selection is not None:
         prepare(selection, budget)
-        cp = truncation_checkpoint(selection, now=now_iso(), number=state.cstate.compression_count + 1,
-                                   count=state.counter.count)
-        await _before_change(svc, state, run)
-        async with state.lock:
-            apply_selection(ctx, selection, cp)
-            ctx.state.lossy = True
-            cache.refresh(state, system=True)
-        run.created.append(cp)
-        run.layers.append("truncate")
-        svc.events.emit(state.id, "checkpoint/created", CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
+        stage = _Stages(svc, state, NullProgress())
+        await _summarize_selection(svc, state, ctx, selection, run, stage, focus, policy.strategy)
         budget = cache.budget(state)
-        if fits(ctx, budget) and (ctx.used <= budget.trigger_at or policy.overflow_policy != "fold"):
+        if fits(ctx, budget):
             return
-    await _overflow(svc, state, ctx, run, low_water, keep_recent=1)
+    await _shrink_checkpoints(svc, state, ctx, run)
+    budget = cache.budget(state)
+    if fits(ctx, budget):
+        return
+    await _overflow(svc, state, ctx, run, _low_water(policy, budget), keep_recent=1)
+
+
+async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
+    """Make room from the checkpoints before touching the user's words: every summary
+    checkpoint merged into one, re-summarized down by what the prompt is over."""
+    cache = svc.cache
+    budget = cache.budget(state)
+    over = ctx.prompt_tokens - budget.max_prompt_tokens
+    summaries = [c for c in ctx.checkpoints if c.kind == "summary"]
+    if over <= 0 or not summaries:
+        return
+    total = sum(c.tokens for c in summaries)
+    target = max(MIN_TARGET, total - over - len(summaries) * 8)
+    if target >= total:
+        return
+    out = await _resummarize(svc, state, run, [c.summary for c in summaries], "ultra", target, ctx.goal_text)
+    if out is None:
+        return
+    text, summarizer = out
+    merged = summaries[0]
+    for other in summaries[1:]:
+        merged = ckpts.merged(merged, other, text, 0, summarizer, now_iso(), state.cstate.compression_count)
+    if len(summaries) == 1:
+        merged = msgspec.structs.replace(merged, level="ultra", summary=text, compressed_at=now_iso(),
+                                         compression_count=merged.compression_count + 1, summarizer=summarizer)
+    else:
+        merged = msgspec.structs.replace(merged, summary=text)
+    ckpts.measure(merged, state.counter.count)
+    if merged.tokens >= total:
+        return
+    ids = {c.id for c in summaries}
+    await _before_change(svc, state, run)
+    async with state.lock:
+        index = next(i for i, c in enumerate(ctx.checkpoints) if c.id in ids)
+        rest = [c for c in ctx.checkpoints if c.id not in ids]
+        rest.insert(min(index, len(rest)), merged)
+        ctx.checkpoints = rest
+        cache.refresh(state, system=True)
+    run.created.append(merged)
+    run.layers.append("shrink")
+    run.detail.setdefault("shrunk", []).append({"from": sorted(ids), "into": merged.id, "tokens": merged.tokens})
+    if len(summaries) > 1:
+        svc.events.emit(state.id, "checkpoint/merged", CheckpointMergedNotification(
+            session_id=state.id, merged_ids=[c.id for c in summaries], into_id=merged.id, tokens=merged.tokens))
+
+
+async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
+    """The user's words stay verbatim while they take at most ``user_share`` of the largest
+    prompt. Past it, the oldest are folded, down to that share less the loop guard's step
+    (so the next user message does not fold again at once)."""
+    cache = svc.cache
+    policy = cache.policy(state)
+    if policy.overflow_policy != "fold":
+        return
+    budget = cache.budget(state)
+    cap = math.floor(policy.user_share * budget.max_prompt_tokens)
+    if user_tokens(ctx) <= cap:
+        return
+    # Fold in one big step, not one message per turn: down to the share less the loop
+    # guard's step, and further (to half the share at most) when that is what brings the
+    # conversation to the low-water mark.
+    words = user_tokens(ctx)
+    goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
+    goal = max(cap // 2, min(goal, _low_water(policy, budget) - (ctx.used - words)))
+    chosen = plan_fold_users(ctx, goal)
+    if not chosen:
+        return
+    allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
+    await _apply_fold(svc, state, ctx, run, chosen, allowance)
+
+
+async def _apply_fold(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, chosen: list[Entry],
+                      allowance: int) -> None:
+    cache = svc.cache
+    await _before_change(svc, state, run)
+    async with state.lock:
+        cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=state.cstate.compression_count + 1,
+                  count=state.counter.count)
+        ctx.state.compression_count += 1
+        cache.refresh(state, system=True)
+    run.created.append(cp)
+    run.layers.append("fold")
+    run.detail.setdefault("folded", []).extend(e.seq for e in chosen)
+    svc.events.emit(state.id, "checkpoint/created", CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
 
 
 async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, low_water: int,
                     *, keep_recent: int) -> None:
-    """What may never be compressed is too big: say so with the figures, then apply the
-    overflow policy (fold the oldest user messages down to the low-water mark)."""
+    """Nothing else is left: say so with the figures, then apply the overflow policy
+    (fold the oldest user messages down to the low-water mark)."""
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
@@ -430,29 +529,16 @@ async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: 
                     if advance(ctx, selection):
                         cache.refresh(state)
                 chosen = plan_fold(ctx, goal, allowance=allowance)
-    if policy.overflow_policy == "fold" and not chosen and fits(ctx, budget):
-        return  # nothing to fold and nothing wrong: the loop guard waits for growth
     action = (f"folding the {len(chosen)} oldest user messages into a checkpoint" if chosen
               else "nothing can be folded: context/prompt will answer with ContextOverflow"
               if policy.overflow_policy == "fold" else "context/prompt will answer with ContextOverflow")
-    if not fits(ctx, budget) or policy.overflow_policy != "fold":
-        svc.events.emit(state.id, "context/overflow", OverflowNotification(
-            session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
-            max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
-            pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
-            recent_tokens=ctx.recent_tokens, action=action, folded_messages=len(chosen)))
-    if not chosen:
-        return
-    await _before_change(svc, state, run)
-    async with state.lock:
-        cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=state.cstate.compression_count + 1,
-                  count=state.counter.count)
-        ctx.state.compression_count += 1
-        cache.refresh(state, system=True)
-    run.created.append(cp)
-    run.layers.append("fold")
-    run.detail["folded"] = [e.seq for e in chosen]
-    svc.events.emit(state.id, "checkpoint/created", CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
+    svc.events.emit(state.id, "context/overflow", OverflowNotification(
+        session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
+        max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
+        pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
+        recent_tokens=ctx.recent_tokens, action=action, folded_messages=len(chosen)))
+    if chosen:
+        await _apply_fold(svc, state, ctx, run, chosen, allowance)
 
 
 async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> CompressResult:

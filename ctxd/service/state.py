@@ -140,6 +140,7 @@ def compression_policy(config: Config, row: SessionRow) -> CompressionPolicy:
         watermark_tools=tuple(c.watermark_tools),
         max_checkpoints=c.max_checkpoints,
         fold_share=c.fold_share,
+        user_share=c.user_share,
     )
 
 

@@ -138,7 +138,9 @@ async def test_user_heavy_chat_does_not_compress_every_turn():
         for prev, nxt in zip(runs, runs[1:]):
             grew = nxt.used_before - prev.used_after
             assert grew >= math.ceil(0.10 * nxt.available), (prev.push, nxt.push, grew, nxt.available)
-        assert len(runs) <= 600 // 8, len(runs)  # about one pass per 5 turns, not one per turn
+        # About one pass per 4 turns, not one per turn. (The user's words stay verbatim up to
+        # half the largest prompt, so between two folds a pass can only summarize answers.)
+        assert len(runs) <= 600 // 7, len(runs)
         for fmt in FORMATS:
             assert not check_prompt(await drive.prompt(fmt), 8192)
         await conn.close()
@@ -167,7 +169,7 @@ async def test_a_session_of_user_messages_only_still_gets_a_prompt():
         # Everything not in the prompt is counted in the folded notice, none silently dropped.
         system = system_text(await drive.prompt("openai"))
         shown = len(re.findall(r"^\[message \d+\]", system, re.M))
-        notice = re.search(r"\[(\d+) older user messages are folded out", system)
+        notice = re.search(r"\[(\d+) older user messages (?:\([^)]*\) )?are folded out", system)
         assert shown + (int(notice.group(1)) if notice else 0) == len(seqs_of(folded))
         info = await conn.call("session/get", {"sessionId": "notes"})
         assert info["messageCount"] == 1500

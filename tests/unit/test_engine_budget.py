@@ -90,7 +90,7 @@ def test_available_never_negative():
 def test_policy_defaults():
     p = BudgetPolicy()
     assert (p.usable_fraction, p.reserved_output_cap, p.reserved_output_fraction,
-            p.safety_margin_fraction, p.trigger_fraction) == (0.85, 32_000, 0.125, 0.02, 0.80)
+            p.safety_margin_fraction, p.trigger_fraction) == (0.85, 32_000, 0.125, 0.02, 0.90)
 
 
 @pytest.mark.parametrize("window, output_limit, expected", [
@@ -120,8 +120,8 @@ def test_budget_for_defaults():
     assert b.safety_margin == math.ceil(8192 * 0.02) == 164
     assert b.max_prompt_tokens == 6963 - 1024
     assert b.available == 6963 - 1024 - 164 - 500
-    assert b.trigger_fraction == 0.80
-    assert b.trigger_at == math.floor(b.available * 0.80)
+    assert b.trigger_fraction == 0.90
+    assert b.trigger_at == math.floor(b.available * 0.90)
 
 
 def test_budget_for_reproduces_seed000_with_a_policy():

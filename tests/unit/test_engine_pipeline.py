@@ -528,7 +528,7 @@ def test_fold_keeps_words_verbatim():
     assert cp.kind == "folded" and cp.summarizer == "fold" and cp.level == "compact"
     assert (cp.seq_from, cp.seq_to, cp.message_seqs) == (1, 2, [1, 2])
     assert unfold(cp.summary) == {1: "first question", 2: "second question"}
-    assert "older user messages are folded out" not in cp.summary
+    assert "are folded out" not in cp.summary
     assert seqs(ctx.kept) == [3] and ctx.state.kept_seqs == [3]
     assert ctx.checkpoints[0] is cp
     assert ctx.state.lossy
@@ -544,7 +544,8 @@ def test_fold_drops_the_oldest_beyond_the_allowance_with_a_marker():
     line_cost = count(f"[message 5] {texts[4]}") + 1
     cp = fold(ctx, chosen, allowance=2 * line_cost + 1, now=NOW, number=1, count=count)
     assert unfold(cp.summary) == {4: texts[3], 5: texts[4]}  # the newest folded ones
-    assert cp.summary.startswith("[3 older user messages are folded out of the prompt; they are whole in history]")
+    assert cp.summary.startswith("[3 older user messages (messages 1-3) are folded out of the prompt")
+    assert f"checkpoint/expand {cp.id}" in cp.summary.splitlines()[0]
     assert cp.message_seqs == [1, 2, 3, 4, 5]  # it still stands for all of them
 
 
@@ -579,8 +580,9 @@ def test_plan_fold_with_the_allowance_reaches_the_goal(allowance):
     refresh(ctx)
     if allowance <= 1000:
         # 6 x ~305 tokens of words: anything the allowance cannot hold is freed
-        # (the plan does not count the checkpoint's own framing: section header, title, marker)
-        assert ctx.prompt_tokens <= goal + 80
+        # (the plan does not count the checkpoint's own framing: section header, title, the
+        # marker naming the folded messages and how to expand them)
+        assert ctx.prompt_tokens <= goal + 120
         assert seqs(chosen) == list(range(1, len(chosen) + 1))
     else:
         # an allowance larger than all the words: folding cannot help, and everything is tried
