@@ -2,7 +2,7 @@
 Compression Triggers", seed 004 "usable context"), as one pure function.
 
     usable          = floor(window * usable_fraction)
-    max_prompt      = usable - reserved_output
+    max_prompt      = (usable - reserved_output) / token_ratio
     available       = usable - reserved_output - safety_margin
                       - system - pinned - checkpoints
     trigger_at      = floor(available * trigger_fraction)
@@ -56,9 +56,12 @@ def compute_budget(
     pinned_tokens: int = 0,
     checkpoint_tokens: int = 0,
     used: int = 0,
+    token_ratio: float = 1.0,
 ) -> Budget:
     usable = math.floor(context_window * usable_fraction)
-    max_prompt = usable - reserved_output
+    # The window is the provider's count; ctxd's figures are its own (engine/calibration.py).
+    max_prompt = usable - reserved_output if token_ratio == 1.0 else \
+        math.floor((usable - reserved_output) / token_ratio)
     available = max(0, max_prompt - safety_margin - system_tokens - pinned_tokens - checkpoint_tokens)
     prompt_tokens = PROMPT_PRIMING + system_tokens + pinned_tokens + checkpoint_tokens + used
     return Budget(
@@ -77,6 +80,7 @@ def compute_budget(
         used=used,
         prompt_tokens=prompt_tokens,
         free=max_prompt - prompt_tokens,
+        token_ratio=token_ratio,
     )
 
 
@@ -89,6 +93,7 @@ def budget_for(
     pinned_tokens: int = 0,
     checkpoint_tokens: int = 0,
     used: int = 0,
+    token_ratio: float = 1.0,
 ) -> Budget:
     """The budget of a session under ``policy``."""
     return compute_budget(
@@ -101,4 +106,5 @@ def budget_for(
         pinned_tokens=pinned_tokens,
         checkpoint_tokens=checkpoint_tokens,
         used=used,
+        token_ratio=token_ratio,
     )

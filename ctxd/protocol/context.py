@@ -20,6 +20,11 @@ class Budget(msgspec.Struct, rename="camel"):
     the conversation once the system prompt (with the goal block), pinned messages and
     checkpoints are paid for, less ``safetyMargin``; compression triggers when ``used``
     (the conversation's tokens) passes ``triggerAt = available * triggerFraction``.
+
+    Every figure is in ctxd's own count. ``tokenRatio`` is what the session's provider
+    counts per token ctxd counts, learned from the usage pushed messages carry (1.0
+    until then); ``maxPromptTokens`` is the provider's room divided by it, so a prompt
+    that fits here fits as the provider counts it.
     """
 
     context_window: int
@@ -37,13 +42,17 @@ class Budget(msgspec.Struct, rename="camel"):
     used: int
     prompt_tokens: int
     free: int
+    token_ratio: float = 1.0
 
 
 class PromptParams(msgspec.Struct, rename="camel"):
-    """Ask for the prompt to send next, in one provider's wire shape."""
+    """Ask for the prompt to send next, in one provider's wire shape. ``cacheControl``
+    (Anthropic shape only): mark prompt-cache breakpoints on the system part and the
+    last message (default on)."""
 
     session_id: str
     format: PromptFormat = "openai"
+    cache_control: bool = True
 
 
 class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=True):
@@ -110,6 +119,11 @@ class UsageDrift(msgspec.Struct, rename="camel"):
     reported_input_tokens: int = 0
     counted_input_tokens: int = 0
     input_ratio: Union[float, None] = None
+    applied_ratio: float = 1.0
+    """The ratio the budget applies: the median of the newest samples (reported input
+    tokens over ctxd's count of what was sent: the prompt ctxd handed out, or the whole
+    history for a client that sends everything, whichever the figure matches), held
+    between 0.8 and 2.0; 1.0 until a sample of at least 512 tokens arrived."""
 
 
 class ContextStatsResult(msgspec.Struct, rename="camel"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
+from ctxd.engine import calibration
 from ctxd.engine.context import Entry
 from ctxd.engine.goals import apply_markers, parse_markers
 from ctxd.engine.watermark import find_checkpoint_call
@@ -32,7 +33,7 @@ from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.messages import NewMessage, StoredMessage
 from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionStats
-from ctxd.tokens import MessageTokens, TokenCounter
+from ctxd.tokens import PROMPT_PRIMING, MessageTokens, TokenCounter
 
 MAX_KEY_LENGTH = 200
 # Counting a large batch on the event loop would stall every other client.
@@ -177,7 +178,8 @@ def _title_of(message: Message) -> str | None:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "\u2026"
 
 
-def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int) -> None:
+def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int,
+               history_before: int) -> None:
     stats.add_message(message, tokens)
     usage = message.usage
     if usage is not None:
@@ -187,9 +189,12 @@ def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, con
             drift.reported_output += usage.output_tokens
             drift.counted_output += tokens.text + tokens.tool_call + tokens.thinking
         if usage.input_tokens is not None:
-            drift.reported_input += (usage.input_tokens + (usage.cache_read_tokens or 0)
-                                     + (usage.cache_write_tokens or 0))
+            reported = usage.input_tokens + (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0)
+            drift.reported_input += reported
             drift.counted_input += context_before
+            drift.recent_ratios = calibration.remember(
+                drift.recent_ratios, calibration.sample(reported, (context_before, history_before)))
+    stats.drift.history_context += tokens.context
 
 
 def _copy_stats(stats: SessionStats) -> SessionStats:
@@ -226,7 +231,8 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         stored.append(StoredMessage(last_seq, now, tokens, clean))
         if key is not None:
             seen[key] = (last_seq, tokens.total)
-        _add_stats(stats, message, tokens, context_before + added_context)
+        _add_stats(stats, message, tokens, context_before + added_context,
+                   PROMPT_PRIMING + state.stored.figures.system + stats.drift.history_context)
         added_context += tokens.context
         added_tokens += tokens.total
         results.append(PushedMessage(seq=last_seq, tokens=tokens.total))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ctxd.config import Config
+from ctxd.engine import calibration
 from ctxd.engine.budget import BudgetPolicy, budget_for
 from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry
@@ -231,6 +232,7 @@ class SessionCache:
             pinned_tokens=f.pinned,
             checkpoint_tokens=f.checkpoints,
             used=f.used,
+            token_ratio=calibration.applied(state.row.stats.drift.recent_ratios),
         )
 
     def refresh(self, state: SessionState, *, system: bool = False, changed: bool = True) -> None:

@@ -35,6 +35,7 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
             reported_input_tokens=drift.reported_input,
             counted_input_tokens=drift.counted_input,
             input_ratio=_ratio(drift.reported_input, drift.counted_input),
+            applied_ratio=budget.token_ratio,
         ),
         budget=budget,
         reliability=session_reliability(state, budget),

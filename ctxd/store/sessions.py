@@ -35,6 +35,10 @@ class DriftTotals(msgspec.Struct):
     counted_output: int = 0
     reported_input: int = 0
     counted_input: int = 0
+    history_context: int = 0
+    """Context tokens of every message pushed (what a client sending all history sends)."""
+    recent_ratios: list[float] = []
+    """The newest input-token ratios (provider / ctxd), oldest first (engine/calibration.py)."""
 
 
 KINDS = ("text", "toolCall", "toolResult", "thinking", "framing")

@@ -366,6 +366,32 @@ async def test_stats_usage_drift(lsp, sid):
     assert drift["inputRatio"] == round(34 / context_before, 4)
 
 
+async def test_budget_learns_the_providers_count(lsp, sid):
+    """Usage pushed with replies teaches the session's token ratio; the budget applies it,
+    and the prompt handed out fits the window as the provider counts it."""
+    await create(lsp, sessionId=sid, model="llama3.1:8b", contextWindow=8192)
+    before = (await request(lsp, "context/stats", {"sessionId": sid}))["budget"]
+    assert before["tokenRatio"] == 1.0
+    history = 3
+    for i in range(12):
+        question = user(f"Question {i}: " + "explain the parser state machine again " * 20)
+        pushed = await push(lsp, sid, [question])
+        history += pushed["messages"][0]["tokens"]
+        # A client that sends the whole history to a provider counting 1.3x what ctxd counts.
+        reply = assistant(f"Answer {i}: " + "the lexer hands tokens to the parser " * 20,
+                          usage={"inputTokens": round(history * 1.3), "outputTokens": 200})
+        pushed = await push(lsp, sid, [reply])
+        history += pushed["messages"][0]["tokens"]
+    stats = await request(lsp, "context/stats", {"sessionId": sid})
+    budget = stats["budget"]
+    assert 1.28 <= budget["tokenRatio"] <= 1.32
+    assert stats["usageDrift"]["appliedRatio"] == budget["tokenRatio"]
+    assert budget["maxPromptTokens"] == int((before["maxPromptTokens"]) / budget["tokenRatio"])
+    prompt = await request(lsp, "context/prompt", {"sessionId": sid})
+    assert prompt["tokens"] <= prompt["budget"]["maxPromptTokens"]
+    assert prompt["tokens"] * budget["tokenRatio"] <= before["maxPromptTokens"]
+
+
 # --- notifications ------------------------------------------------------------------------
 
 
