@@ -31,6 +31,8 @@ from ctxd.protocol.message import (
 )
 from ctxd.protocol.providers import (
     AnthropicMessage,
+    AnthropicThinking,
+    CacheControl,
     AnthropicText,
     AnthropicToolResult,
     AnthropicToolUse,
@@ -299,6 +301,28 @@ def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
                 if not out[-1].content:
                     out.pop()
     return Rendered(out, _join(system_parts) if system_parts else None, extra, repairs)
+
+
+_EPHEMERAL = CacheControl()
+
+
+def cache_breakpoints(system: str | None, messages: list[AnthropicMessage]
+                      ) -> tuple[list[AnthropicText] | None, list[AnthropicMessage]]:
+    """Anthropic prompt-cache breakpoints on the system part and the last message (its
+    last block that can carry one), leaving ``messages`` itself untouched (it may be
+    cached). Between compressions the prompt only grows at its end, so each request
+    reads the previous one's prefix from the provider's cache."""
+    blocks = [AnthropicText(text=system, cache_control=_EPHEMERAL)] if system else None
+    if not messages:
+        return blocks, messages
+    last = messages[-1]
+    content = list(last.content)
+    for index in range(len(content) - 1, -1, -1):
+        block = content[index]
+        if not isinstance(block, AnthropicThinking):
+            content[index] = msgspec.structs.replace(block, cache_control=_EPHEMERAL)
+            return blocks, messages[:-1] + [AnthropicMessage(role=last.role, content=content)]
+    return blocks, messages
 
 
 RENDERERS: dict[str, Callable[[PromptPlan, Callable[[str], int]], Rendered]] = {

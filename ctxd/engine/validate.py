@@ -7,6 +7,8 @@ each function returns the list of problems found (empty: valid).
 
 from __future__ import annotations
 
+import msgspec
+
 from ctxd.protocol.providers import (
     AnthropicMessage,
     AnthropicText,
@@ -44,8 +46,12 @@ def validate_openai(messages: list[OpenAIMessage]) -> list[str]:
     return problems
 
 
-def validate_anthropic(system: str | None, messages: list[AnthropicMessage]) -> list[str]:
+def validate_anthropic(system: "str | list[AnthropicText] | None", messages: list[AnthropicMessage]) -> list[str]:
     problems: list[str] = []
+    if isinstance(system, list):  # (typed blocks, or the decoded JSON of a prompt result)
+        blocks = [b if isinstance(b, AnthropicText) else msgspec.convert(b, AnthropicText) for b in system]
+        if any(not b.text for b in blocks):
+            problems.append("system: empty text block")
     if not messages:
         return problems
     if messages[0].role != "user":

@@ -7,7 +7,7 @@ from typing import Literal, Union
 import msgspec
 
 from ctxd.protocol.compression import Reliability
-from ctxd.protocol.providers import AnthropicMessage, OllamaMessage, OpenAIMessage
+from ctxd.protocol.providers import AnthropicMessage, AnthropicText, OllamaMessage, OpenAIMessage
 
 PromptFormat = Literal["openai", "anthropic", "ollama"]
 
@@ -77,9 +77,12 @@ class OpenAIPrompt(_PromptBase, tag="openai"):
 
 
 class AnthropicPrompt(_PromptBase, tag="anthropic"):
-    """``system`` and ``messages`` go straight into ``/v1/messages``."""
+    """``system`` and ``messages`` go straight into ``/v1/messages``. With
+    ``cacheControl`` (the default) ``system`` is a list with one text block, and it and
+    the last message's last block carry ``cache_control`` breakpoints; without, ``system``
+    is a string."""
 
-    system: Union[str, None]
+    system: Union[str, list[AnthropicText], None]
     messages: list[AnthropicMessage]
 
 

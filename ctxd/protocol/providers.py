@@ -36,20 +36,29 @@ class OpenAIMessage(msgspec.Struct, omit_defaults=True):
 # --- Anthropic messages ------------------------------------------------------------
 
 
-class AnthropicText(msgspec.Struct, tag="text", tag_field="type"):
+class CacheControl(msgspec.Struct):
+    """An Anthropic prompt-cache breakpoint: the prompt up to this block is cached."""
+
+    type: Literal["ephemeral"] = "ephemeral"
+
+
+class AnthropicText(msgspec.Struct, tag="text", tag_field="type", omit_defaults=True):
     text: str
+    cache_control: Union[CacheControl, None] = None
 
 
-class AnthropicToolUse(msgspec.Struct, tag="tool_use", tag_field="type"):
+class AnthropicToolUse(msgspec.Struct, tag="tool_use", tag_field="type", omit_defaults=True):
     id: str
     name: str
     input: dict[str, Any]
+    cache_control: Union[CacheControl, None] = None
 
 
 class AnthropicToolResult(msgspec.Struct, tag="tool_result", tag_field="type", omit_defaults=True):
     tool_use_id: str
     content: str
     is_error: bool = False
+    cache_control: Union[CacheControl, None] = None
 
 
 class AnthropicThinking(msgspec.Struct, tag="thinking", tag_field="type"):

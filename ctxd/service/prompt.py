@@ -2,16 +2,38 @@
 
 A prompt that would not fit is never handed out: the session is compressed first
 (when automatic compression is on), and if it still cannot fit the request fails with
-ContextOverflow and the figures.
+ContextOverflow and the figures. What was rendered is kept per format until the
+active context changes (a push, a compression, a pin...), so an agent asking again
+costs a lookup, not a render of every message.
 """
 
 from __future__ import annotations
 
-from ctxd.engine.render import RENDERERS
+from ctxd.engine.context import ActiveContext
+from ctxd.engine.render import RENDERERS, Rendered, cache_breakpoints
 from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, PromptParams, PromptResult
 from ctxd.service import compression
 from ctxd.service.core import Service
 from ctxd.service.notify import session_reliability
+from ctxd.service.state import SessionState
+
+
+def _version(ctx: ActiveContext) -> tuple[object, ...]:
+    """What a rendered prompt depends on: every change to the views bumps ``revision``;
+    pushes only append."""
+    last = ctx.recent[-1].seq if ctx.recent else -1
+    return (id(ctx), ctx.state.revision, len(ctx.kept), len(ctx.recent), last, ctx.system_text)
+
+
+def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
+    """The prompt in ``fmt``, rendered once per version of the active context."""
+    version = _version(ctx)
+    cached = state.rendered.get(fmt)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    out = RENDERERS[fmt](ctx.prompt_plan(), state.counter.count)
+    state.rendered[fmt] = (version, out)
+    return out
 
 
 async def prompt(svc: Service, params: PromptParams) -> PromptResult:
@@ -19,16 +41,19 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
     await compression.ensure_fits(svc, state)
     async with state.lock:
         ctx = await svc.cache.context(state)
-        rendered = RENDERERS[params.format](ctx.prompt_plan(), state.counter.count)
+        out = rendered(state, ctx, params.format)
         budget = svc.cache.budget(state)
         row = state.row
-    tokens = budget.prompt_tokens + rendered.extra_tokens
+    tokens = budget.prompt_tokens + out.extra_tokens
     common = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,
                   last_seq=row.last_seq, message_count=row.message_count, budget=budget,
                   reliability=session_reliability(state, budget),
                   compression_count=ctx.state.compression_count, checkpoint_count=len(ctx.checkpoints))
     if params.format == "anthropic":
-        return AnthropicPrompt(system=rendered.system, messages=rendered.messages, **common)
+        if params.cache_control:
+            system, messages = cache_breakpoints(out.system, out.messages)
+            return AnthropicPrompt(system=system, messages=messages, **common)
+        return AnthropicPrompt(system=out.system, messages=out.messages, **common)
     if params.format == "ollama":
-        return OllamaPrompt(messages=rendered.messages, **common)
-    return OpenAIPrompt(messages=rendered.messages, **common)
+        return OllamaPrompt(messages=out.messages, **common)
+    return OpenAIPrompt(messages=out.messages, **common)

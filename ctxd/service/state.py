@@ -21,6 +21,7 @@ from ctxd.engine.budget import BudgetPolicy, budget_for
 from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry
 from ctxd.engine.goals import render_goal
+from ctxd.engine.render import Rendered
 from ctxd.engine.policy import CompressionPolicy
 from ctxd.models import model_facts
 from ctxd.protocol.context import Budget
@@ -77,6 +78,8 @@ class SessionState:
     compression_task: asyncio.Task[object] | None = None
     deleted: bool = False
     skip_reason: str | None = None
+    rendered: dict[str, tuple[tuple[object, ...], Rendered]] = field(default_factory=dict)
+    """The last prompt rendered per format, with the context version it was made from."""
 
     @property
     def id(self) -> str:
@@ -280,6 +283,7 @@ class SessionCache:
             recent=[Entry.of(m.seq, m.message, m.tokens) for m in recent],
         )
         state.ctx = ctx
+        state.rendered.clear()
         self.refresh(state, system=True, changed=False)
         return ctx
 

@@ -6,11 +6,12 @@ session and its whole history are written in one transaction.
 
 from __future__ import annotations
 
-import json
 import re
+import time
 import uuid
 from typing import Any
 
+import anyio
 import msgspec
 
 from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
@@ -22,7 +23,7 @@ from ctxd.protocol.message import Message
 from ctxd.service import compression
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
-from ctxd.service.ingest import _add_stats, _title_of, check_message
+from ctxd.service.ingest import THREAD_COUNT_BYTES, _add_stats, _title_of, check_message
 from ctxd.service.sessions import MIN_WINDOW, enforce_retention
 from ctxd.service.state import Figures, StoredState
 from ctxd.store import checkpoints as checkpoint_store
@@ -74,8 +75,21 @@ async def export(svc: Service, params: ExportParams) -> ExportResult:
                         filename=_filename(doc, params.format), document=document, message_count=len(rows))
 
 
-def _parse(params: ImportParams) -> tuple[list[SessionDocument], str, list[str]]:
-    from ctxd.exchange.document import import_json
+SLICE_SECONDS = 0.01
+"""Preparing an import's messages on the event loop yields to other clients this often."""
+
+
+def too_many(count: int, limit: int) -> CtxdError:
+    """An import over ``limits.max_batch_messages``: refused like a push, with the figures."""
+    return CtxdError(ErrorCode.BatchTooLarge,
+                     f"document: {count} messages; the limit is {limit} (limits.max_batch_messages, as for a push)",
+                     {"field": "document", "count": count, "limit": limit})
+
+
+def _parse(params: ImportParams, max_messages: int) -> tuple[list[SessionDocument], str, list[str]]:
+    """The document's conversations; run in a thread. A ctxd JSON export is counted before
+    any message is decoded, so an oversized one is refused for the price of a scan."""
+    from ctxd.exchange.document import import_outline, outline_json
     from ctxd.exchange.jsonl import import_jsonl, is_ctxd_jsonl
     from ctxd.exchange.markdown import import_markdown, is_ctxd_markdown
     from ctxd.importers import TranscriptError, load_transcripts_from_bytes
@@ -93,7 +107,10 @@ def _parse(params: ImportParams) -> tuple[list[SessionDocument], str, list[str]]
             fmt = "markdown"
     try:
         if fmt == "json":
-            return [import_json(json.loads(text))], fmt, []
+            outline = outline_json(text)
+            if len(outline.messages) > max_messages:
+                raise too_many(len(outline.messages), max_messages)
+            return [import_outline(outline)], fmt, []
         if fmt == "jsonl":
             return [import_jsonl(text)], fmt, []
         if fmt == "markdown":
@@ -125,13 +142,19 @@ def _import_job(conn: Any, row: SessionRow, items: list[tuple[Message, bytes, An
 
 
 async def import_session(svc: Service, params: ImportParams) -> ImportResult:
-    docs, fmt, warnings = _parse(params)
+    max_messages = svc.config.limits.max_batch_messages
+    # Decoding a large document on the event loop would stall every other client.
+    docs, fmt, warnings = await anyio.to_thread.run_sync(_parse, params, max_messages)
+    count = sum(len(doc.messages) for doc in docs)
+    if count > max_messages:
+        raise too_many(count, max_messages)
     if params.session_id is not None and len(docs) > 1:
         raise CtxdError(ErrorCode.InvalidParams, f"the document holds {len(docs)} conversations; "
                         "sessionId can name only one", {"field": "sessionId"})
     ids: list[str] = []
     total = 0
     limit = svc.config.limits.max_message_bytes
+    slice_started = time.perf_counter()
     for doc in docs:
         session_id = params.session_id or doc.session_id or str(uuid.uuid4())
         counter = TokenCounter.for_model(doc.model)
@@ -149,9 +172,17 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
             body = _encode(message)
             if len(body) > limit:
                 raise CtxdError(ErrorCode.MessageTooLarge, f"document: message {index + 1} is {len(body)} bytes; "
-                                f"the limit is {limit}", {"field": f"messages[{index}]"})
-            tokens = counter.count_message(message)
-            _add_stats(stats, message, tokens, PROMPT_PRIMING + system_tokens + used)
+                                f"the limit is {limit} (limits.max_message_bytes, as for a push)",
+                                {"field": f"messages[{index}]", "size": len(body), "limit": limit})
+            if len(body) > THREAD_COUNT_BYTES:
+                tokens = await anyio.to_thread.run_sync(counter.count_message, message)
+            else:
+                tokens = counter.count_message(message)
+            if time.perf_counter() - slice_started > SLICE_SECONDS:
+                await anyio.sleep(0)  # let other clients' requests run
+                slice_started = time.perf_counter()
+            before = PROMPT_PRIMING + system_tokens + used  # (an import is sent whole: prompt == history)
+            _add_stats(stats, message, tokens, before, before)
             used += tokens.context
             items.append((message, body, tokens, item.created_at or now))
         window = doc.context_window if doc.context_window and doc.context_window >= MIN_WINDOW else None

@@ -29,7 +29,7 @@ def test_prompt_formats_and_stats(cli: Cli) -> None:
     assert openai["messages"][2]["tool_calls"][0]["function"]["name"] == "bash"
 
     anthropic = json.loads(cli("prompt", "p", "--format", "anthropic").stdout)
-    assert anthropic["system"] == "You are terse."
+    assert [b["text"] for b in anthropic["system"]] == ["You are terse."]
     assert {m["role"] for m in anthropic["messages"]} <= {"user", "assistant"}
     blocks = [b["type"] for m in anthropic["messages"] for b in m["content"]]
     assert "tool_use" in blocks and "tool_result" in blocks

@@ -400,7 +400,8 @@ def recount_openai(messages: list[dict[str, Any]]) -> int:
 def system_text(result: dict[str, Any]) -> str:
     """The system part of a prompt in any format."""
     if result["format"] == "anthropic":
-        return result["system"] or ""
+        system = result["system"] or ""
+        return system if isinstance(system, str) else "\n\n".join(b["text"] for b in system)
     messages = result["messages"]
     return messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
 

@@ -230,8 +230,15 @@ async def test_prompt_shapes_with_openai_style_tool_calls(lsp, sid):
     assert openai_pairing_problems(openai) == []
 
     anthropic = p["anthropic"]
-    assert anthropic["system"] == "You are a weather bot."
+    # Prompt-cache breakpoints on the system part and the last message (cacheControl on by default).
+    assert anthropic["system"] == [{"type": "text", "text": "You are a weather bot.",
+                                    "cache_control": {"type": "ephemeral"}}]
+    assert anthropic["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert sum("cache_control" in b for m in anthropic["messages"] for b in m["content"]) == 1
     assert [m["role"] for m in anthropic["messages"]] == ["user", "assistant", "user", "assistant"]
+    plain = await request(lsp, "context/prompt", {"sessionId": sid, "format": "anthropic", "cacheControl": False})
+    assert plain["system"] == "You are a weather bot."
+    assert not any("cache_control" in b for m in plain["messages"] for b in m["content"])
     uses = [b for b in anthropic["messages"][1]["content"] if b["type"] == "tool_use"]
     assert [(b["id"], b["input"]) for b in uses] == [("call_1", {"city": "Paris"}), ("call_2", {"city": "Rome"})]
     results = anthropic["messages"][2]["content"]
@@ -298,8 +305,9 @@ async def test_prompt_repairs_tool_pairing(lsp, sid):
     assert any("orphan output" in (m.get("content") or "") and m["role"] == "user" for m in openai)
     assert anthropic_pairing_problems(p["anthropic"]["messages"]) == []
     # Anthropic: system-role messages of the conversation join the system text.
-    assert p["anthropic"]["system"].startswith("sys")
-    assert "Mid-conversation instruction." in p["anthropic"]["system"]
+    system = p["anthropic"]["system"][0]["text"]
+    assert system.startswith("sys")
+    assert "Mid-conversation instruction." in system
     assert all(b.get("text") != "Mid-conversation instruction." for m in p["anthropic"]["messages"]
                for b in m["content"])
     # Repairs cost tokens the stored counts do not include.
@@ -311,7 +319,8 @@ async def test_prompt_of_new_empty_session(lsp, sid):
     await create(lsp, sessionId=sid, systemPrompt="only system")
     p = await prompts(lsp, sid)
     assert p["openai"]["messages"] == [{"role": "system", "content": "only system"}]
-    assert p["anthropic"]["messages"] == [] and p["anthropic"]["system"] == "only system"
+    assert p["anthropic"]["messages"] == []
+    assert p["anthropic"]["system"] == [{"type": "text", "text": "only system", "cache_control": {"type": "ephemeral"}}]
 
 
 async def test_prompt_default_and_bad_format(lsp, sid):

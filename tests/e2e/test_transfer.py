@@ -170,7 +170,7 @@ async def test_export_import_round_trip_loses_nothing(fmt):
             assert (await conn.call("goal/get", {"sessionId": new_id}))["goal"] == goal
             # The copy is a working session: its prompt renders, and it takes new messages.
             prompt = await conn.call("context/prompt", {"sessionId": new_id, "format": "anthropic"})
-            assert prompt["system"].startswith(SYSTEM)
+            assert prompt["system"][0]["text"].startswith(SYSTEM)
             pushed = await push(conn, new_id, [{"role": "user", "content": "after import"}])
             assert pushed["messages"][0]["seq"] == len(rich_messages()) + 1
 
