@@ -42,6 +42,13 @@ COMPRESSION_TIMEOUT_SECONDS = 120.0
 COMPRESSION_END = ("context/compressed", "context/compressionFailed", "context/compressionSkipped",
                    "context/overflow")
 COMPRESSION_EVENTS = ("context/compressing", *COMPRESSION_END)
+SETTLE_ROUNDS = 3
+
+
+def _over(budget: dict[str, Any]) -> bool:
+    """Past the trigger, or a prompt that does not fit: a pass is due."""
+    return (budget.get("used", 0) > budget.get("triggerAt", 0)
+            or budget.get("promptTokens", 0) > budget.get("maxPromptTokens", 0))
 
 
 @dataclass
@@ -383,11 +390,18 @@ def replay(ctx: click.Context, file: str | None, example: bool, fmt: str, sessio
                 def show_stage(stage: str, label: str = label) -> None:
                     advance(f"{label} ({stage})", 0)
 
-                await watch.settle(sid, since=mark, expected=budget.get("used", 0) > budget.get("triggerAt", 0),
-                                   on_stage=show_stage)
+                await watch.settle(sid, since=mark, expected=_over(budget), on_stage=show_stage)
+                stats = await client.request("context/stats", {"sessionId": sid})
+                for _ in range(SETTLE_ROUNDS):
+                    # A pass that was running when the last push arrived ends first; the
+                    # daemon then starts another for what came meanwhile: report after it.
+                    if not _over(stats.get("budget") or {}):
+                        break
+                    await watch.settle(sid, since=watch.mark(sid), expected=True, on_stage=show_stage)
+                    stats = await client.request("context/stats", {"sessionId": sid})
                 advance(label, 0)
                 await client.request("session/unsubscribe", {"sessionId": sid})
-                outcome.result = await client.request("context/stats", {"sessionId": sid})
+                outcome.result = stats
                 outcome.compression = watch.summary(sid)
                 outcomes.append(outcome)
         return outcomes

@@ -10,6 +10,10 @@
 - context confidence (the seed leaves it open): 1.0 while the prompt is within the
   compression trigger, falling linearly to 0.7 as it reaches the largest prompt that
   may be sent; times 0.85 once anything was truncated or folded.
+
+The level follows the score, except that a session nothing was compressed out of is
+never ``critical`` (at worst ``low``): what the seed's critical advice says, start a
+new conversation, cannot help a conversation that is still whole.
 """
 
 from __future__ import annotations
@@ -96,6 +100,10 @@ def reliability(model: str | None, parameter_size: str | None, compression_count
         confidence *= 0.85
     score = round(factor * penalty * confidence, 4)
     level = level_of(score)
+    if level == "critical" and compression_count == 0 and not lossy:
+        # Nothing was compressed or lost: a small model alone is a reason to pick a larger
+        # one, not to "start a new conversation" (a one-message session is not critical).
+        level = "low"
     return Reliability(score=score, level=level, model_factor=factor,  # type: ignore[arg-type]
                        compression_penalty=round(penalty, 4), context_confidence=round(confidence, 4),
                        compression_count=compression_count, model_size_billions=size,

@@ -135,16 +135,25 @@ def schedule(svc: Service, state: SessionState) -> None:
 
 
 async def _background(svc: Service, state: SessionState) -> None:
+    started_at = state.row.last_seq
+    failed = False
     try:
         await compress(svc, state, trigger="auto")
     except asyncio.CancelledError:
+        failed = True
         raise
     except CtxdError as exc:
+        failed = True
         log.warning("automatic compression of %s failed: %s", state.id, exc.message)
     except Exception:
+        failed = True
         log.exception("automatic compression of %s failed", state.id)
     finally:
         state.compression_task = None
+    # Pushes that arrived during the pass found it running and scheduled nothing: decide
+    # for them now (the loop guard still applies, and without new pushes nothing runs).
+    if not failed and state.row.last_seq != started_at:
+        schedule(svc, state)
 
 
 async def compress(svc: Service, state: SessionState, *, trigger: str, focus: str | None = None,

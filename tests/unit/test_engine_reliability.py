@@ -89,6 +89,14 @@ def test_seed000_warning_case_small_model_three_compressions():
     assert r.recommendations == RECOMMENDATIONS["critical"] and r.recommendations
 
 
+def test_a_session_nothing_was_compressed_out_of_is_never_critical():
+    fresh = reliability("llama3.2:3b", None, 0, CALM, lossy=False)
+    assert fresh.score == pytest.approx(0.30)  # the score still tells the model is small
+    assert fresh.level == "low" and fresh.recommendations == RECOMMENDATIONS["low"]
+    assert reliability("llama3.2:3b", None, 0, CALM, lossy=True).level == "critical"
+    assert reliability("llama3.2:3b", None, 1, CALM, lossy=False).level == "critical"
+
+
 def test_levels_of_typical_models():
     assert reliability("llama3:70b", None, 0, CALM, False).level == "high"
     assert reliability("qwen2.5:32b", None, 0, CALM, False).level == "high"  # 0.85
