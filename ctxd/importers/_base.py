@@ -220,7 +220,9 @@ def usage_from(raw: Any) -> Usage | None:
     """Provider usage (Anthropic or OpenAI/litellm keys) as :class:`Usage`, numbers as reported.
 
     Anthropic's ``input_tokens`` excludes cache reads; OpenAI's ``prompt_tokens``
-    includes cached tokens. Both are stored as ``input_tokens`` exactly as reported.
+    includes cached tokens. Both are stored as ``input_tokens`` exactly as reported, and
+    only Anthropic's cache reads as ``cache_read_tokens`` (so input + cache reads is
+    always what the provider counted).
     """
     if not isinstance(raw, dict):
         return None
@@ -236,11 +238,9 @@ def usage_from(raw: Any) -> Usage | None:
     output_tokens = _int(raw.get("output_tokens"))
     if output_tokens is None:
         output_tokens = _int(raw.get("completion_tokens"))
+    # ``cacheReadTokens`` has Anthropic's meaning (not part of ``inputTokens``), as a push
+    # defines it; OpenAI's and DeepSeek's cached counts are already inside prompt_tokens.
     cache_read = _int(raw.get("cache_read_input_tokens"))
-    if cache_read is None:
-        cache_read = _int(prompt_details.get("cached_tokens"))
-    if cache_read is None:
-        cache_read = _int(raw.get("prompt_cache_hit_tokens"))
     usage = Usage(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
