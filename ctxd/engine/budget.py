@@ -2,7 +2,7 @@
 Compression Triggers", seed 004 "usable context"), as one pure function.
 
     usable          = floor(window * usable_fraction)
-    max_prompt      = (usable - reserved_output) / token_ratio
+    max_prompt      = (usable - reserved_output - token_overhead) / token_ratio
     available       = usable - reserved_output - safety_margin
                       - system - pinned - checkpoints
     trigger_at      = floor(available * trigger_fraction)
@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ctxd.engine.calibration import Fit
 from ctxd.protocol.context import Budget
 from ctxd.tokens import PROMPT_PRIMING
 
@@ -57,11 +58,12 @@ def compute_budget(
     checkpoint_tokens: int = 0,
     used: int = 0,
     token_ratio: float = 1.0,
+    token_overhead: int = 0,
 ) -> Budget:
     usable = math.floor(context_window * usable_fraction)
     # The window is the provider's count; ctxd's figures are its own (engine/calibration.py).
-    max_prompt = usable - reserved_output if token_ratio == 1.0 else \
-        math.floor((usable - reserved_output) / token_ratio)
+    max_prompt = usable - reserved_output if (token_ratio, token_overhead) == (1.0, 0) else \
+        max(0, math.floor((usable - reserved_output - token_overhead) / token_ratio))
     available = max(0, max_prompt - safety_margin - system_tokens - pinned_tokens - checkpoint_tokens)
     prompt_tokens = PROMPT_PRIMING + system_tokens + pinned_tokens + checkpoint_tokens + used
     return Budget(
@@ -81,6 +83,7 @@ def compute_budget(
         prompt_tokens=prompt_tokens,
         free=max_prompt - prompt_tokens,
         token_ratio=token_ratio,
+        token_overhead=token_overhead,
     )
 
 
@@ -93,9 +96,10 @@ def budget_for(
     pinned_tokens: int = 0,
     checkpoint_tokens: int = 0,
     used: int = 0,
-    token_ratio: float = 1.0,
+    calibration: Fit | None = None,
 ) -> Budget:
-    """The budget of a session under ``policy``."""
+    """The budget of a session under ``policy`` (and the provider's count, when learned)."""
+    fit = calibration or Fit()
     return compute_budget(
         context_window=context_window,
         usable_fraction=policy.usable_fraction,
@@ -106,5 +110,6 @@ def budget_for(
         pinned_tokens=pinned_tokens,
         checkpoint_tokens=checkpoint_tokens,
         used=used,
-        token_ratio=token_ratio,
+        token_ratio=fit.ratio,
+        token_overhead=fit.overhead,
     )

@@ -1,47 +1,85 @@
 """Budgets that match the provider: learning how the provider counts tokens.
 
 ctxd counts with tiktoken; the provider counts with its own tokenizer, and adds what
-the client sent beside the pushed messages (tool schemas, its own framing). When a
-pushed message carries provider usage, the input tokens the provider reported are
-compared with ctxd's count of what was sent for that call. ctxd cannot know whether
-the client sent ctxd's prompt or its whole history, so the sample uses whichever of
-the two the reported figure is nearer to (by ratio). The budget then divides the
-provider's room by the median of the newest samples (``Budget.tokenRatio``).
+the client sent beside the pushed messages (tool schemas, a system prompt it never
+pushed, its own framing). When a pushed message carries provider usage, the input
+tokens the provider reported are paired with ctxd's count of what was sent for that
+call. ctxd cannot know whether the client sent ctxd's prompt or its whole history, so
+the pair uses whichever of the two the current fit (or, before there is one, the bare
+ratio) says the report is nearer to.
+
+From the newest pairs a line is fitted, ``reported = ratio * counted + overhead``
+(least squares when the counts spread enough to tell the two apart, else the median
+ratio and no overhead), and the budget gives the conversation the provider's room
+less the overhead, divided by the ratio (``Budget.tokenRatio``, ``tokenOverhead``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 SAMPLES = 8
-"""Samples kept: a median over the newest few follows a model change within a few turns."""
-MIN_SAMPLE_TOKENS = 512
-"""Smaller prompts are dominated by what the client adds (tool schemas): too noisy."""
+"""Pairs kept: the newest few follow a change of model or client within a few turns."""
+MIN_COUNTED = 256
+"""Calls with less than this counted are not used (mostly overhead, too noisy)."""
 LOW, HIGH = 0.8, 2.0
-"""Bounds of the applied ratio: a wild sample (a client sending something else) never
-halves the window, nor lets ctxd send much more than it counts."""
+"""Bounds of the ratio: a wild report never halves the window more than this."""
+MAX_OVERHEAD_SHARE = 0.25
+"""The overhead never takes more than this share of the window."""
+MIN_SPREAD = 1.25
+"""Counts must spread by this factor (largest / smallest) before an overhead is fitted."""
 
 
-def sample(reported: int, candidates: tuple[int, ...]) -> float | None:
-    """The ratio of one usage report to the nearest of ctxd's counts, or None."""
-    usable = [c for c in candidates if c >= MIN_SAMPLE_TOKENS]
+@dataclass(frozen=True)
+class Fit:
+    ratio: float = 1.0
+    overhead: int = 0
+
+    def predict(self, counted: int) -> float:
+        return self.ratio * counted + self.overhead
+
+
+def pair(reported: int, candidates: tuple[int, ...], current: Fit | None) -> tuple[int, int] | None:
+    """``(counted, reported)`` for one usage report, or None when it teaches nothing."""
+    usable = [c for c in candidates if c >= MIN_COUNTED]
     if reported <= 0 or not usable:
         return None
-    best = min(usable, key=lambda c: abs(math.log(reported / c)))
-    return round(reported / best, 4)
+    if current is not None and current != Fit():
+        best = min(usable, key=lambda c: abs(math.log(reported / max(1.0, current.predict(c)))))
+    else:
+        best = min(usable, key=lambda c: abs(math.log(reported / c)))
+    return (best, reported)
 
 
-def remember(recent: list[float], ratio: float | None) -> list[float]:
-    if ratio is None:
-        return recent
-    return (recent + [ratio])[-SAMPLES:]
+def remember(samples: list[tuple[int, int]], new: tuple[int, int] | None) -> list[tuple[int, int]]:
+    if new is None:
+        return samples
+    return (samples + [new])[-SAMPLES:]
 
 
-def applied(recent: list[float]) -> float:
-    """The ratio the budget uses: the median of the newest samples, bounded."""
-    if not recent:
-        return 1.0
-    ordered = sorted(recent)
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
     mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return round(min(HIGH, max(LOW, median)), 4)
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def fit(samples: list[tuple[int, int]], window: int) -> Fit:
+    """The line through the newest pairs, bounded (``Fit()`` without any)."""
+    if not samples:
+        return Fit()
+    counted = [c for c, _ in samples]
+    reported = [r for _, r in samples]
+    max_overhead = int(window * MAX_OVERHEAD_SHARE)
+    if len(samples) >= 3 and max(counted) >= MIN_SPREAD * min(counted):
+        mean_c = sum(counted) / len(counted)
+        mean_r = sum(reported) / len(reported)
+        var = sum((c - mean_c) ** 2 for c in counted)
+        slope = sum((c - mean_c) * (r - mean_r) for c, r in zip(counted, reported)) / var
+        ratio = min(HIGH, max(LOW, slope))
+        overhead = _median([r - ratio * c for c, r in samples])
+        overhead = int(min(max_overhead, max(0.0, overhead)))
+        if overhead > 0:
+            return Fit(round(ratio, 4), overhead)
+    ratio = min(HIGH, max(LOW, _median([r / c for c, r in samples])))
+    return Fit(round(ratio, 4), 0)

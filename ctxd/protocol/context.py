@@ -21,10 +21,11 @@ class Budget(msgspec.Struct, rename="camel"):
     checkpoints are paid for, less ``safetyMargin``; compression triggers when ``used``
     (the conversation's tokens) passes ``triggerAt = available * triggerFraction``.
 
-    Every figure is in ctxd's own count. ``tokenRatio`` is what the session's provider
-    counts per token ctxd counts, learned from the usage pushed messages carry (1.0
-    until then); ``maxPromptTokens`` is the provider's room divided by it, so a prompt
-    that fits here fits as the provider counts it.
+    Every figure is in ctxd's own count. ``tokenRatio`` and ``tokenOverhead`` say how the
+    session's provider counts: ``ratio * ctxd's count + overhead`` (what the client sends
+    beside the messages: tool schemas...), learned from the usage pushed messages carry
+    (1.0 and 0 until then); ``maxPromptTokens`` is the provider's room less the overhead,
+    divided by the ratio, so a prompt that fits here fits as the provider counts it.
     """
 
     context_window: int
@@ -43,6 +44,7 @@ class Budget(msgspec.Struct, rename="camel"):
     prompt_tokens: int
     free: int
     token_ratio: float = 1.0
+    token_overhead: int = 0
 
 
 class PromptParams(msgspec.Struct, rename="camel"):
@@ -123,10 +125,12 @@ class UsageDrift(msgspec.Struct, rename="camel"):
     counted_input_tokens: int = 0
     input_ratio: Union[float, None] = None
     applied_ratio: float = 1.0
-    """The ratio the budget applies: the median of the newest samples (reported input
-    tokens over ctxd's count of what was sent: the prompt ctxd handed out, or the whole
-    history for a client that sends everything, whichever the figure matches), held
-    between 0.8 and 2.0; 1.0 until a sample of at least 512 tokens arrived."""
+    """The ratio the budget applies (``budget.tokenRatio``): fitted over the newest reports,
+    each paired with ctxd's count of what was sent (the prompt ctxd handed out, or the
+    whole history for a client that sends everything, whichever the report matches),
+    held between 0.8 and 2.0; 1.0 until a call of at least 256 tokens reported usage."""
+    applied_overhead: int = 0
+    """What the provider counts beside the pushed messages (``budget.tokenOverhead``)."""
 
 
 class ContextStatsResult(msgspec.Struct, rename="camel"):

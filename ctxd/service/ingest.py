@@ -179,7 +179,7 @@ def _title_of(message: Message) -> str | None:
 
 
 def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int,
-               history_before: int) -> None:
+               history_before: int, window: int) -> None:
     stats.add_message(message, tokens)
     usage = message.usage
     if usage is not None:
@@ -192,8 +192,9 @@ def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, con
             reported = usage.input_tokens + (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0)
             drift.reported_input += reported
             drift.counted_input += context_before
-            drift.recent_ratios = calibration.remember(
-                drift.recent_ratios, calibration.sample(reported, (context_before, history_before)))
+            current = calibration.fit(drift.usage_samples, window)
+            drift.usage_samples = calibration.remember(
+                drift.usage_samples, calibration.pair(reported, (context_before, history_before), current))
     stats.drift.history_context += tokens.context
 
 
@@ -232,7 +233,8 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         if key is not None:
             seen[key] = (last_seq, tokens.total)
         _add_stats(stats, message, tokens, context_before + added_context,
-                   PROMPT_PRIMING + state.stored.figures.system + stats.drift.history_context)
+                   PROMPT_PRIMING + state.stored.figures.system + stats.drift.history_context,
+                   state.context_window)
         added_context += tokens.context
         added_tokens += tokens.total
         results.append(PushedMessage(seq=last_seq, tokens=tokens.total))

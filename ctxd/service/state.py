@@ -235,7 +235,7 @@ class SessionCache:
             pinned_tokens=f.pinned,
             checkpoint_tokens=f.checkpoints,
             used=f.used,
-            token_ratio=calibration.applied(state.row.stats.drift.recent_ratios),
+            calibration=calibration.fit(state.row.stats.drift.usage_samples, state.context_window),
         )
 
     def refresh(self, state: SessionState, *, system: bool = False, changed: bool = True) -> None:

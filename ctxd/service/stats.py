@@ -36,6 +36,7 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
             counted_input_tokens=drift.counted_input,
             input_ratio=_ratio(drift.reported_input, drift.counted_input),
             applied_ratio=budget.token_ratio,
+            applied_overhead=budget.token_overhead,
         ),
         budget=budget,
         reliability=session_reliability(state, budget),

@@ -182,7 +182,7 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
                 await anyio.sleep(0)  # let other clients' requests run
                 slice_started = time.perf_counter()
             before = PROMPT_PRIMING + system_tokens + used  # (an import is sent whole: prompt == history)
-            _add_stats(stats, message, tokens, before, before)
+            _add_stats(stats, message, tokens, before, before, doc.context_window or 0)
             used += tokens.context
             items.append((message, body, tokens, item.created_at or now))
         window = doc.context_window if doc.context_window and doc.context_window >= MIN_WINDOW else None

@@ -37,8 +37,8 @@ class DriftTotals(msgspec.Struct):
     counted_input: int = 0
     history_context: int = 0
     """Context tokens of every message pushed (what a client sending all history sends)."""
-    recent_ratios: list[float] = []
-    """The newest input-token ratios (provider / ctxd), oldest first (engine/calibration.py)."""
+    usage_samples: list[tuple[int, int]] = []
+    """The newest (ctxd's count, provider's count) pairs, oldest first (engine/calibration.py)."""
 
 
 KINDS = ("text", "toolCall", "toolResult", "thinking", "framing")
@@ -285,3 +285,43 @@ def update_metadata(
                    title=_UNCHANGED if title is False else title,
                    tags=_UNCHANGED if tags is None else tags,
                    metadata=_UNCHANGED if metadata is None else metadata)
+
+
+# --- retention ---------------------------------------------------------------------------
+
+
+def record_removal(conn: sqlite3.Connection, *, at: str, session_id: str, reason: str, detail: str,
+                   title: str | None, message_count: int, last_activity: str | None) -> None:
+    """Note a session retention removed (in the transaction that deletes it)."""
+    conn.execute("INSERT INTO retention_removals (at, session_id, reason, detail, title, message_count, "
+                 "last_activity) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 (at, session_id, reason, detail, title, message_count, last_activity))
+
+
+def removal_counts(conn: sqlite3.Connection) -> tuple[dict[str, int], str | None]:
+    """Sessions retention removed, by reason, and when it last did."""
+    rows = conn.execute("SELECT reason, count(*), max(at) FROM retention_removals GROUP BY reason").fetchall()
+    return {reason: n for reason, n, _ in rows}, max((at for _, _, at in rows), default=None)
+
+
+def retention_victims(conn: sqlite3.Connection, keep: int, older_than: str | None,
+                      exclude: set[str]) -> list[tuple[str, str, str | None, int, str]]:
+    """(id, reason, title, message_count, last_activity) of the sessions retention removes:
+    those inactive since before ``older_than``, then the least recently active beyond the
+    ``keep`` newest (0: no count limit). ``exclude`` is never removed, and counts as kept."""
+    rows = conn.execute("SELECT id, title, message_count, last_activity FROM sessions "
+                        "ORDER BY last_activity DESC, id").fetchall()
+    out: list[tuple[str, str, str | None, int, str]] = []
+    kept = 0
+    for sid, title, messages, last in rows:
+        if sid in exclude:
+            kept += 1
+            continue
+        if older_than is not None and last < older_than:
+            out.append((sid, "max_age", title, messages, last))
+    aged = {sid for sid, *_ in out}
+    if keep > 0:
+        survivors = [r for r in rows if r[0] not in exclude and r[0] not in aged]
+        for sid, title, messages, last in survivors[max(0, keep - kept):]:
+            out.append((sid, "max_sessions", title, messages, last))
+    return out
