@@ -378,6 +378,8 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
         text, summarizer = out
         merged = ckpts.merged(first, second, text, 0, summarizer, now_iso(), state.cstate.compression_count)
         ckpts.measure(merged, count)
+        if merged.tokens >= first.tokens + second.tokens:
+            break  # a merge that does not shrink would make the prompt bigger: keep both
         async with state.lock:
             index = ctx.checkpoints.index(first)
             rest = [c for c in ctx.checkpoints if c.id not in step.checkpoint_ids]
