@@ -149,7 +149,9 @@ _NATIVE_MESSAGE = {"tool_call_id": "toolCallId", "tool_calls": "toolCalls", "ide
 _NATIVE_BLOCK = {"tool_use_id": "toolUseId", "is_error": "isError"}
 _NATIVE_USAGE = {"prompt_tokens": "inputTokens", "completion_tokens": "outputTokens", "input_tokens": "inputTokens",
                  "output_tokens": "outputTokens", "total_tokens": "totalTokens",
-                 "cache_read_input_tokens": "cacheReadTokens", "cache_creation_input_tokens": "cacheWriteTokens"}
+                 "cache_read_input_tokens": "cacheReadTokens", "cache_creation_input_tokens": "cacheWriteTokens",
+                 # Ollama's /api/chat reports its counts beside the message; a client passes them on.
+                 "prompt_eval_count": "inputTokens", "eval_count": "outputTokens"}
 
 
 def _rename(obj: dict[str, Any], names: dict[str, str]) -> None:

@@ -31,6 +31,11 @@ def test_openai_messages_as_the_api_returns_them():
     assert answer.usage == Usage(input_tokens=5, output_tokens=1, total_tokens=6)
 
 
+def test_ollama_counts_passed_on_as_usage():
+    (answer,) = push({"role": "assistant", "content": "hi", "usage": {"prompt_eval_count": 812, "eval_count": 9}})
+    assert answer.usage == Usage(input_tokens=812, output_tokens=9)
+
+
 def test_anthropic_blocks_as_the_api_returns_them():
     use, result = push(
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"c": 1}}],
