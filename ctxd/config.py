@@ -64,7 +64,8 @@ class LimitsConfig(_Section):
     max_message_bytes: int = 4 * 1024 * 1024
     """Largest single message (its JSON encoding) a push accepts."""
     max_batch_messages: int = 10_000
-    """Most messages one ``session/push`` may carry."""
+    """Most messages one ``session/push`` may carry, and one ``session/import`` (all the
+    conversations of its document together); more is refused with the figures."""
     max_frame_bytes: int = 256 * 1024 * 1024
     """Largest JSON-RPC frame read; a larger Content-Length is skipped and answered with an error."""
     frame_stall_seconds: float = 5.0
@@ -177,6 +178,13 @@ class SummarizerConfig(_Section):
     it every time."""
     query_model_info: bool = True
     """Ask the backend for a session model's window and size when the session does not say."""
+    model_info_timeout_seconds: float = 5.0
+    """How long ``session/create`` waits for that answer (retries included); past it the session
+    takes its window from ``[models]`` or the built-in table, and the backend is not asked again
+    for ``cooldown_seconds``."""
+    max_response_bytes: int = 4 * 1024 * 1024
+    """Largest answer read from the backend (a summary, a model list); a longer one is cut off
+    and counts as a failed summary, so the extractive summarizer takes over."""
 
 
 class SnapshotsConfig(_Section):
@@ -196,10 +204,16 @@ class SnapshotsConfig(_Section):
 
 
 class SessionsConfig(_Section):
-    """Retention of whole sessions."""
+    """Retention of whole sessions. Nothing is removed unless a limit is set here; every
+    removal is announced (``session/deleted`` with its reason, an INFO log line, and a count
+    under ``ctxd-cli sessions list``)."""
 
-    max_sessions: int = 100
-    """Keep this many sessions, removing the least recently active beyond it (0: keep all)."""
+    max_sessions: int = 0
+    """Keep this many sessions, removing the least recently active beyond it, when a session is
+    created or imported and at startup (0: keep all)."""
+    max_age_days: float = 0
+    """Remove sessions without activity (a push) for this many days, checked at the same times
+    (0: never by age)."""
 
 
 class ModelsConfig(_Section):

@@ -34,8 +34,13 @@ answer):
 * ``fail(kind)``: ``"500"``, ``"429"`` (with ``Retry-After`` when ``retry_after`` is
   given), ``"400"``, or ``"drop"`` (close the connection without answering).
 * ``garbage(kind)``: ``"invalid_json"``, ``"empty"``, ``"long"`` (longer than the input),
-  ``"repeated"`` (one line over and over), ``"not_text"`` (punctuation soup).
+  ``"repeated"`` (one line over and over), ``"not_text"`` (punctuation soup), ``"huge"``
+  (an answer of ``huge_bytes`` of prose, 20 MB by default, sent as one JSON body).
 * ``fail_then_ok(n, kind)``: the next ``n`` chat requests fail as ``fail(kind)``, then ``ok``.
+
+``hold_lookups()`` makes the model look-ups (``/api/show``, ``/v1/models...``) hang: they
+are received and recorded, then answered only after ``release_lookups()`` (or never, if
+the client hangs up first), like a server stuck loading a model.
 
 With ``api_key`` set, requests without that key get each API's real 401 answer;
 ``echo_key_in_errors`` makes the 401 quote the key received (to test redaction).
@@ -61,7 +66,7 @@ from urllib.parse import unquote
 from ctxd.llm.settings import BackendSettings
 
 FailKind = Literal["500", "429", "400", "drop"]
-GarbageKind = Literal["invalid_json", "empty", "long", "repeated", "not_text"]
+GarbageKind = Literal["invalid_json", "empty", "long", "repeated", "not_text", "huge"]
 Flavor = Literal["ollama", "openai", "anthropic"]
 
 CHAT_PATHS = {"/api/chat": "ollama", "/v1/chat/completions": "openai", "/v1/messages": "anthropic"}
@@ -104,6 +109,12 @@ class Mode:
     remaining: int = 0
 
 
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
 @dataclass
 class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -111,6 +122,7 @@ class _State:
     requests: list[RecordedRequest] = field(default_factory=list)
     disconnects: int = 0
     stopping: threading.Event = field(default_factory=threading.Event)
+    lookups_released: threading.Event = field(default_factory=_set_event)
     request_event: threading.Condition = field(default_factory=threading.Condition)
 
 
@@ -129,8 +141,9 @@ class FakeLLMServer:
                  num_ctx: int | None = None, parameter_size: str = "3.2B", family: str = "llama",
                  api_key: str | None = None, echo_key_in_errors: bool = False,
                  openai_models_style: Literal["vllm", "llamacpp", "openai"] = "vllm",
-                 anthropic_window: bool = False) -> None:
+                 anthropic_window: bool = False, huge_bytes: int = 20_000_000) -> None:
         self.model = model
+        self.huge_bytes = huge_bytes
         self.context_length = context_length
         self.num_ctx = num_ctx
         self.parameter_size = parameter_size
@@ -150,7 +163,7 @@ class FakeLLMServer:
         if self._httpd is not None:
             return self
         handler = type("Handler", (_Handler,), {"fake": self})
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        httpd = _QuietServer(("127.0.0.1", 0), handler)
         httpd.daemon_threads = True
         self._httpd = httpd
         self._state.stopping.clear()
@@ -230,6 +243,18 @@ class FakeLLMServer:
 
     def fail_then_ok(self, n: int, kind: FailKind = "500", *, retry_after: float | None = None) -> None:
         self._set(Mode("fail_then_ok", fail=kind, retry_after=retry_after, remaining=n))
+
+    def hold_lookups(self) -> None:
+        """Model look-ups hang from now on (see the module docstring)."""
+        self._state.lookups_released.clear()
+
+    def release_lookups(self) -> None:
+        """Answer the held model look-ups, and the later ones at once."""
+        self._state.lookups_released.set()
+
+    def lookups(self) -> list[RecordedRequest]:
+        """Recorded model look-ups (``/api/show``, ``/v1/models...``), oldest first."""
+        return [r for r in self.requests if r.path == "/api/show" or r.path.startswith("/v1/models")]
 
     @property
     def mode(self) -> Mode:
@@ -349,7 +374,7 @@ def fake_summary(body: Any, max_tokens: int | None) -> str:
     return summary
 
 
-def _garbage_text(kind: GarbageKind, body: Any) -> str:
+def _garbage_text(kind: GarbageKind, body: Any, size: int = 0) -> str:
     if kind == "empty":
         return "  \n"
     if kind == "long":
@@ -359,6 +384,9 @@ def _garbage_text(kind: GarbageKind, body: Any) -> str:
         return "The conversation continues.\n" * 60
     if kind == "not_text":
         return "#$%^&*()_+{}|:<>?~`-=[]\\;',./ 0123456789 " * 20
+    if kind == "huge":
+        line = "The assistant kept talking about the conversation and did not stop there.\n"
+        return line * (size // len(line) + 1)
     raise ValueError(kind)
 
 
@@ -367,6 +395,17 @@ def _usage_tokens(text: str) -> int:
 
 
 # ---- the HTTP handler -------------------------------------------------------------------
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (one that stops reading a huge one) is expected."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeLLMServer
@@ -400,6 +439,8 @@ class _Handler(BaseHTTPRequestHandler):
             if self._refuse(flavor, headers) or self._invalid(flavor, body):
                 return
             self._chat(flavor, body)
+        elif (path == "/api/show" or path.startswith("/v1/models")) and not self._lookup_released():
+            return
         elif method == "GET" and path == "/api/tags":
             self._json(200, {"models": [self._ollama_tag()]})
         elif method == "POST" and path == "/api/show":
@@ -490,7 +531,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         max_tokens = self._max_tokens(flavor, body)
         if mode.name == "garbage":
-            text, truncated = _garbage_text(mode.garbage, body), False
+            text, truncated = _garbage_text(mode.garbage, body, self.fake.huge_bytes), False
         else:
             text = fake_summary(body, max_tokens)
             truncated = text != fake_summary(body, None)
@@ -522,6 +563,15 @@ class _Handler(BaseHTTPRequestHandler):
                     self.fake._note_disconnect()
                     self.close_connection = True
                     return False
+        return True
+
+    def _lookup_released(self) -> bool:
+        """Wait while look-ups are held (False: the client hung up or the server stops)."""
+        state = self.fake._state
+        while not state.lookups_released.is_set():
+            if not self._wait(0.05):  # the client hung up, or the server stops
+                self.close_connection = True
+                return False
         return True
 
     def _fail(self, flavor: Flavor, mode: Mode) -> None:

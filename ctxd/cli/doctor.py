@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import shutil
 import socket as socketlib
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,6 +68,31 @@ def _size(n: int | None) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} bytes"
+
+
+def disk_use(path: Path) -> dict[str, int | None]:
+    """Bytes on disk of the database, its write-ahead log and shared-memory index (0 when
+    absent), their total, and what is free on that file system."""
+    sizes: dict[str, int | None] = {}
+    for key, suffix in (("database", ""), ("wal", "-wal"), ("shm", "-shm")):
+        try:
+            sizes[key] = Path(str(path) + suffix).stat().st_size
+        except OSError:
+            sizes[key] = 0
+    sizes["total"] = sum(v or 0 for v in sizes.values())
+    try:
+        sizes["free"] = shutil.disk_usage(path.parent).free
+    except OSError:
+        sizes["free"] = None
+    return sizes
+
+
+def disk_pair(sizes: dict[str, int | None]) -> tuple[str, Any]:
+    text = (f"{_size(sizes['total'])} (database {_size(sizes['database'])}, write-ahead log {_size(sizes['wal'])}, "
+            f"shared memory {_size(sizes['shm'])})")
+    if sizes.get("free") is not None:
+        text += f"; {_size(sizes['free'])} free"
+    return ("disk use", text)
 
 
 def check_pairs(report: Any) -> list[tuple[str, Any]]:
@@ -190,12 +216,15 @@ def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recov
     now = datetime.now(timezone.utc)
     steps = store_doctor.switch_steps(path, Path(result.path), now) if result is not None else []
 
+    sizes = disk_use(path)
     if settings.json:
-        render.print_json({"database": str(path), "ok": report.ok, "check": report.to_json(),
+        render.print_json({"database": str(path), "ok": report.ok, "diskUse": sizes, "check": report.to_json(),
                            "recovery": result.to_json() if result is not None else None,
                            "recoveryError": failure, "switch": steps, "daemonRunning": running})
     else:
-        render.fields(check_pairs(report), title="ctxd doctor")
+        pairs = check_pairs(report)
+        pairs.insert(1, disk_pair(sizes))
+        render.fields(pairs, title="ctxd doctor")
         render.line("")
         if report.ok:
             render.line(render.Styled("healthy: no problems found", "bold green"))

@@ -66,7 +66,9 @@ class CliError(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
+        from ctxd.cli.render import safe  # the message may quote stored content (a session id)
+
+        click.echo(safe(f"error: {self.format_message()}"), err=True)
 
 
 def bad_input(message: str) -> CliError:

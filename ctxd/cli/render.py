@@ -3,6 +3,11 @@
 Scripts read ctxd-cli's stdout through a pipe, so anything decorative (box drawing,
 colour, live progress) is drawn only when stdout is a terminal; ``--json`` bypasses
 all of this and prints the daemon's result as it came.
+
+Everything shown here comes from stored content that anyone who could push a message
+wrote, so every string goes through :func:`safe` on its way out: terminal control
+sequences (colours, but also OSC 52 clipboard writes, window titles, device control
+strings) and control characters never reach the terminal as such.
 """
 
 from __future__ import annotations
@@ -20,6 +25,37 @@ import click
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
+
+# Terminal control sequences, 7-bit and 8-bit forms (ECMA-48): CSI ... final byte; OSC to
+# BEL or ST; DCS, SOS, PM, APC strings to ST; any other ESC sequence (ESC c resets the
+# terminal, ESC 7/8, ESC ( B...; an unterminated string loses only its introducer, and
+# its text stays visible).
+_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
+    r"|(?:\x1b[PX^_]|[\x90\x98\x9e\x9f])[^\x1b\x9c]*(?:\x1b\\|\x9c)"
+    r"|\x1b[ -/]*[0-~]"
+)
+# What is left: C0 controls but newline and tab, DEL, C1 controls (a lone ESC among them).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _picture(match: "re.Match[str]") -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return chr(0x2400 + code)  # the control pictures: ␛ for ESC, ␇ for BEL, ␍ for CR...
+    return "\u2421" if code == 0x7F else "\ufffd"
+
+
+def safe(text: str) -> str:
+    """``text`` with nothing a terminal would act on: control sequences removed, other
+    control characters shown as symbols (a lone ESC as ␛); newlines and tabs stay, CRLF
+    becomes a newline. For human output only: ``--json`` prints content exactly."""
+    if text.isprintable():
+        return text
+    text = _SEQUENCE.sub("", text.replace("\r\n", "\n"))
+    return _CONTROL.sub(_picture, text)
+
 
 @dataclass(frozen=True)
 class Styled:
@@ -52,17 +88,18 @@ def rich_cell(cell: "str | Styled | Marked") -> "Text":
     from rich.text import Text
 
     if isinstance(cell, Styled):
-        return Text(cell.text, style=cell.style)
+        return Text(safe(cell.text), style=cell.style)
     if isinstance(cell, Marked):
         text = Text()
         pos = 0
-        for match in MARK.finditer(cell.text):
-            text.append(cell.text[pos:match.start()])
+        raw = safe(cell.text)
+        for match in MARK.finditer(raw):
+            text.append(raw[pos:match.start()])
             text.append(match.group(1), style=cell.style)
             pos = match.end()
-        text.append(cell.text[pos:])
+        text.append(raw[pos:])
         return text
-    return Text(str(cell))
+    return Text(safe(str(cell)))
 
 
 @dataclass(frozen=True)
@@ -116,7 +153,7 @@ def line(*parts: "str | Styled | Marked", sep: str = " ") -> None:
             text.append_text(rich_cell(part))
         console().print(text)
     else:
-        click.echo(sep.join(str(p) for p in parts))
+        click.echo(safe(sep.join(str(p) for p in parts)))
 
 
 def note(message: str, *, style: str = "dim") -> None:
@@ -124,9 +161,9 @@ def note(message: str, *, style: str = "dim") -> None:
     if sys.stderr.isatty():
         from rich.text import Text
 
-        err_console().print(Text(message, style=style))
+        err_console().print(Text(safe(message), style=style))
     else:
-        click.echo(message, err=True)
+        click.echo(safe(message), err=True)
 
 
 def table(columns: Sequence[Column], rows: Iterable[Sequence["str | Styled | Marked"]], *,
@@ -135,7 +172,8 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence["str | Styled | Mar
     if is_terminal():
         from rich.table import Table
 
-        t = Table(title=title, title_justify="left", title_style="bold", header_style="bold")
+        t = Table(title=safe(title) if title else None, title_justify="left", title_style="bold",
+                  header_style="bold")
         for col in columns:
             t.add_column(col.header, justify=col.justify, no_wrap=col.no_wrap,  # type: ignore[arg-type]
                          overflow="fold" if col.no_wrap else "ellipsis")
@@ -144,8 +182,8 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence["str | Styled | Mar
         console().print(t)
         return
     if title:
-        click.echo(title)
-    cells = [[c.header for c in columns]] + [[str(c) for c in r] for r in rows]
+        click.echo(safe(title))
+    cells = [[c.header for c in columns]] + [[safe(str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     for r in cells:
         out = []
@@ -168,17 +206,17 @@ def fields(pairs: Sequence[tuple[str, "str | Styled | Marked"]], *, title: str |
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
         for key, value in pairs:
-            grid.add_row(key, rich_cell(value))
+            grid.add_row(Text(safe(key)), rich_cell(value))
         if title:
-            console().print(Text(title, style="bold underline"))
+            console().print(Text(safe(title), style="bold underline"))
         console().print(grid)
         return
     if title:
-        click.echo(title)
+        click.echo(safe(title))
     width = max((len(k) for k, _ in pairs), default=0)
     indent = "  " if title else ""
     for key, value in pairs:
-        click.echo(f"{indent}{key.ljust(width)}  {value}".rstrip())
+        click.echo(safe(f"{indent}{key.ljust(width)}  {value}".rstrip()))
 
 
 # --- numbers and times -------------------------------------------------------------
@@ -315,7 +353,7 @@ def seq_range(seq_from: Any, seq_to: Any) -> str:
 
 def shorten(text: str, width: int) -> str:
     """One line of at most ``width`` characters (whitespace runs collapsed)."""
-    flat = " ".join(text.split())
+    flat = " ".join(safe(text).split())  # (first: a sequence cut in two would no longer be one)
     return flat if len(flat) <= width else flat[: max(width - 3, 0)].rstrip() + "..."
 
 

@@ -78,8 +78,11 @@ def list_sessions(ctx: click.Context, limit: int | None, tag: str | None) -> Non
         render.print_json(result)
         return
     rows = sorted(result["sessions"], key=lambda s: s.get("lastActivity") or "", reverse=True)
+    footer = retention_footer(result.get("retention"))
     if not rows:
         render.note("no sessions" + (f" tagged {tag!r}" if tag else ""))
+        if footer:
+            render.line(footer)
         return
     render.table(
         [render.Column("ID", no_wrap=True), render.Column("TITLE / MODEL"),
@@ -88,6 +91,34 @@ def list_sessions(ctx: click.Context, limit: int | None, tag: str | None) -> Non
         ([s["sessionId"], render.session_label(s), render.num(s["messageCount"]), render.num(s["tokenCount"]),
           render.window_use(s["contextTokens"], s["contextWindow"]), render.ago(s.get("lastActivity"))]
          for s in rows))
+    if footer:
+        render.line(footer)
+
+
+RULES = {"max_sessions": "sessions.max_sessions", "max_age": "sessions.max_age_days"}
+
+
+def retention_footer(retention: dict[str, Any] | None) -> str | None:
+    """The line under ``sessions list`` saying what automatic retention removed and why
+    (None when it never removed anything and is off)."""
+    if not retention:
+        return None
+    removed = retention.get("removed", 0)
+    max_sessions = retention.get("maxSessions", 0)
+    max_age = retention.get("maxAgeDays", 0)
+    rules = []
+    if max_sessions:
+        rules.append(f"sessions.max_sessions = {max_sessions} keeps the most recently active")
+    if max_age:
+        rules.append(f"sessions.max_age_days = {max_age:g} removes sessions inactive that long")
+    if not removed:
+        return f"retention: nothing removed so far ({'; '.join(rules)})" if rules else None
+    by_reason = retention.get("byReason") or {}
+    why = ", ".join(f"{n} by {RULES.get(reason, reason)}" for reason, n in sorted(by_reason.items()))
+    line = (f"{render.count(removed, 'session')} removed by retention ({why})"
+            f"{', the last ' + render.ago(retention['lastRemovedAt']) if retention.get('lastRemovedAt') else ''}")
+    now = "; ".join(rules) if rules else "retention is now off (sessions.max_sessions = 0, sessions.max_age_days = 0)"
+    return f"{line}; {now}"
 
 
 def session_pairs(info: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -120,6 +120,8 @@ def export(ctx: click.Context, session_id: str, output: str | None, fmt: str | N
         if settings.json:
             render.print_json(result)
         else:
+            if render.is_terminal():  # to read, not to save: nothing the terminal would act on
+                document = render.safe(document)
             sys.stdout.write(document if document.endswith("\n") or not document else document + "\n")
             sys.stdout.flush()
         return

@@ -44,7 +44,9 @@ def _figures(method: str, p: dict[str, Any]) -> list[Any]:
         return [render.Styled(reason, "cyan"), f"seq {_n(p.get('lastSeq'))}", f"messages {_n(p.get('messageCount'))}",
                 f"tokens {_n(p.get('tokenCount'))}", f"context {_n(p.get('contextTokens'))}"]
     if method == "session/deleted":
-        return [render.Styled("deleted", "red")]
+        reason = p.get("reason")
+        return [render.Styled("deleted", "red")] + ([f"by {reason}: {p.get('detail') or ''}".rstrip(": ")]
+                                                     if reason and reason != "request" else [])
     if method == "context/compressing":
         return [f"{p.get('stage')} {p.get('percentage', 0)}%", p.get("message") or ""]
     if method == "context/compressed":
@@ -233,7 +235,9 @@ class LiveState:
             return False
         if method == "session/deleted":
             self.deleted = True
-            self.add(at, "deleted", "the session was deleted", "bold red")
+            why = p.get("detail") if p.get("reason") not in (None, "request") else None
+            self.add(at, "deleted", f"the session was deleted ({why})" if why else "the session was deleted",
+                     "bold red")
             return False
         return False
 
@@ -281,7 +285,7 @@ def render_live(state: LiveState) -> "RenderableType":
     events.add_column(no_wrap=True)
     events.add_column()
     for event in state.events:
-        events.add_row(event.time, Text(event.label, style=event.style), event.text)
+        events.add_row(event.time, Text(event.label, style=event.style), Text(render.safe(event.text)))
     parts: list[Any] = [top, Text("")]
     if state.events:
         parts += [Text(f"Last {render.count(len(state.events), 'event')}", style="bold"), events]
@@ -292,7 +296,7 @@ def render_live(state: LiveState) -> "RenderableType":
         footer += f" · last update {state.last_update}"
     parts += [Text(""), Text(footer, style="dim")]
     label = " · ".join(part for part in (state.session_id, state.title, state.model) if part)
-    return Panel(Group(*parts), title=Text(label, style="bold"), title_align="left",
+    return Panel(Group(*parts), title=Text(render.safe(label), style="bold"), title_align="left",
                  subtitle="Ctrl-C to stop" if not state.deleted else "session deleted", subtitle_align="right")
 
 

@@ -48,6 +48,56 @@ def from_header(head: dict[str, Any], messages: list[ExportedMessage]) -> Sessio
     )
 
 
+class Outline(msgspec.Struct):
+    """A ctxd JSON export scanned, not decoded: its messages are still raw JSON, so a
+    document's size can be judged (``len(messages)``) before any message is built."""
+
+    format: Any = None
+    version: Any = 0
+    session: Any = None
+    messages: list[msgspec.Raw] = []
+    checkpoints: Any = None
+    compressions: Any = None
+    events: Any = None
+
+
+_outline_decoder = msgspec.json.Decoder(Outline)
+_entry_decoder = msgspec.json.Decoder(_Entry)
+
+
+def outline_json(text: str | bytes) -> Outline:
+    """Scan a ctxd JSON export (cheap: messages are kept as raw JSON)."""
+    try:
+        outline = _outline_decoder.decode(text)
+    except msgspec.ValidationError as exc:
+        if "Expected `object`" in str(exc) and "$." not in str(exc):
+            raise DocumentError(f'not a ctxd session export (expected "format": "{FORMAT_NAME}")') from None
+        raise DocumentError(f"{exc}") from None
+    except msgspec.DecodeError as exc:
+        raise DocumentError(f"not valid JSON: {exc}") from None
+    if outline.format != FORMAT_NAME:
+        raise DocumentError(f'not a ctxd session export (expected "format": "{FORMAT_NAME}")')
+    if not isinstance(outline.version, int) or outline.version > FORMAT_VERSION:
+        raise DocumentError(f"export version {outline.version} is newer than this ctxd reads ({FORMAT_VERSION})")
+    return outline
+
+
+def import_outline(outline: Outline) -> SessionDocument:
+    """The document of a scanned export, decoding one message at a time (so a thread doing
+    this lets the event loop run between messages)."""
+    entries = []
+    for index, raw in enumerate(outline.messages):
+        try:
+            entries.append(_entry_decoder.decode(raw))
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise DocumentError(f"messages[{index}]: {exc}") from None
+    doc = from_header(outline.session, [ExportedMessage(e.seq, e.createdAt, e.message) for e in entries])
+    doc.checkpoints = list(outline.checkpoints or [])
+    doc.compressions = list(outline.compressions or [])
+    doc.events = list(outline.events or [])
+    return doc
+
+
 def import_json(data: Any) -> SessionDocument:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         raise DocumentError(f'not a ctxd session export (expected "format": "{FORMAT_NAME}")')

@@ -20,6 +20,9 @@ from ctxd.llm.settings import BackendSettings
 log = logging.getLogger("ctxd.llm")
 
 _json_decoder = msgspec.json.Decoder()
+ERROR_BODY_BYTES = 64 * 1024
+"""Of an error answer only this much is read: enough for the server's message."""
+_BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
 class HTTPBackend:
@@ -114,7 +117,14 @@ class HTTPBackend:
             headers["content-type"] = "application/json"
 
         async def send() -> httpx.Response:
-            return await self._client.request(method, url, content=content, headers=headers)
+            request = self._client.build_request(method, url, content=content, headers=headers)
+            response = await self._client.send(request, stream=True)
+            try:
+                body = await self._read_body(response, describe)
+            finally:
+                await response.aclose()
+            kept = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _BODY_HEADERS]
+            return httpx.Response(response.status_code, headers=kept, content=body, request=request)
 
         response = await send_with_retry(send, self._policy, describe=describe,
                                          error_detail=self._error_detail, redact=self._redact)
@@ -124,6 +134,30 @@ class HTTPBackend:
             snippet = response.content[:120].decode("utf-8", "replace")
             raise BackendError("bad_response", self._redact(
                 f"{describe}: answer is not JSON (starts with {snippet!r})"), status=response.status_code) from None
+
+    async def _read_body(self, response: httpx.Response, describe: str) -> bytes:
+        """The answer's body, read as it arrives and never beyond ``max_response_bytes``
+        (decompressed): a runaway answer fails with ``bad_response`` instead of filling
+        memory. Of an error answer only the first ``ERROR_BODY_BYTES`` are kept."""
+        limit = self.settings.max_response_bytes
+        success = response.is_success
+        declared = response.headers.get("content-length", "")
+        if success and declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
+            raise BackendError("bad_response", self._redact(
+                f"{describe}: the answer is {int(declared)} bytes, over the limit of {limit} "
+                "(summarizer.max_response_bytes); not read"), status=response.status_code)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if not success and size >= ERROR_BODY_BYTES:
+                break
+            if size > limit:
+                raise BackendError("bad_response", self._redact(
+                    f"{describe}: the answer is larger than the limit of {limit} bytes "
+                    "(summarizer.max_response_bytes); stopped reading it"), status=response.status_code)
+        return b"".join(chunks)
 
     def _bad(self, path: str, what: str) -> BackendError:
         return BackendError("bad_response", self._redact(f"{self._describe('POST', path)}: {what}"))

@@ -72,6 +72,9 @@ class BackendSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The summarizer model's window in tokens; None: asked from the server (capped at 32768), else 8192."""
     extra_headers: dict[str, str] = {}
     """Headers added to every request (a proxy's token, say); their values are never logged."""
+    max_response_bytes: int = 4 * 1024 * 1024
+    """Largest answer body read (after decompression); reading stops past it and the call fails
+    with ``bad_response``, so one runaway answer never fills the daemon's memory."""
 
     def __post_init__(self) -> None:
         if self.base_url is None:
@@ -85,6 +88,8 @@ class BackendSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise SettingsError("max_retries must be 0 or more")
         if self.context_window is not None and self.context_window < 256:
             raise SettingsError("context_window must be at least 256 tokens")
+        if self.max_response_bytes < 1024:
+            raise SettingsError("max_response_bytes must be at least 1024")
 
     @property
     def url(self) -> str:

@@ -52,8 +52,10 @@ ERROR_DOCS: dict[ErrorCode, str] = {
     ErrorCode.RequestCancelled: "The request was cancelled with `$/cancelRequest` before it took effect.",
     ErrorCode.SessionNotFound: "No session with that id.",
     ErrorCode.SessionExists: "`session/create` with an id that already exists.",
-    ErrorCode.MessageTooLarge: "One message is larger than `limits.max_message_bytes`.",
-    ErrorCode.BatchTooLarge: "A push carries more than `limits.max_batch_messages` messages.",
+    ErrorCode.MessageTooLarge: "One message of a push or an import is larger than `limits.max_message_bytes`; "
+                               "`data` has the `size` and the `limit`.",
+    ErrorCode.BatchTooLarge: "A push or an import carries more than `limits.max_batch_messages` messages; `data` "
+                             "has the `count` and the `limit`.",
     ErrorCode.StorageError: "The database refused the write (nothing of the request was stored), or stored "
                             "data could not be read (`data.sessionId`; `ctxd-cli doctor` checks and recovers).",
     ErrorCode.Unauthorized: "TCP connection without the right `initializationOptions.token`.",

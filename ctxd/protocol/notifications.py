@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Union
 
 import msgspec
 
@@ -21,7 +21,17 @@ class SessionUpdated(msgspec.Struct, rename="camel"):
     pushed: int = 0
 
 
+DeleteReason = Literal["request", "max_sessions", "max_age"]
+
+
 class SessionDeleted(msgspec.Struct, rename="camel"):
-    """``session/deleted``: the session and everything it owned are gone."""
+    """``session/deleted``: the session and everything it owned are gone.
+
+    ``reason``: ``request`` (``session/delete``, ``session/cleanup``, ``session/clear``), or the
+    retention rule that removed it: ``max_sessions`` (``sessions.max_sessions``) or ``max_age``
+    (``sessions.max_age_days``); ``detail`` then says what was configured and how the session
+    stood (its last activity, its message count)."""
 
     session_id: str
+    reason: DeleteReason = "request"
+    detail: Union[str, None] = None

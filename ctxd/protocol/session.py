@@ -76,8 +76,23 @@ class SessionListParams(msgspec.Struct, rename="camel", omit_defaults=True):
     tag: Union[str, None] = None
 
 
+class RetentionSummary(msgspec.Struct, rename="camel"):
+    """What automatic retention did to this database's sessions, and what it is set to.
+
+    ``removed`` counts every session retention ever deleted (never ``session/delete`` or
+    cleanup on request), ``byReason`` splits it by rule (``max_sessions``, ``max_age``);
+    ``maxSessions``/``maxAgeDays`` are the current settings (0: off)."""
+
+    removed: int = 0
+    by_reason: dict[str, int] = {}
+    last_removed_at: Union[str, None] = None
+    max_sessions: int = 0
+    max_age_days: float = 0
+
+
 class SessionListResult(msgspec.Struct, rename="camel"):
     sessions: list[SessionInfo]
+    retention: RetentionSummary = msgspec.field(default_factory=RetentionSummary)
 
 
 class SessionDeleteResult(msgspec.Struct, rename="camel"):

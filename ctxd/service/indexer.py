@@ -18,6 +18,9 @@ from ctxd.store.search import index_pending
 log = logging.getLogger(__name__)
 
 BATCH = 2000
+BATCH_BYTES = 2 * 1024 * 1024
+"""...and at most this much stored text per transaction (a large message goes alone), so
+a push waiting for the writer never waits long behind indexing."""
 IDLE_SECONDS = 0.5
 """Index when no push came for this long (searches catch up first anyway)..."""
 MAX_BACKLOG = 50_000
@@ -53,7 +56,7 @@ class SearchIndexer:
                 return
             self._pending = False
             self._backlog = 0
-            while await self.db.write(index_pending, BATCH) == BATCH:
+            while await self.db.write(index_pending, BATCH, BATCH_BYTES):
                 pass
 
     async def _run(self) -> None:

@@ -113,6 +113,26 @@ def prepare(svc: Service, params: SessionPushParams) -> list[tuple[Message, byte
     return out
 
 
+def rough_size(messages: list[Message], enough: int) -> int:
+    """About how many bytes of text ``messages`` carry, counted only until ``enough``:
+    decides, before any encoding, whether preparing a push is worth a thread."""
+    size = 0
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            size += len(content)
+        elif content:
+            for block in content:
+                value = (getattr(block, "text", None) or getattr(block, "thinking", None)
+                         or getattr(block, "content", None))
+                size += len(value) if isinstance(value, str) else 256
+        for call in message.tool_calls or ():
+            size += len(call.function.arguments)
+        if size > enough:
+            break
+    return size
+
+
 def _count_all(counter: TokenCounter, messages: list[Message]) -> list[MessageTokens]:
     return [counter.count_message(m) for m in messages]
 
@@ -262,7 +282,11 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
 
 
 async def push(svc: Service, params: SessionPushParams) -> PushResult:
-    prepared = prepare(svc, params)
+    if rough_size(params.messages, THREAD_COUNT_BYTES) > THREAD_COUNT_BYTES:
+        # Validating and encoding 100 MB takes long enough to stall every other client.
+        prepared = await anyio.to_thread.run_sync(prepare, svc, params)
+    else:
+        prepared = prepare(svc, params)
     state = await svc.cache.get(params.session_id)
     messages = [m for m, _, _ in prepared]
     if sum(len(body) for _, body, _ in prepared) > THREAD_COUNT_BYTES:

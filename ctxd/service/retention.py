@@ -1,7 +1,8 @@
 """``session/cleanup`` and ``session/clear``: deleting sessions on request.
 
-(The automatic limit, ``sessions.max_sessions``, is applied by ``sessions.enforce_retention``
-whenever a session is created or imported, and at startup.)
+(Automatic retention, ``sessions.max_sessions`` and ``sessions.max_age_days``, off by
+default, is applied by ``sessions.enforce_retention`` whenever a session is created or
+imported, and at startup; each removal is announced.)
 """
 
 from __future__ import annotations

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
+from datetime import timedelta
 
 import msgspec
 
 from ctxd.protocol import notifications
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
 from ctxd.protocol.session import (
+    RetentionSummary,
     SessionCreateParams,
     SessionDeleteResult,
     SessionInfo,
@@ -17,13 +20,15 @@ from ctxd.protocol.session import (
     SessionUpdateParams,
 )
 from ctxd.service import compression, notify
-from ctxd.service.clock import now_iso
+from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service.state import SessionState, resolve_window
 from ctxd.store import sessions as store
 from ctxd.store import snapshots as snapshot_store
 from ctxd.store.sessions import SessionRow, SessionStats
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
+
+log = logging.getLogger(__name__)
 
 MAX_ID_LENGTH = 200
 MIN_WINDOW = 256
@@ -156,16 +161,28 @@ async def update_session(svc: Service, params: SessionUpdateParams) -> SessionIn
     return session_info(svc, state)
 
 
-async def delete_session(svc: Service, session_id: str) -> SessionDeleteResult:
+async def delete_session(svc: Service, session_id: str, *, reason: str = "request", detail: str | None = None,
+                         record: dict[str, object] | None = None) -> SessionDeleteResult:
+    """Delete the session with its history, snapshots and everything else it owns, and
+    say so to its subscribers. ``record``: retention's note of the removal, written in
+    the same transaction (see ``enforce_retention``)."""
     state = await svc.cache.get(session_id)
     task = state.compression_task
     if task is not None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+    def job(conn: object) -> int:
+        count = store.delete_session(conn, session_id)  # type: ignore[arg-type]
+        if record is not None:
+            store.record_removal(conn, **record)  # type: ignore[arg-type]
+        return count
+
     async with state.compress_lock, state.lock:
-        deleted = await svc.db.write(store.delete_session, session_id)
+        deleted = await svc.db.write(job)
         svc.cache.forget(session_id)
-    svc.events.emit(session_id, "session/deleted", notifications.SessionDeleted(session_id=session_id))
+    svc.events.emit(session_id, "session/deleted",
+                    notifications.SessionDeleted(session_id=session_id, reason=reason, detail=detail))  # type: ignore[arg-type]
     return SessionDeleteResult(session_id=session_id, deleted_messages=deleted)
 
 
@@ -197,7 +214,49 @@ async def delete_beyond(svc: Service, keep: int, exclude: set[str] | None = None
     return await delete_sessions(svc, await svc.db.read(_victims, keep, exclude or set()))
 
 
+def _rule(reason: str, svc: Service) -> str:
+    cfg = svc.config.sessions
+    if reason == "max_age":
+        return f"sessions.max_age_days = {cfg.max_age_days:g}"
+    return f"sessions.max_sessions = {cfg.max_sessions}"
+
+
 async def enforce_retention(svc: Service, exclude: set[str] | None = None) -> list[str]:
-    """Apply ``sessions.max_sessions`` (0 keeps every session)."""
-    keep = svc.config.sessions.max_sessions
-    return await delete_beyond(svc, keep, exclude) if keep > 0 else []
+    """Apply ``sessions.max_age_days`` and ``sessions.max_sessions`` (0: off, the default).
+
+    Every removal is announced: ``session/deleted`` with the rule as its reason, an INFO
+    log line, and a row in ``retention_removals`` (what ``session/list`` counts)."""
+    cfg = svc.config.sessions
+    if cfg.max_sessions <= 0 and cfg.max_age_days <= 0:
+        return []
+    now = now_iso()
+    older_than = None
+    if cfg.max_age_days > 0:
+        older_than = (parse_iso(now) - timedelta(days=cfg.max_age_days)).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z")
+    victims = await svc.db.read(store.retention_victims, max(0, cfg.max_sessions), older_than, exclude or set())
+    removed = []
+    for session_id, reason, title, messages, last in victims:
+        rule = _rule(reason, svc)
+        why = (f"not active for more than {cfg.max_age_days:g} days" if reason == "max_age"
+               else f"more than {cfg.max_sessions} sessions, and among the least recently active")
+        detail = f"{rule}: {why} (last activity {last}, {messages} message{'' if messages == 1 else 's'})"
+        record = {"at": now, "session_id": session_id, "reason": reason, "detail": rule, "title": title,
+                  "message_count": messages, "last_activity": last}
+        try:
+            await delete_session(svc, session_id, reason=reason, detail=detail, record=record)
+        except CtxdError as exc:
+            if exc.code != ErrorCode.SessionNotFound:  # gone already: a concurrent delete
+                raise
+            continue
+        log.info("retention removed session %r (%s): %s", session_id, title or "untitled", detail)
+        removed.append(session_id)
+    return removed
+
+
+async def retention_summary(svc: Service) -> RetentionSummary:
+    """What retention removed so far in this database, and how it is set."""
+    by_reason, last = await svc.db.read(store.removal_counts)
+    cfg = svc.config.sessions
+    return RetentionSummary(removed=sum(by_reason.values()), by_reason=by_reason, last_removed_at=last,
+                            max_sessions=max(0, cfg.max_sessions), max_age_days=max(0.0, cfg.max_age_days))

@@ -8,11 +8,13 @@ the session's own tokens.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from ctxd.config import Config
-from ctxd.llm.base import ChatBackend, ModelInfo
+from ctxd.llm.base import BackendError, ChatBackend, ModelInfo
 from ctxd.llm.settings import BackendSettings
 from ctxd.tokens import TokenCounter
 
@@ -38,11 +40,14 @@ class Summarizers:
                 timeout_seconds=cfg.timeout_seconds,
                 max_retries=cfg.max_retries,
                 context_window=cfg.context_window or None,
+                max_response_bytes=cfg.max_response_bytes,
             )
             from ctxd.llm.factory import make_backend  # httpx loads only when a backend is used
 
             self.backend = make_backend(self.settings)
         self._chains: dict[tuple[str, str], SummarizerChain] = {}
+        self._info_down: tuple[float, str] | None = None
+        """When a model look-up last failed and why: look-ups are skipped for the cool-down."""
 
     @property
     def name(self) -> str:
@@ -71,14 +76,42 @@ class Summarizers:
         return chain
 
     async def model_info(self, model: str) -> ModelInfo | None:
-        """What the backend says about a session's model (None when it cannot be asked)."""
+        """What the backend says about a session's model (None when it cannot be asked).
+
+        ``session/create`` waits for this, so it is bounded: one answer within
+        ``model_info_timeout_seconds`` (retries included), and after a timeout or a failure
+        the backend is not asked again for ``cooldown_seconds`` (a hung server would
+        otherwise cost every create the whole timeout)."""
         if self.backend is None or not self.config.query_model_info:
             return None
+        cfg = self.config
+        down = self._info_down
+        if down is not None:
+            ago = time.monotonic() - down[0]
+            if ago < cfg.cooldown_seconds:
+                log.debug("model info for %s not asked: the backend failed %.0fs ago (%s)", model, ago, down[1])
+                return None
+            self._info_down = None
         try:
-            return await self.backend.model_info(model)
-        except Exception as exc:  # an unreachable backend must not stop session creation
-            log.info("model info for %s unavailable: %s", model, exc)
-            return None
+            async with asyncio.timeout(cfg.model_info_timeout_seconds):
+                info = await self.backend.model_info(model)
+        except TimeoutError:
+            why = f"no answer within {cfg.model_info_timeout_seconds:g}s"
+        except BackendError as exc:
+            if exc.kind not in ("unreachable", "timeout") and (exc.status or 0) < 500:
+                # About this model or this answer (unknown model, odd JSON): not a dead backend.
+                log.info("model info for %s unavailable: %s", model, exc)
+                return None
+            why = str(exc)
+        except Exception as exc:  # a bug here must not stop session creation
+            log.exception("model info for %s failed", model)
+            why = f"{type(exc).__name__}: {exc}"
+        else:
+            return info
+        self._info_down = (time.monotonic(), why)
+        log.warning("model info for %s unavailable (%s); the window comes from the configuration or the built-in "
+                    "table, and the backend is not asked again for %gs", model, why, cfg.cooldown_seconds)
+        return None
 
     async def aclose(self) -> None:
         if self.backend is not None:

@@ -106,10 +106,29 @@ def like_scan(conn: sqlite3.Connection, needle: str, limit: int = 20) -> list[tu
                         (f"%{needle}%", limit)).fetchall()
 
 
-def index_pending(conn: sqlite3.Connection, limit: int) -> int:
-    """Index up to ``limit`` messages stored since the last call; how many were indexed."""
+def index_pending(conn: sqlite3.Connection, limit: int, max_bytes: int | None = None) -> int:
+    """Index up to ``limit`` messages stored since the last call, and no more than about
+    ``max_bytes`` of stored bodies (at least one message); how many were indexed.
+
+    The byte bound keeps each indexing transaction short: indexing shares the one writer
+    with pushes, and 40 messages of 4 MB would otherwise hold it for seconds."""
     through = conn.execute("SELECT indexed_through FROM search_state WHERE id = 1").fetchone()[0]
-    rows = conn.execute("SELECT id, body FROM messages WHERE id > ? ORDER BY id LIMIT ?", (through, limit)).fetchall()
+    if max_bytes is not None:
+        sizes = conn.execute("SELECT id, length(body) FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+                             (through, limit)).fetchall()
+        if not sizes:
+            return 0
+        total, last = 0, sizes[0][0]
+        for rowid, size in sizes:
+            if total and total + size > max_bytes:
+                break
+            total += size
+            last = rowid
+        rows = conn.execute("SELECT id, body FROM messages WHERE id > ? AND id <= ? ORDER BY id",
+                            (through, last)).fetchall()
+    else:
+        rows = conn.execute("SELECT id, body FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+                            (through, limit)).fetchall()
     if not rows:
         return 0
     conn.executemany("INSERT INTO messages_fts (rowid, text) VALUES (?, ?)",

@@ -63,5 +63,5 @@ def test_cleanup_and_clear_confirmations(cli: Cli) -> None:
     cli("push", "d", "--create", "--content", "one more")
     cleared = cli("sessions", "clear", "--all", "--yes")
     assert "deleted 2 sessions" in cleared.stdout
-    assert cli.json("sessions", "list") == {"sessions": []}
+    assert cli.json("sessions", "list")["sessions"] == []
     assert cli.json("sessions", "clear", "--all", "--yes") == {"deleted": []}

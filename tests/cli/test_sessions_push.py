@@ -12,7 +12,7 @@ def test_autostart_then_list_show_delete(cli: Cli) -> None:
     empty = cli("sessions", "list")  # no daemon yet: this starts one
     assert empty.stdout == ""
     assert cli.socket.exists() and cli.daemon_pid() is not None
-    assert cli.json("sessions", "list") == {"sessions": []}
+    assert cli.json("sessions", "list")["sessions"] == []
 
     cli("push", "alpha", "--create", "--model", "gpt-4o", "--content", "first session")
     cli("push", "beta", "--create", "--content", "second session")
@@ -36,7 +36,7 @@ def test_autostart_then_list_show_delete(cli: Cli) -> None:
     deleted = cli("sessions", "delete", "alpha", "--yes", "--json").json()
     assert deleted == {"sessionId": "alpha", "deletedMessages": 1}
     assert "deleted session beta (2 messages)" in cli("sessions", "delete", "beta", "--yes").stdout
-    assert cli.json("sessions", "list") == {"sessions": []}
+    assert cli.json("sessions", "list")["sessions"] == []
 
 
 def test_push_from_flags_stdin_and_json(cli: Cli) -> None:

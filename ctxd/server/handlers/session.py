@@ -32,7 +32,8 @@ async def create(req: "Request", params: SessionCreateParams) -> SessionInfo:
 
 @handles("session/list")
 async def list_(req: "Request", params: SessionListParams) -> SessionListResult:
-    return SessionListResult(sessions=await sessions.list_sessions(req.service, params))
+    return SessionListResult(sessions=await sessions.list_sessions(req.service, params),
+                             retention=await sessions.retention_summary(req.service))
 
 
 @handles("session/get")

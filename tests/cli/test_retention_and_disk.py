@@ -1,0 +1,52 @@
+"""What ctxd-cli tells about data going away and space taken:
+
+* ``sessions list`` ends with a line saying how many sessions retention removed and by
+  which rule (nothing, by default: retention is off and the line is absent);
+* ``doctor`` reports the disk use of the database, its write-ahead log and the total.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.cli.conftest import Cli
+
+
+def test_list_says_what_retention_removed(cli: Cli) -> None:
+    for name in ("a", "b", "c"):
+        cli("push", name, "--create", "--content", f"session {name}")
+    plain = cli("sessions", "list")
+    assert "retention" not in plain.stdout + plain.stderr  # off by default: all three kept
+    assert len(cli.json("sessions", "list")["sessions"]) == 3
+    cli("daemon", "stop")
+
+    cli.env["CTXD_SESSIONS_MAX_SESSIONS"] = "2"  # the daemon ctxd-cli starts next applies it at startup
+    listed = cli("sessions", "list")
+    lines = listed.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines[1:-1]] == ["c", "b"]
+    assert lines[-1].startswith("1 session removed by retention (1 by sessions.max_sessions")
+    assert "sessions.max_sessions = 2 keeps the most recently active" in lines[-1]
+    result = cli.json("sessions", "list")
+    assert result["retention"]["removed"] == 1 and result["retention"]["byReason"] == {"max_sessions": 1}
+
+    # Every session gone: the count is still there, under "no sessions".
+    cli("sessions", "clear", "--all", "--yes")
+    empty = cli("sessions", "list")
+    assert "no sessions" in empty.stderr and "1 session removed by retention" in empty.stdout
+
+
+def test_doctor_reports_disk_use(cli: Cli) -> None:
+    batch = [{"role": "user", "content": f"message {i} " + "lorem ipsum " * 50} for i in range(50)]
+    cli("push", "s", "--create", "--message-json", input=json.dumps(batch))
+    db = cli.data_dir / "ctxd.db"
+    report = cli.json("doctor")  # the daemon still runs: its write-ahead log is there
+    use = report["diskUse"]
+    sizes = {key: os.stat(str(db) + suffix).st_size if os.path.exists(str(db) + suffix) else 0
+             for key, suffix in (("database", ""), ("wal", "-wal"), ("shm", "-shm"))}
+    assert use["database"] == sizes["database"] > 0 and use["wal"] == sizes["wal"] > 0
+    assert use["total"] == use["database"] + use["wal"] + use["shm"]
+    assert use["free"] > 0
+    text = cli("doctor").stdout
+    line = next(line for line in text.splitlines() if "disk use" in line)
+    assert "database" in line and "write-ahead log" in line and "free" in line
