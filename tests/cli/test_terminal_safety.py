@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ctxd.cli.render import safe
+from ctxd.cli import render
 from tests.cli.conftest import CLI, Cli
 
 # What a hostile transcript carries: a clipboard write (OSC 52, BEL-terminated), a window
@@ -35,6 +35,7 @@ def assert_inert(text: str) -> None:
 
 
 def test_safe_neutralises_every_kind_of_sequence() -> None:
+    safe = render.safe
     out = safe(HOSTILE)
     assert_inert(out)
     # (ESC SP b is a complete escape sequence, which a terminal would swallow whole too)

@@ -29,9 +29,9 @@ def summarizer_sets(server: FakeLLMServer, *extra: str) -> list[str]:
 async def test_create_answers_while_the_model_info_backend_hangs():
     with FakeLLMServer(model=MODEL, context_length=32768) as server:
         server.hold_lookups()
-        # The backend's own timeout (60 s, 3 attempts) would hold a create for minutes.
-        sets = summarizer_sets(server, "summarizer.model_info_timeout_seconds=1",
-                               "models.context_windows={\"slow-info\": 12288}")
+        # The backend's own timeout (60 s, 3 attempts) would hold a create for minutes; the
+        # look-up's own bound (summarizer.model_info_timeout_seconds, 5 s) is left as it is.
+        sets = summarizer_sets(server, "models.context_windows={\"slow-info\": 12288}")
         async with running(*sets) as d:
             conn = await d.connect()
             first = await conn.call("session/create", {"sessionId": "a", "model": MODEL})
@@ -80,10 +80,9 @@ async def test_import_is_capped_like_a_push():
 
 
 async def test_a_runaway_llm_answer_falls_back_without_reading_it_all():
-    with FakeLLMServer(model=MODEL, huge_bytes=3_000_000) as server:
+    with FakeLLMServer(model=MODEL, huge_bytes=6_000_000) as server:  # over the 4 MiB default limit
         server.garbage("huge")
-        sets = summarizer_sets(server, "summarizer.max_response_bytes=200000", "summarizer.max_retries=0",
-                               "compression.auto=false")
+        sets = summarizer_sets(server, "summarizer.max_retries=0", "compression.auto=false")
         async with running(*sets) as d:
             conn = await d.connect()
             await conn.call("session/create", {"sessionId": "s", "model": MODEL, "contextWindow": 4096})
@@ -95,5 +94,5 @@ async def test_a_runaway_llm_answer_falls_back_without_reading_it_all():
             result = await conn.call("context/compress", {"sessionId": "s"})
             assert result["compressed"] and result["summarizer"] == "extractive"
             _, failed = await conn.wait_note(lambda m, p: m == "context/compressionFailed")
-            assert "max_response_bytes" in failed["reason"] and "200000" in failed["reason"]
+            assert "max_response_bytes" in failed["reason"] and str(4 * 1024 * 1024) in failed["reason"]
             assert server.chat_requests()
