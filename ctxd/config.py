@@ -102,7 +102,7 @@ class BudgetConfig(_Section):
     """Extra headroom kept free of conversation, as a share of the window."""
     trigger_fraction: float = 0.90
     """Compress when the conversation passes this share of the available budget (seed 000 says
-    80%; 90% with a 60% low-water mark fills the window better and still compresses in big
+    80%; 90% with a 70% low-water mark fills the window better and still compresses in big
     steps, see docs/decisions.md)."""
 
 
@@ -121,7 +121,7 @@ class CompressionConfig(_Section):
     with an error carrying the figures."""
     keep_recent: int = 5
     """Newest messages never summarized (a floor: a pass summarizes only as much as it must)."""
-    low_water_fraction: float = 0.6
+    low_water_fraction: float = 0.7
     """A compression takes the oldest part of the conversation just far enough to leave it at
     this share of the available budget, and no further."""
     min_growth_fraction: float = 0.10

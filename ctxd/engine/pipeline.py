@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id, truncation_notice
+from ctxd.engine.clip import excerpt
 from ctxd.engine.context import ActiveContext, ClipEvent, CompressionState, Entry, never_compressed
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.protocol.compression import Checkpoint, ToolUse, merge_ranges, seq_ranges
@@ -242,7 +243,8 @@ def truncation_checkpoint(selection: Selection, *, now: str, number: int, count:
     removed stay in the prompt, so they are neither counted nor covered."""
     from ctxd.engine.extract import extract
 
-    removed = [e for e in selection.removed if e.seq in set(selection.message_seqs) and not e.has_user_text]
+    covered = set(selection.message_seqs)
+    removed = [e for e in selection.removed if e.seq in covered and not e.has_user_text]
     summarized = {e.seq for e in removed}
     facts = extract([e.message for e in removed])
     earlier = selection.earlier_truncations
@@ -410,6 +412,9 @@ def plan_fold_users(ctx: ActiveContext, max_user_tokens: int) -> list[Entry]:
     users = [e for e in ctx.kept if e.role == "user" and e.has_user_text and e.seq not in pinned]
     if not any(e.has_user_text for e in ctx.recent) and users:
         users = users[:-1]
+    # The session's first user message is usually the task: it goes last, not first.
+    first = _first_user_seq(ctx)
+    users = [e for e in users if e.seq != first] + [e for e in users if e.seq == first]
     excess = user_tokens(ctx) - max_user_tokens
     chosen: list[Entry] = []
     for entry in users:
@@ -417,7 +422,16 @@ def plan_fold_users(ctx: ActiveContext, max_user_tokens: int) -> list[Entry]:
             break
         chosen.append(entry)
         excess -= entry.tokens.overhead + entry.tokens.text
-    return chosen
+    return sorted(chosen, key=lambda e: e.seq)
+
+
+def _first_user_seq(ctx: ActiveContext) -> int | None:
+    """The session's first user message still anywhere in the context (verbatim or folded)."""
+    seqs = [e.seq for e in ctx.kept + ctx.recent if e.has_user_text]
+    folded = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
+    if folded is not None:
+        seqs += folded.message_seqs
+    return min(seqs) if seqs else None
 
 
 def plan_fold(ctx: ActiveContext, goal_tokens: int, allowance: int | None = None) -> list[Entry]:
@@ -461,6 +475,17 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     all_lines = prior_lines + lines
     kept_lines: list[str] = []
     used = 0
+    # The session's first user message (the task, for an agent) is kept first: whole when
+    # it fits in half the allowance, else as an excerpt of that size; then the newest.
+    first = _first_user_seq(ctx)
+    task = next((ln for ln in all_lines if first is not None and ln.startswith(f"[message {first}] ")), None)
+    if task is not None:
+        all_lines = [ln for ln in all_lines if ln is not task]
+        if count(task) + 1 > allowance // 2:
+            head, _, text = task.partition("] ")
+            text = excerpt(text.replace("\n    ", "\n"), allowance // 2 - 8, count)
+            task = f"{head}] " + text.replace("\n", "\n    ")
+        used = count(task) + 1
     for line in reversed(all_lines):
         cost = count(line) + 1
         if used + cost > allowance:
@@ -468,6 +493,8 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
         kept_lines.append(line)
         used += cost
     kept_lines.reverse()
+    if task is not None and used <= allowance:
+        kept_lines.insert(0, task)
     # Lines dropped by earlier folds are gone from the summary; the seqs are not.
     dropped = len(set(seqs)) - len(kept_lines)
     cp_id = previous.id if previous is not None else new_id()

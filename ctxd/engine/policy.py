@@ -23,7 +23,7 @@ class CompressionPolicy:
     """Newest messages never summarized (seed 001 stage 1): a floor, not the target."""
     recent_share: float = 0.5
     """At most this share of the available budget is protected as 'recent'."""
-    low_water_fraction: float = 0.6
+    low_water_fraction: float = 0.7
     """A compression takes the oldest part of the conversation just far enough to leave it at
     this share of the available budget, and no further."""
     min_growth_fraction: float = 0.10

@@ -269,6 +269,8 @@ async def _summarize_selection(svc: Service, state: SessionState, ctx: ActiveCon
 
 
 MAX_ROUNDS = 3
+FOLD_NOTICE_COST = 64
+"""About what the folded checkpoint's notice and title lines cost."""
 MIN_CLIP = 256
 """The smallest excerpt of a tool output worth sending."""
 
@@ -498,6 +500,11 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     if not chosen:
         return
     allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
+    prior = next((cp.tokens for cp in ctx.checkpoints if cp.kind == "folded"), 0)
+    moved = sum(e.view_tokens for e in chosen)
+    freed = moved - max(0, min(allowance, prior + moved) - prior)
+    if freed <= FOLD_NOTICE_COST:
+        return  # the folded checkpoint would keep (nearly) every word: the prompt would not shrink
     await _apply_fold(svc, state, ctx, run, chosen, allowance)
 
 

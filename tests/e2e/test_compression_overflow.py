@@ -91,7 +91,9 @@ async def test_long_chat_folds_the_users_words_to_fit():
         assert folds and len({c["id"] for c in folds}) == 1  # one folded checkpoint, grown in place
         folded = folds[-1]
         assert folded["summarizer"] == "fold"
-        kept_words = [w for s, w in said.items() if s in seqs_of(folded) and w in folded["summary"]]
+        # Verbatim, whole or (the session's first message, the task, when it is bigger than
+        # half the folded allowance) as a head-and-tail excerpt.
+        kept_words = [w for s, w in said.items() if s in seqs_of(folded) and w[:80] in folded["summary"]]
         assert kept_words, "the folded checkpoint kept none of the user's words verbatim"
         # The loop guard held back passes that would not have freed enough, once per wait.
         skipped = conn.of("context/compressionSkipped")
@@ -138,9 +140,10 @@ async def test_user_heavy_chat_does_not_compress_every_turn():
         for prev, nxt in zip(runs, runs[1:]):
             grew = nxt.used_before - prev.used_after
             assert grew >= math.ceil(0.10 * nxt.available), (prev.push, nxt.push, grew, nxt.available)
-        # About one pass per 4 turns, not one per turn. (The user's words stay verbatim up to
-        # half the largest prompt, so between two folds a pass can only summarize answers.)
-        assert len(runs) <= 600 // 7, len(runs)
+        # About one pass per 3 turns, not one per turn. (The user's words stay verbatim up to
+        # half the largest prompt, so between two folds a pass can only summarize answers;
+        # and a pass stops at 70% of available, not 50%, so that the window is used.)
+        assert len(runs) <= 600 // 6, len(runs)
         for fmt in FORMATS:
             assert not check_prompt(await drive.prompt(fmt), 8192)
         await conn.close()
@@ -262,12 +265,16 @@ async def test_reliability_thresholds_and_checkpoint_lifecycle():
         notes = conn.of("context/reliability")
         levels = [n["reliability"]["level"] for n in notes]
         assert levels[0] == "medium" and notes[0]["previousLevel"] == "high"
-        assert "critical" in levels and "high" not in levels[1:]
+        assert "critical" in levels
+        # Back to high only while no checkpoint was made (a pass that only pruned restores
+        # the context's confidence, and pruning is not a compression).
+        assert all(n["reliability"]["compressionPenalty"] == 1.0 for n in notes[1:]
+                   if n["reliability"]["level"] == "high")
         for a, b in zip(notes, notes[1:]):
             assert b["previousLevel"] == a["reliability"]["level"] != b["reliability"]["level"]
         for n in notes:
             r = n["reliability"]
-            assert r["recommendations"] and r["modelSizeBillions"] == 70.0
+            assert (r["recommendations"] or r["level"] == "high") and r["modelSizeBillions"] == 70.0
             assert r["score"] == pytest.approx(r["modelFactor"] * r["compressionPenalty"] * r["contextConfidence"],
                                                abs=1e-3)
         critical = next(n["reliability"] for n in notes if n["reliability"]["level"] == "critical")

@@ -543,8 +543,9 @@ def test_fold_drops_the_oldest_beyond_the_allowance_with_a_marker():
     chosen = plan_fold(ctx, 0)
     line_cost = count(f"[message 5] {texts[4]}") + 1
     cp = fold(ctx, chosen, allowance=2 * line_cost + 1, now=NOW, number=1, count=count)
-    assert unfold(cp.summary) == {4: texts[3], 5: texts[4]}  # the newest folded ones
-    assert cp.summary.startswith("[3 older user messages (messages 1-3) are folded out of the prompt")
+    # The session's first user message (the task) first, then the newest folded ones.
+    assert unfold(cp.summary) == {1: texts[0], 5: texts[4]}
+    assert cp.summary.startswith("[3 older user messages (messages 2-4) are folded out of the prompt")
     assert f"checkpoint/expand {cp.id}" in cp.summary.splitlines()[0]
     assert cp.message_seqs == [1, 2, 3, 4, 5]  # it still stands for all of them
 
