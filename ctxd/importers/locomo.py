@@ -9,12 +9,22 @@ numeric order.
 Mapping (LoCoMo is a dialogue between two people, not a user and a model):
 
 * ``speaker_a`` → ``user``, ``speaker_b`` → ``assistant``; a turn by anyone else →
-  ``user`` with a warning. Each message's ``name`` is left empty; the speaker's name is
-  in ``metadata.speaker``.
-* content = ``text``, followed by ``[shares a photo: <blip_caption>]`` when the turn
-  shared an image.
+  ``user`` with a warning.
+* ``name`` = the speaker's name made fit for OpenAI's ``name`` field (ASCII letters,
+  digits, ``_`` and ``-``, at most 64 characters: ``"Mary Ann"`` → ``"Mary_Ann"``), so
+  the turns carry their speaker in the OpenAI prompt shape; the name as written is in
+  ``metadata.speaker``.
+* content = ``text``, verbatim, followed by ``[shares a photo: <blip_caption>]`` when
+  the turn shared an image.
 * ``metadata = {dia_id, speaker, session: N, sessionDateTime}`` plus any other turn
-  field (``img_url``, ``query``, ``blip_caption``) under its own name.
+  field (``img_url``, ``query``, ``blip_caption``) under its own name. The extractive
+  summarizer prefixes the turns it quotes with speaker and date from these
+  (``[8 May 2023] Caroline: ...``).
+* Each session that has a date opens with one short **system message**,
+  ``[Session N: <session_N_date_time>]`` (``metadata = {session: N, sessionDateTime,
+  sessionStart: true}``, no ``dia_id``): the date reaches the prompt without touching
+  the speakers' words. ctxd never compresses system messages, so the dates stay next
+  to the turns they date, compressed or not (about 15 tokens a session).
 * ``timestamp`` = the session's date/time as ISO 8601 (``"1:56 pm on 8 May, 2023"`` →
   ``"2023-05-08T13:56:00"``, no time zone, as in the source) when it parses; the
   original text is always in ``metadata.sessionDateTime``.
@@ -26,6 +36,7 @@ Mapping (LoCoMo is a dialogue between two people, not a user and a model):
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +50,7 @@ DESCRIPTION = ("LoCoMo benchmark samples (JSON list of {sample_id, conversation,
 
 _SESSION = re.compile(r"^session_(\d+)$")
 _DATE_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M %p on %B %d, %Y")
+_NOT_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 def _is_sample(value: Any) -> bool:
@@ -66,6 +78,21 @@ def session_datetime_iso(text: Any) -> str | None:
     return None
 
 
+def openai_name(speaker: Any) -> str | None:
+    """``speaker`` made valid for OpenAI's ``name`` field (``^[A-Za-z0-9_-]{1,64}$``):
+    accents dropped ("Zoë" → "Zoe"), other runs of characters → ``_``; None if nothing is left."""
+    if not isinstance(speaker, str):
+        return None
+    ascii_text = unicodedata.normalize("NFKD", speaker).encode("ascii", "ignore").decode("ascii")
+    name = _NOT_NAME_CHARS.sub("_", ascii_text.strip()).strip("_")[:64].rstrip("_")
+    return name or None
+
+
+def session_marker(number: int, date_text: str) -> str:
+    """The text of the system message that opens a session: ``[Session 2: 1:56 pm on 8 May, 2023]``."""
+    return f"[Session {number}: {' '.join(date_text.split())}]"
+
+
 def _sample(sample: dict[str, Any], index: int) -> Transcript:
     b = Builder(NAME)
     conversation = sample["conversation"]
@@ -83,6 +110,10 @@ def _sample(sample: dict[str, Any], index: int) -> Transcript:
         timestamp = session_datetime_iso(date_text)
         if date_text is not None and timestamp is None:
             unparsed_dates += 1
+        if isinstance(date_text, str) and date_text.strip() and turns:
+            b.add(Message(role="system", content=session_marker(number, date_text), timestamp=timestamp,
+                          metadata={"session": number, "sessionDateTime": date_text, "sessionStart": True}),
+                  f"{key} date")
         for position, turn in enumerate(turns):
             where = f"{key} turn {position}"
             if not isinstance(turn, dict):
@@ -109,7 +140,8 @@ def _sample(sample: dict[str, Any], index: int) -> Transcript:
             for field, value in turn.items():
                 if field not in ("text", "speaker", "dia_id") and value is not None:
                     meta[field] = value
-            b.add(Message(role=role, content=text, metadata=meta, timestamp=timestamp), where)
+            b.add(Message(role=role, content=text, name=openai_name(speaker), metadata=meta,
+                          timestamp=timestamp), where)
     if unparsed_dates:
         b.warn(f"{unparsed_dates} session date(s) not understood; timestamps left empty")
     metadata: dict[str, Any] = {"speaker_a": speaker_a, "speaker_b": speaker_b,

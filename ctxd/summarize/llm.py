@@ -20,6 +20,7 @@ from ctxd.llm.base import BackendError, ChatBackend, ChatTurn
 from ctxd.llm.settings import BackendSettings
 from ctxd.protocol.message import Message
 from ctxd.summarize.base import Count, SummarizeError, SummaryRequest, SummaryResult
+from ctxd.summarize.extractive import MustSurvive, must_survive
 from ctxd.summarize.prompt import build_prompt, cut_middle, render_messages
 
 log = logging.getLogger("ctxd.summarize")
@@ -108,20 +109,24 @@ class LLMSummarizer:
         max_out = self.max_output(request.target_tokens, window)
         budget = self.input_budget(window, max_out)
         original = depth == 0
-        rendered = render_messages(request)
-        turns = build_prompt(request, rendered=rendered)
+        # What must survive (the extractive summarizer's salient facts), found once and
+        # listed in every call for this request; it counts in each call's overhead.
+        must = must_survive(request)
+        rendered = render_messages(request, chat=must.chat)
+        turns = build_prompt(request, rendered=rendered, must=must)
         if self.prompt_tokens(turns) <= budget:
             return await self._call(turns, max_out, stats, original)
-        fitted = self._fit_small_window(request, window, max_out)
+        fitted = self._fit_small_window(request, window, max_out, must)
         if fitted is not None:  # a small window (Ollama's 2048): shorter answers make chunking possible
             request, max_out = fitted
             budget = self.input_budget(window, max_out)
-            rendered = render_messages(request)
-        chunks = self._chunks(request, rendered, budget, max_out, window)
+            rendered = render_messages(request, chat=must.chat)
+        chunks = self._chunks(request, rendered, budget, max_out, window, must)
         summaries: list[str] = []
         for index, chunk in enumerate(chunks, start=1):
             part = (index, len(chunks))
-            text = await self._call(build_prompt(request, rendered=chunk, part=part), max_out, stats, original)
+            text = await self._call(build_prompt(request, rendered=chunk, part=part, must=must), max_out, stats,
+                                    original)
             if text:
                 summaries.append(text)
         if not summaries:
@@ -135,12 +140,12 @@ class LLMSummarizer:
         log.debug("merging %d chunk summaries (depth %d)", len(summaries), depth + 1)
         return await self._summarize(merge, window, stats, depth + 1)
 
-    def _fit_small_window(self, request: SummaryRequest, window: int,
-                          max_out: int) -> tuple[SummaryRequest, int] | None:
+    def _fit_small_window(self, request: SummaryRequest, window: int, max_out: int,
+                          must: MustSurvive | None = None) -> tuple[SummaryRequest, int] | None:
         """When chunks would not leave room for two answers of ``max_out`` (what merging
         needs), the largest answer size that does, with the target lowered to match; None
         when ``max_out`` already fits or nothing useful does (``_chunks`` says why)."""
-        overhead = self.prompt_tokens(build_prompt(request, rendered=[], part=(99, 99)))
+        overhead = self.prompt_tokens(build_prompt(request, rendered=[], part=(99, 99), must=must))
         if self.input_budget(window, max_out) - overhead >= 2 * max_out + 64:
             return None
         # input_budget(w, m) - overhead >= 2m + 64, solved for m.
@@ -155,9 +160,9 @@ class LLMSummarizer:
         return msgspec.structs.replace(request, target_tokens=target), best
 
     def _chunks(self, request: SummaryRequest, rendered: list[str], budget: int, max_out: int,
-                window: int) -> list[list[str]]:
+                window: int, must: MustSurvive | None = None) -> list[list[str]]:
         """Whole messages packed into chunks that fit ``budget`` with the instructions."""
-        overhead = self.prompt_tokens(build_prompt(request, rendered=[], part=(99, 99)))
+        overhead = self.prompt_tokens(build_prompt(request, rendered=[], part=(99, 99), must=must))
         available = budget - overhead
         if available < 2 * max_out + 64:
             raise SummarizeError(

@@ -263,25 +263,59 @@ def test_locomo_synthetic() -> None:
     t = transcripts[0]
     assert_valid(t)
     assert t.source_format == "locomo"
-    assert roles(t) == ["user", "assistant", "user", "assistant", "user", "assistant"]
-    photo = t.messages[2]
+    # each dated session opens with one short system message; the turns follow it
+    assert roles(t) == ["system", "user", "assistant", "user", "system", "assistant", "user", "system", "assistant"]
+    turns = [m for m in t.messages if m.role != "system"]
+    photo = turns[2]
     assert photo.content == ("Her name is Pixel. Look at her! "
                              "[shares a photo: a photo of a grey cat on a sofa]")
+    assert photo.name == "Ada"  # OpenAI's name field: the speaker
     assert photo.metadata["dia_id"] == "D1:3"
     assert photo.metadata["speaker"] == "Ada"
     assert photo.metadata["session"] == 1
     assert photo.metadata["sessionDateTime"] == "9:05 am on 3 March, 2024"
     assert photo.metadata["img_url"] == ["https://example.invalid/pixel.jpg"]
     assert photo.timestamp == "2024-03-03T09:05:00"
+    assert [m.name for m in turns] == ["Ada", "Ben", "Ada", "Ben", "Ada", "Ben"]
+    # the speakers' words are the source's text, untouched
+    assert turns[0].content == "Hi Ben! I finally adopted a cat last weekend."
     # sessions in numeric order: 1, 2, 10
-    assert [m.metadata["session"] for m in t.messages] == [1, 1, 1, 2, 2, 10]
+    assert [m.metadata["session"] for m in turns] == [1, 1, 1, 2, 2, 10]
+    markers = [m for m in t.messages if m.role == "system"]
+    assert [m.content for m in markers] == ["[Session 1: 9:05 am on 3 March, 2024]",
+                                            "[Session 2: 6:40 pm on 10 March, 2024]",
+                                            "[Session 10: 8:00 am on 1 April, 2024]"]
+    assert markers[1].metadata == {"session": 2, "sessionDateTime": "6:40 pm on 10 March, 2024",
+                                   "sessionStart": True}
+    assert markers[1].timestamp == "2024-03-10T18:40:00" and markers[1].name is None
     assert t.messages[-1].metadata["dia_id"] == "D10:1"
     assert len(t.metadata["qa"]) == 3
     assert t.metadata["qa"][0]["evidence"] == ["D1:3"]
     assert t.metadata["speaker_a"] == "Ada" and t.metadata["speaker_b"] == "Ben"
     assert "session_summary" in t.metadata
-    dia_ids = {m.metadata["dia_id"] for m in t.messages}
+    dia_ids = {m.metadata["dia_id"] for m in turns}
     assert all(e in dia_ids for qa in t.metadata["qa"] for e in qa["evidence"])
+    assert not any("dia_id" in (m.metadata or {}) for m in markers)
+
+
+def test_locomo_speaker_names_fit_openai_name_field() -> None:
+    from ctxd.importers.locomo import openai_name
+
+    assert openai_name("Caroline") == "Caroline"
+    assert openai_name("Mary Ann O'Neil") == "Mary_Ann_O_Neil"
+    assert openai_name("Zoë-Jane") == "Zoe-Jane"
+    assert openai_name("  Dr. Who?  ") == "Dr_Who"
+    assert openai_name("李明") is None and openai_name(None) is None and openai_name("") is None
+    long = openai_name("x" * 100)
+    assert long == "x" * 64
+    sample = {"sample_id": "s", "conversation": {
+        "speaker_a": "Mary Ann", "speaker_b": "李明",
+        "session_1": [{"speaker": "Mary Ann", "dia_id": "D1:1", "text": "Hi  there!\n"},
+                      {"speaker": "李明", "dia_id": "D1:2", "text": "Hello."}]}}
+    [t] = load_transcripts_from_bytes(json.dumps([sample]).encode(), format="locomo")
+    assert [(m.role, m.name) for m in t.messages] == [("user", "Mary_Ann"), ("assistant", None)]
+    assert t.messages[0].content == "Hi  there!\n"  # verbatim; no date, so no session message
+    assert t.messages[1].metadata["speaker"] == "李明"
 
 
 # ------------------------------------------------------------------ OpenAI chat shapes
