@@ -97,6 +97,8 @@ class Rendered:
     """Tokens the renderer added (synthesised results, relabelled orphans) beyond the
     stored counts; the caller adds them to the prompt's total."""
     repairs: list[str]
+    system_head: str | None = None
+    """The client's part of the system text (see :func:`_system_head`)."""
 
 
 def _compact_json(value: Any) -> str:
@@ -213,12 +215,8 @@ def _system_first(plan: PromptPlan, turns: list[_Turn]) -> tuple[list[str], list
     return [*plan.system_parts, *opening, *plan.context_parts], turns[start:]
 
 
-def render_openai(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
-    turns, extra, repairs = _pair(plan.messages, count)
-    system, turns = _system_first(plan, turns)
+def _emit_openai(turns: list[_Turn]) -> list[OpenAIMessage]:
     out: list[OpenAIMessage] = []
-    if system:
-        out.append(OpenAIMessage(role="system", content=_join(system)))
     for turn in turns:
         if turn.role == "results":
             for r in turn.results:
@@ -232,15 +230,11 @@ def render_openai(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
                                      name=turn.name, tool_calls=calls))
         elif turn.texts:
             out.append(OpenAIMessage(role=turn.role, content=_join(turn.texts), name=turn.name))
-    return Rendered(out, None, extra, repairs)
+    return out
 
 
-def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
-    turns, extra, repairs = _pair(plan.messages, count)
-    system, turns = _system_first(plan, turns)
+def _emit_ollama(turns: list[_Turn]) -> list[OllamaMessage]:
     out: list[OllamaMessage] = []
-    if system:
-        out.append(OllamaMessage(role="system", content=_join(system)))
     for turn in turns:
         if turn.role == "results":
             for r in turn.results:
@@ -253,16 +247,12 @@ def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
             out.append(OllamaMessage(role="assistant", content=_join(turn.texts), tool_calls=calls))
         elif turn.texts:
             out.append(OllamaMessage(role=turn.role, content=_join(turn.texts)))
-    return Rendered(out, None, extra, repairs)
+    return out
 
 
-def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
-    """System text goes to ``system`` (later system-role messages of the conversation
-    join it, in order); roles alternate, consecutive turns of one role merge, tool results
-    open the user message that follows their calls. Whitespace-only text is left out
-    (Anthropic rejects text blocks without non-whitespace text)."""
-    turns, extra, repairs = _pair(plan.messages, count)
-    system_parts, turns = _system_first(plan, turns)
+def _emit_anthropic(turns: list[_Turn], system_parts: list[str]) -> list[AnthropicMessage]:
+    """Roles alternate (consecutive turns of one role merge); system turns join
+    ``system_parts``. Never changes a message it did not create."""
     out: list[AnthropicMessage] = []
 
     def add(role: Literal["user", "assistant"], blocks: list[Any]) -> None:
@@ -285,8 +275,25 @@ def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
             add("assistant", blocks)
         else:
             add("user", [AnthropicText(text=t) for t in turn.texts if t.strip()])
+    return out
+
+
+def _join_anthropic(head: list[AnthropicMessage], tail: list[AnthropicMessage]) -> list[AnthropicMessage]:
+    """``head + tail``, the boundary's two messages merged into a new one when they share a role."""
+    if head and tail and head[-1].role == tail[0].role:
+        merged = AnthropicMessage(role=head[-1].role, content=head[-1].content + tail[0].content)
+        return head[:-1] + [merged] + tail[1:]
+    return head + tail
+
+
+def _finish_anthropic(out: list[AnthropicMessage], count: Callable[[str], int]
+                      ) -> tuple[list[AnthropicMessage], int, list[str]]:
+    """A user turn first; a final assistant turn (a prefill) without trailing whitespace.
+    Works on copies of what it changes (``out``'s messages may be cached)."""
+    extra = 0
+    repairs: list[str] = []
     if out and out[0].role == "assistant":
-        out.insert(0, AnthropicMessage(role="user", content=[AnthropicText(text=ANTHROPIC_OPENER)]))
+        out = [AnthropicMessage(role="user", content=[AnthropicText(text=ANTHROPIC_OPENER)])] + out
         extra += MESSAGE_OVERHEAD + count(ANTHROPIC_OPENER)
         repairs.append("opened with a user turn")
     if out and out[-1].role == "assistant":
@@ -294,25 +301,205 @@ def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
         last = out[-1].content[-1]
         if isinstance(last, AnthropicText):
             stripped = last.text.rstrip()
+            content = list(out[-1].content[:-1])
             if stripped:
-                last.text = stripped
-            else:
-                out[-1].content.pop()
-                if not out[-1].content:
-                    out.pop()
-    return Rendered(out, _join(system_parts) if system_parts else None, extra, repairs)
+                content.append(AnthropicText(text=stripped, cache_control=last.cache_control))
+            out = out[:-1] + ([AnthropicMessage(role="assistant", content=content)] if content else [])
+    return out, extra, repairs
+
+
+def render_openai(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
+    turns, extra, repairs = _pair(plan.messages, count)
+    system, turns = _system_first(plan, turns)
+    out: list[OpenAIMessage] = [OpenAIMessage(role="system", content=_join(system))] if system else []
+    return Rendered(out + _emit_openai(turns), None, extra, repairs, _system_head(plan, system))
+
+
+def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
+    turns, extra, repairs = _pair(plan.messages, count)
+    system, turns = _system_first(plan, turns)
+    out: list[OllamaMessage] = [OllamaMessage(role="system", content=_join(system))] if system else []
+    return Rendered(out + _emit_ollama(turns), None, extra, repairs, _system_head(plan, system))
+
+
+def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
+    """System text goes to ``system`` (later system-role messages of the conversation
+    join it, in order); roles alternate, consecutive turns of one role merge, tool results
+    open the user message that follows their calls. Whitespace-only text is left out
+    (Anthropic rejects text blocks without non-whitespace text)."""
+    turns, extra, repairs = _pair(plan.messages, count)
+    system_parts, turns = _system_first(plan, turns)
+    head = _system_head(plan, system_parts)
+    out = _emit_anthropic(turns, system_parts)
+    out, more, fixes = _finish_anthropic(out, count)
+    return Rendered(out, _join(system_parts) if system_parts else None, extra + more, repairs + fixes, head)
+
+
+def _system_head(plan: PromptPlan, system: list[str]) -> str | None:
+    """The client's part of the system text (its system prompt and opening system
+    messages), before ctxd's goal and checkpoints: what stays the same across passes."""
+    n = len(system) - len(plan.context_parts)
+    return _join(system[:n]) if n > 0 else None
+
+
+def _result_ids(message: Message) -> list[str]:
+    ids = [message.tool_call_id] if message.role == "tool" and message.tool_call_id else []
+    content = message.content
+    if isinstance(content, list):
+        ids += [b.tool_use_id for b in content if isinstance(b, ToolResultBlock)]
+    return ids
+
+
+def _call_ids(message: Message) -> list[str]:
+    ids = [c.id for c in message.tool_calls or ()]
+    content = message.content
+    if message.role == "assistant" and isinstance(content, list):
+        ids += [b.id for b in content if isinstance(b, ToolUseBlock)]
+    return ids
+
+
+OPEN_HORIZON = 32
+"""A call still without its result this many messages later no longer holds the reused
+part back (a result that does turn up later makes the next render start afresh)."""
+
+
+def _closed_prefix(messages: list[Message]) -> tuple[int, set[str]]:
+    """The longest prefix in which every tool call has its result, or has waited for it
+    longer than ``OPEN_HORIZON``: rendering it alone gives what rendering it as part of
+    the whole gives (results only move up to their calls). Also the calls in that
+    prefix without a result in it."""
+    open_calls: dict[str, int] = {}
+    unanswered: set[str] = set()
+    closed = 0
+    closed_unanswered: set[str] = set()
+    for index, message in enumerate(messages):
+        for result_id in _result_ids(message):
+            open_calls.pop(result_id, None)
+            unanswered.discard(result_id)
+        for call_id in _call_ids(message):
+            open_calls[call_id] = index
+        for call_id in [c for c, at in open_calls.items() if index - at >= OPEN_HORIZON]:
+            del open_calls[call_id]
+            unanswered.add(call_id)
+        if not open_calls:
+            closed = index + 1
+            closed_unanswered = set(unanswered)
+    return closed, closed_unanswered
+
+
+class IncrementalRenderer:
+    """Renders a session's prompt in one format, reusing the rendering of the part that
+    did not change: a prompt grows at its end between compressions, so after a push
+    only the new messages (from the last point where every tool call had its result)
+    are paired and written out. Any other change (a compression, a pin, new system or
+    checkpoint text) is seen in the messages themselves (new objects) and renders all."""
+
+    MIN_STEP = 8
+    """Messages the reused part must grow by before it is extended (amortises the work)."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self.key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self.prefix: list[Message] = []
+        self.out: list[Any] = []
+        """The prefix written out (after the system message, for OpenAI and Ollama)."""
+        self.system: list[str] = []
+        self.head: str | None = None
+        self.extra = 0
+        self.repairs: list[str] = []
+        self.unanswered: set[str] = set()
+        """Calls in the prefix without a result there (rendered with a stand-in)."""
+
+    def render(self, plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
+        messages = plan.messages
+        key = (tuple(plan.system_parts), tuple(plan.context_parts))
+        k = len(self.prefix)
+        reusable = (key == self.key and k and len(messages) >= k
+                    and all(a is b for a, b in zip(self.prefix, messages))
+                    and not (self.unanswered and any(r in self.unanswered for m in messages[k:]
+                                                     for r in _result_ids(m))))
+        if not reusable:
+            self._reset(plan, key, count)
+            k = len(self.prefix)
+            if not k:
+                return RENDERERS[self.fmt](plan, count)
+        tail = messages[k:]
+        closed, unanswered = _closed_prefix(tail)
+        if closed >= self.MIN_STEP:
+            self._extend(tail[:closed], count)
+            self.unanswered |= unanswered
+            tail = tail[closed:]
+        return self._combine(tail, count)
+
+    def _reset(self, plan: PromptPlan, key: tuple[tuple[str, ...], tuple[str, ...]],
+               count: Callable[[str], int]) -> None:
+        self.key = key
+        messages = plan.messages
+        k, self.unanswered = _closed_prefix(messages)
+        turns, extra, repairs = _pair(messages[:k], count)
+        system, turns = _system_first(plan, turns)
+        if not turns:  # nothing but the opening system messages: nothing worth keeping
+            self.prefix, self.out = [], []
+            return
+        self.prefix = list(messages[:k])
+        self.system = system
+        self.head = _system_head(plan, system)
+        self.extra, self.repairs = extra, repairs
+        self.system = list(system)
+        self.out = self._emit(turns, self.system)
+
+    def _emit(self, turns: list[_Turn], system: list[str]) -> list[Any]:
+        if self.fmt == "openai":
+            return _emit_openai(turns)
+        if self.fmt == "ollama":
+            return _emit_ollama(turns)
+        return _emit_anthropic(turns, system)
+
+    def _extend(self, messages: list[Message], count: Callable[[str], int]) -> None:
+        turns, extra, repairs = _pair(messages, count)
+        system = list(self.system)
+        out = self._emit(turns, system)
+        self.out = _join_anthropic(self.out, out) if self.fmt == "anthropic" else self.out + out
+        self.system = system
+        self.prefix = self.prefix + messages
+        self.extra += extra
+        self.repairs = self.repairs + repairs
+
+    def _combine(self, tail: list[Message], count: Callable[[str], int]) -> Rendered:
+        turns, extra, repairs = _pair(tail, count)
+        system = list(self.system)
+        out = self._emit(turns, system)
+        extra += self.extra
+        repairs = self.repairs + repairs
+        if self.fmt == "anthropic":
+            messages, more, fixes = _finish_anthropic(_join_anthropic(self.out, out), count)
+            return Rendered(messages, _join(system) if system else None, extra + more, repairs + fixes, self.head)
+        first: list[Any] = []
+        if system:
+            first = [(OpenAIMessage if self.fmt == "openai" else OllamaMessage)(role="system", content=_join(system))]
+        return Rendered(first + self.out + out, None, extra, repairs, self.head)
 
 
 _EPHEMERAL = CacheControl()
 
 
-def cache_breakpoints(system: str | None, messages: list[AnthropicMessage]
+def cache_breakpoints(system: str | None, messages: list[AnthropicMessage], head: str | None = None
                       ) -> tuple[list[AnthropicText] | None, list[AnthropicMessage]]:
     """Anthropic prompt-cache breakpoints on the system part and the last message (its
     last block that can carry one), leaving ``messages`` itself untouched (it may be
     cached). Between compressions the prompt only grows at its end, so each request
-    reads the previous one's prefix from the provider's cache."""
-    blocks = [AnthropicText(text=system, cache_control=_EPHEMERAL)] if system else None
+    reads the previous one's prefix from the provider's cache. With ``head`` (the
+    client's own system text, which opens ``system``) the system part is two blocks,
+    each a breakpoint: a compression changes ctxd's checkpoints, not the client's part,
+    so that part (and the tool definitions before it) stays cached across passes."""
+    blocks: list[AnthropicText] | None = None
+    if system:
+        rest = system[len(head) + 2:] if head and system.startswith(head + "\n\n") else None
+        if head and rest:
+            blocks = [AnthropicText(text=head, cache_control=_EPHEMERAL),
+                      AnthropicText(text=rest, cache_control=_EPHEMERAL)]
+        else:
+            blocks = [AnthropicText(text=system, cache_control=_EPHEMERAL)]
     if not messages:
         return blocks, messages
     last = messages[-1]

@@ -618,7 +618,7 @@ async def _reload(svc: Service, state: SessionState) -> None:
 async def _reset_from_storage(svc: Service, state: SessionState) -> None:
     """(Caller holds the session lock.)"""
     row = await svc.db.read(session_store.get_session, state.id)
-    state.ctx = None
+    state.drop_context()
     if row is not None:
         state.stored = decode_stored(row.context_state)
         state.row.context_tokens = row.context_tokens

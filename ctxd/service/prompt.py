@@ -2,15 +2,15 @@
 
 A prompt that would not fit is never handed out: the session is compressed first
 (when automatic compression is on), and if it still cannot fit the request fails with
-ContextOverflow and the figures. What was rendered is kept per format until the
-active context changes (a push, a compression, a pin...), so an agent asking again
-costs a lookup, not a render of every message.
+ContextOverflow and the figures. What was rendered is kept per format: asked again
+with no change, the prompt is a lookup; after a push only the new messages are
+rendered (``engine.render.IncrementalRenderer``).
 """
 
 from __future__ import annotations
 
 from ctxd.engine.context import ActiveContext
-from ctxd.engine.render import RENDERERS, Rendered, cache_breakpoints
+from ctxd.engine.render import IncrementalRenderer, Rendered, cache_breakpoints
 from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, PromptParams, PromptResult
 from ctxd.service import compression
 from ctxd.service.core import Service
@@ -31,7 +31,10 @@ def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
     cached = state.rendered.get(fmt)
     if cached is not None and cached[0] == version:
         return cached[1]
-    out = RENDERERS[fmt](ctx.prompt_plan(), state.counter.count)
+    renderer = state.renderers.get(fmt)
+    if renderer is None:
+        renderer = state.renderers[fmt] = IncrementalRenderer(fmt)
+    out = renderer.render(ctx.prompt_plan(), state.counter.count)
     state.rendered[fmt] = (version, out)
     return out
 
@@ -51,7 +54,7 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
                   compression_count=ctx.state.compression_count, checkpoint_count=len(ctx.checkpoints))
     if params.format == "anthropic":
         if params.cache_control:
-            system, messages = cache_breakpoints(out.system, out.messages)
+            system, messages = cache_breakpoints(out.system, out.messages, out.system_head)
             return AnthropicPrompt(system=system, messages=messages, **common)
         return AnthropicPrompt(system=out.system, messages=out.messages, **common)
     if params.format == "ollama":

@@ -225,7 +225,7 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
             raise CtxdError(ErrorCode.SnapshotFailed, f"restore failed, nothing changed: {exc.message}") from exc
         state.stored = restored
         state.row.goal = snap.goal
-        state.ctx = None
+        state.drop_context()
         await svc.cache.context(state)
         await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
                            context_tokens=state.row.context_tokens)

@@ -21,7 +21,7 @@ from ctxd.engine.budget import BudgetPolicy, budget_for
 from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry
 from ctxd.engine.goals import render_goal
-from ctxd.engine.render import Rendered
+from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.engine.policy import CompressionPolicy
 from ctxd.models import model_facts
 from ctxd.protocol.context import Budget
@@ -80,6 +80,8 @@ class SessionState:
     skip_reason: str | None = None
     rendered: dict[str, tuple[tuple[object, ...], Rendered]] = field(default_factory=dict)
     """The last prompt rendered per format, with the context version it was made from."""
+    renderers: dict[str, IncrementalRenderer] = field(default_factory=dict)
+    """Per format, what was rendered of the conversation so far (reused after pushes)."""
 
     @property
     def id(self) -> str:
@@ -97,6 +99,12 @@ class SessionState:
             self.stored.figures = Figures(ctx.system_tokens, ctx.checkpoint_tokens, ctx.pinned_tokens, ctx.used,
                                           len(ctx.checkpoints))
         self.row.context_tokens = self.stored.figures.prompt
+
+    def drop_context(self) -> None:
+        """Forget the loaded context and what was rendered from it (reloaded on next use)."""
+        self.ctx = None
+        self.rendered.clear()
+        self.renderers.clear()
 
     def encoded_state(self) -> bytes:
         return _encode(self.stored)
@@ -284,6 +292,7 @@ class SessionCache:
         )
         state.ctx = ctx
         state.rendered.clear()
+        state.renderers.clear()
         self.refresh(state, system=True, changed=False)
         return ctx
 
@@ -310,4 +319,4 @@ class SessionCache:
             self._loaded.popitem(last=False)
             self._loaded_tokens -= victim_tokens
             if evicted is not None:
-                evicted.ctx = None
+                evicted.drop_context()

@@ -1,0 +1,84 @@
+"""The incremental renderer gives exactly what a full render gives, after every push."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+
+from ctxd.engine.render import RENDERERS, IncrementalRenderer, PromptPlan
+from ctxd.protocol.message import (
+    FunctionCall,
+    Message,
+    TextBlock,
+    ToolCall,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from ctxd.tokens import TokenCounter
+
+count = TokenCounter.for_encoding("cl100k_base").count
+
+
+def conversation(seed: int, n: int) -> list[Message]:
+    """Both tool-call styles, late results, results never pushed, orphans, mid-conversation
+    system messages, whitespace-only text."""
+    rng = random.Random(seed)
+    out: list[Message] = [Message(role="system", content="You are an agent.")]
+    open_calls: list[str] = []
+    for i in range(n):
+        kind = rng.random()
+        if kind < 0.25:
+            out.append(Message(role="user", content=rng.choice([f"question {i}", "  ", f"do thing {i}\n"])))
+        elif kind < 0.45:
+            call = f"c{i}"
+            if rng.random() < 0.5:
+                out.append(Message(role="assistant", content=f"calling {i}",
+                                   tool_calls=[ToolCall(id=call, function=FunctionCall(name="bash",
+                                                                                        arguments='{"cmd": "ls"}'))]))
+            else:
+                out.append(Message(role="assistant", content=[TextBlock(text=f"using {i} "),
+                                                              ToolUseBlock(id=call, name="read", input={"p": i})]))
+            open_calls.append(call)
+        elif kind < 0.7 and open_calls:
+            call = open_calls.pop(rng.randrange(len(open_calls)))
+            if rng.random() < 0.5:
+                out.append(Message(role="tool", tool_call_id=call, content=f"output {i}"))
+            else:
+                out.append(Message(role="user", content=[ToolResultBlock(tool_use_id=call, content=f"res {i}")]))
+        elif kind < 0.78:
+            out.append(Message(role="tool", tool_call_id=f"ghost{i}", content="orphan"))
+        elif kind < 0.82:
+            out.append(Message(role="system", content=f"note {i}"))
+        else:
+            out.append(Message(role="assistant", content=rng.choice([f"answer {i}", f"answer {i}  \n"])))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["openai", "anthropic", "ollama"])
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_equals_full_after_every_push(fmt, seed):
+    messages = conversation(seed, 160)
+    renderer = IncrementalRenderer(fmt)
+    context = ["## goal", "## checkpoints"] if seed % 2 else []
+    system = ["sys prompt"] if seed % 3 else []
+    for n in range(1, len(messages) + 1):
+        plan = PromptPlan(system_parts=system, messages=messages[:n], context_parts=context)
+        got = renderer.render(plan, count)
+        want = RENDERERS[fmt](plan, count)
+        assert msgspec.json.encode(got.messages) == msgspec.json.encode(want.messages), n
+        assert (got.system, got.extra_tokens, got.repairs, got.system_head) == \
+               (want.system, want.extra_tokens, want.repairs, want.system_head), n
+    assert len(renderer.prefix) > 50  # the reused part grew with the conversation
+
+
+def test_a_changed_message_renders_everything_again():
+    messages = conversation(1, 80)
+    renderer = IncrementalRenderer("openai")
+    renderer.render(PromptPlan(system_parts=[], messages=messages), count)
+    changed = list(messages)
+    changed[5] = Message(role="user", content="edited by a compression")
+    got = renderer.render(PromptPlan(system_parts=[], messages=changed), count)
+    want = RENDERERS["openai"](PromptPlan(system_parts=[], messages=changed), count)
+    assert msgspec.json.encode(got.messages) == msgspec.json.encode(want.messages)
