@@ -437,7 +437,7 @@ async def test_subscribe_then_push_notifies(lsp, sid):
 
         deleted = lsp.protocol.wait_for_notification_async("session/deleted")
         await request(lsp, "session/delete", {"sessionId": b})
-        assert await asyncio.wait_for(deleted, 30) == {"sessionId": b}
+        assert await asyncio.wait_for(deleted, 30) == {"sessionId": b, "reason": "request", "detail": None}
     finally:
         await request(lsp, "session/unsubscribe", {"sessionId": a})
         await request(lsp, "session/unsubscribe", {"sessionId": "*"})
