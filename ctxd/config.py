@@ -143,6 +143,9 @@ class CompressionConfig(_Section):
     """More summary checkpoints than this and the two oldest merge into one."""
     fold_share: float = 0.25
     """Folded user words may take at most this share of the largest prompt."""
+    checkpoint_share: float = 0.25
+    """Summary checkpoints age one level (oldest first) only when together they take more than
+    this share of the largest prompt; more than ``max_checkpoints`` of them still merge."""
     user_share: float = 0.5
     """User messages stay verbatim while they take at most this share of the largest prompt;
     past it the overflow policy folds the oldest."""

@@ -71,13 +71,24 @@ def ageable(cp: Checkpoint) -> bool:
     return cp.kind == "summary" and LEVELS.index(cp.level) > LEVELS.index("compact")
 
 
-def plan_aging(checkpoints: list[Checkpoint], max_prompt: int) -> list[AgeStep]:
-    """One level down for every summary checkpoint above ``compact``."""
+def plan_aging(checkpoints: list[Checkpoint], max_prompt: int, share: float | None = None) -> list[AgeStep]:
+    """One level down for the summary checkpoints above ``compact``: every one (seed 000),
+    or with ``share``, only the oldest as far as needed to bring the summaries within
+    that share of the largest prompt (ageing makes room; it is not a ritual)."""
     steps = []
-    for cp in checkpoints:
+    summaries = [cp for cp in checkpoints if cp.kind == "summary"]
+    excess = None if share is None else sum(cp.tokens for cp in summaries) - int(share * max_prompt)
+    if excess is not None and excess <= 0:
+        return []
+    for cp in summaries:
         if ageable(cp):
             level = lower(cp.level)
-            steps.append(AgeStep(cp.id, level, target_tokens(level, cp.tokens, max_prompt)))
+            target = target_tokens(level, cp.tokens, max_prompt)
+            steps.append(AgeStep(cp.id, level, target))
+            if excess is not None:
+                excess -= max(0, cp.tokens - target)
+                if excess <= 0:
+                    break
     return steps
 
 

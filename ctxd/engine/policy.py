@@ -39,6 +39,9 @@ class CompressionPolicy:
     """More summary checkpoints than this and the two oldest merge (seed 000 "Ultra")."""
     fold_share: float = 0.25
     """Folded user words may take this share of the prompt at most."""
+    checkpoint_share: float = 0.25
+    """Summary checkpoints age (oldest first) only when together they take more than this
+    share of the largest prompt."""
     user_share: float = 0.5
     """The user's messages stay verbatim in the conversation while they take at most this
     share of the largest prompt; only past it does the overflow policy fold the oldest."""

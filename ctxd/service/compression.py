@@ -337,18 +337,26 @@ async def _resummarize(svc: Service, state: SessionState, run: _Pass, texts: lis
     return result.text, result.summarizer
 
 
-async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, exclude: str) -> None:
-    """Seed 000's ageing: older checkpoints one level down, then the oldest merged."""
+async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, exclude: str,
+                         share: float | None = None) -> None:
+    """Seed 000's ageing, when the checkpoints take more than their share: older
+    checkpoints one level down, oldest first; then the oldest merged."""
     cache = svc.cache
     count = state.counter.count
     budget = cache.budget(state)
     older = [cp for cp in ctx.checkpoints if cp.id != exclude]
-    for step in ckpts.plan_aging(older, budget.max_prompt_tokens):
+    new = [cp for cp in ctx.checkpoints if cp.id == exclude]
+    share = cache.policy(state).checkpoint_share if share is None else share
+    # The new checkpoint counts toward the share, but only the older ones age.
+    room = share - sum(cp.tokens for cp in new) / max(1, budget.max_prompt_tokens)
+    for step in ckpts.plan_aging(older, budget.max_prompt_tokens, max(0.0, room)):
         cp = next(c for c in ctx.checkpoints if c.id == step.checkpoint_id)
         out = await _resummarize(svc, state, run, [cp.summary], step.to_level, step.target_tokens, ctx.goal_text)
         if out is None:
             continue
         text, summarizer = out
+        if not text.strip():
+            continue  # an empty re-summary says less than the checkpoint did: keep it
         aged = msgspec.structs.replace(cp, level=step.to_level, summary=text, compressed_at=now_iso(),  # type: ignore[arg-type]
                                        compression_count=cp.compression_count + 1, summarizer=summarizer)
         ckpts.measure(aged, count)
@@ -375,7 +383,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
         second = next(c for c in ctx.checkpoints if c.id == step.checkpoint_ids[1])
         out = await _resummarize(svc, state, run, [first.summary, second.summary], "ultra", step.target_tokens,
                                  ctx.goal_text)
-        if out is None:
+        if out is None or not out[0].strip():
             break
         text, summarizer = out
         merged = ckpts.merged(first, second, text, 0, summarizer, now_iso(), state.cstate.compression_count)

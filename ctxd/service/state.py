@@ -153,6 +153,7 @@ def compression_policy(config: Config, row: SessionRow) -> CompressionPolicy:
         max_checkpoints=c.max_checkpoints,
         fold_share=c.fold_share,
         user_share=c.user_share,
+        checkpoint_share=c.checkpoint_share,
     )
 
 

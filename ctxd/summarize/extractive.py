@@ -174,12 +174,18 @@ class _Unit:
     text: str            # verbatim
     score: float = 0.0
     words: list[str] = field(default_factory=list)
+    tier: int = 0
+    """Units of a later tier are taken only once every worthwhile one of earlier tiers is."""
 
 
 @dataclass(slots=True)
 class _Line:
     prefix: str          # "[8 May 2023] Caroline: " (empty for lines of older summaries)
     parts: int           # how many units the turn was cut into (1: whole)
+
+
+# A chat's user turns stay verbatim in the prompt (kept, or folded with their words), so a
+# summary quotes them (tier 1) only after every worthwhile turn of the other speakers.
 
 
 class ExtractiveSummarizer:
@@ -381,7 +387,7 @@ class ExtractiveSummarizer:
             user = message.role == "user"
             for part, piece in enumerate(pieces):
                 unit = _Unit(turn, part, piece)
-                unit.score = -0.5 if user else 0.0  # the user's words also stay verbatim in the prompt
+                unit.tier = 1 if user else 0
                 units.append(unit)
         if not units:
             return ""
@@ -408,7 +414,8 @@ class ExtractiveSummarizer:
     def _pack_units(self, units: list[_Unit], lines: list[_Line], target: int, *, whole: bool) -> str:
         """The best units that fit ``target``, rendered in their original order."""
         count = self._count
-        ranked = sorted(units, key=lambda u: (-u.score, u.turn, u.part))
+        worth = [u for u in units if u.score > 0]
+        ranked = sorted(worth or units, key=lambda u: (u.tier, -u.score, u.turn, u.part))
         # The first unit must be worth half the best one: a tiny target gets the best
         # unit's beginning rather than whatever scrap fits ("Yep!").
         first_floor = ranked[0].score / 2 if ranked[0].score > 0 else float("-inf")

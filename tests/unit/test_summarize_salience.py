@@ -184,10 +184,10 @@ async def test_chat_turns_are_quoted_whole_and_verbatim_long_ones_by_their_best_
     short = "I adopted  two cats, Pixel and Byte, on 3 March 2024!"  # two spaces: kept as written
     filler = " ".join(f"It was a pleasant and fairly ordinary kind of day number {i} overall." for i in range(12))
     long = filler + " Then Bruno told me the bakery on Elm Street closes on 14 July 2024 for good."
-    messages = chat([("Caroline", short), ("Melanie", long)] + [("Caroline", f) for f in FILLER])
+    messages = chat([("Dana", short), ("Melanie", long)] + [("Caroline", f) for f in FILLER])
     result = await ExtractiveSummarizer(tiktoken_count).summarize(
         SummaryRequest(messages=messages, level="compact", target_tokens=80))
-    assert f"[8 May 2023] Caroline: {short}" in result.text
+    assert f"[8 May 2023] Dana: {short}" in result.text
     melanie = next(line for line in result.text.splitlines() if "Melanie:" in line)
     assert "Bruno told me the bakery on Elm Street closes on 14 July 2024 for good." in melanie
     assert "…" in melanie and long not in result.text  # its best sentences, not all of it
@@ -336,3 +336,16 @@ def test_must_survive_list_is_bounded_by_the_target() -> None:
     small_block = small.content.split("MUST SURVIVE", 1)[1].split("CONVERSATION", 1)[0]
     large_block = large.content.split("MUST SURVIVE", 1)[1].split("CONVERSATION", 1)[0]
     assert len(small_block) <= 420 < len(large_block)
+
+
+async def test_a_chats_user_turns_are_quoted_after_the_other_speakers() -> None:
+    """The user's turns stay verbatim in the prompt: a small target goes to the other side."""
+    caroline = "I adopted two cats, Pixel and Byte, on 3 March 2024 in Lisbon!"
+    melanie = "Bruno told me the bakery on Elm Street closes on 14 July 2024 for good."
+    messages = chat([("Caroline", caroline), ("Melanie", melanie)])
+    small = await ExtractiveSummarizer(tiktoken_count).summarize(
+        SummaryRequest(messages=messages, level="compact", target_tokens=30))
+    assert melanie in small.text and caroline not in small.text
+    roomy = await ExtractiveSummarizer(tiktoken_count).summarize(
+        SummaryRequest(messages=messages, level="compact", target_tokens=200))
+    assert melanie in roomy.text and caroline in roomy.text
