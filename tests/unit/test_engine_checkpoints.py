@@ -221,3 +221,14 @@ def test_many_compressions_stay_bounded():
         assert len(checkpoints) <= 4
     assert checkpoints[0].seq_from == 10 and checkpoints[-1].seq_to == 299
     assert sum(c.tokens for c in checkpoints) < 2000 + 1200 + 800 + 400
+
+
+def test_with_a_share_only_the_oldest_age_and_only_as_far_as_needed():
+    checkpoints = [cp("a", tokens=1000), cp("b", tokens=1000), cp("c", tokens=1000)]
+    # Within the share: nothing ages.
+    assert plan_aging(checkpoints, MAX_PROMPT, share=3000 / MAX_PROMPT) == []
+    # A little over: the oldest alone goes a level down.
+    steps = plan_aging(checkpoints, MAX_PROMPT, share=2900 / MAX_PROMPT)
+    assert [s.checkpoint_id for s in steps] == ["a"] and steps[0].to_level == "moderate"
+    # Far over: all of them.
+    assert [s.checkpoint_id for s in plan_aging(checkpoints, MAX_PROMPT, share=0.0)] == ["a", "b", "c"]
