@@ -5,7 +5,8 @@
     ctxd --tcp PORT           serve many clients on 127.0.0.1:PORT (token required)
 
 Logs go to stderr (or ``--log-file``), never to stdout: in stdio mode stdout carries
-nothing but protocol frames.
+nothing but protocol frames. Every file the daemon creates is private: the process
+umask is 077 from the start, before the log file or the database is opened.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from typing import Any
 
@@ -51,7 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PRIVATE_UMASK = 0o077
+"""The daemon's files (database, -wal, -shm, log, token, lock, socket, exports) are for
+its user only, from their first byte, whatever umask it was started with."""
+
+
 def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
+    """Raises OSError when the log file cannot be opened."""
     if verbose >= 2:
         level = "debug"
     elif verbose == 1 and level in ("warning", "error"):
@@ -68,6 +76,7 @@ def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.umask(PRIVATE_UMASK)
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {}
 
@@ -91,11 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ctxd: configuration error: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.daemon.log_level, args.verbose, config.daemon.log_file or None)
+    try:
+        setup_logging(config.daemon.log_level, args.verbose, config.daemon.log_file or None)
+    except OSError as exc:
+        print(f"ctxd: cannot open the log file {config.daemon.log_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     if args.autostarted and args.idle_exit is None:
         config.daemon.idle_exit_seconds = config.daemon.autostart_idle_exit_seconds
 
-    from ctxd.daemon import Daemon
+    from ctxd.daemon import Daemon, StartupError
     from ctxd.server.transports import TransportError
     from ctxd.store.db import StoreOpenError
 
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon(config, stdio=stdio, unix=unix, tcp_port=args.tcp)
     try:
         return asyncio.run(daemon.run())
-    except (StoreOpenError, TransportError) as exc:
+    except (StoreOpenError, TransportError, StartupError) as exc:
         print(f"ctxd: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

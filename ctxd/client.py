@@ -252,7 +252,8 @@ def spawn_daemon(socket_path: Path, *, data_dir: str | None = None, config_file:
         args += ["--config", config_file]
     log_path = log_path or socket_path.with_name("daemon.log")
     log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log = open(log_path, "ab")
+    # 0600 from its first byte, whatever the caller's umask (the log may name sessions).
+    log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600), "ab")
     try:
         return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 start_new_session=True, close_fds=True)

@@ -3,7 +3,9 @@
 Over stdio it serves the one client that spawned it and exits when that client
 sends ``exit``, closes stdin, or (given ``processId``) dies. Over a Unix socket or
 TCP it serves any number of clients until ``daemon/stop``, SIGTERM/SIGINT, or
-``idle_exit_seconds`` without a connection.
+``idle_exit_seconds`` without a connection. Socket clients that have not completed
+``initialize`` are held to ``limits.max_pending_connections`` per transport (see
+``Connection.guarded`` for what else applies to them).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from typing import Any, Callable
 
 from ctxd.config import Config
+from ctxd.llm.settings import SettingsError
 from ctxd.server.app import App
 from ctxd.server.connection import Connection, Writer
 from ctxd.server.subscriptions import Hub
@@ -32,6 +35,10 @@ from ctxd.service.core import Service
 from ctxd.service.sessions import enforce_retention
 
 log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The daemon cannot start for a reason its message gives (exit code 2)."""
 
 
 class Daemon:
@@ -51,6 +58,9 @@ class Daemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clean_exit = False
         self.bound: dict[str, str] = {}
+        self._pending: dict[str, set[Connection]] = {}
+        """Per socket transport, the connections whose ``initialize`` has not succeeded yet."""
+        self._turned_away: dict[str, int] = {}
 
     # --- helpers used by handlers -------------------------------------------------------
 
@@ -95,7 +105,16 @@ class Daemon:
     # --- connections ----------------------------------------------------------------
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: Writer, transport: str) -> None:
-        conn = Connection(self.app, reader, writer, transport=transport, requires_token=(transport == "tcp"))
+        guarded = transport != "stdio"
+        if guarded:
+            pending = self._pending.setdefault(transport, set())
+            if len(pending) >= self.config.limits.max_pending_connections:
+                self._turn_away(transport, writer)
+                return
+        conn = Connection(self.app, reader, writer, transport=transport, requires_token=(transport == "tcp"),
+                          guarded=guarded, on_initialized=self._initialized)
+        if guarded:
+            pending.add(conn)
         self.hub.add(conn)
         log.info("connection %s opened (%s)", conn.id, transport)
         try:
@@ -105,10 +124,33 @@ class Daemon:
         finally:
             conn.close()
             self.hub.remove(conn)
+            self._initialized(conn)
             log.info("connection %s closed", conn.id)
             if transport == "stdio":
                 self._clean_exit = conn.shutdown_requested
                 self.stop()
+
+    def _initialized(self, conn: Connection) -> None:
+        """``conn`` no longer waits for ``initialize`` (it succeeded, or the connection closed)."""
+        pending = self._pending.get(conn.transport)
+        if pending is None or conn not in pending:
+            return
+        pending.discard(conn)
+        turned_away = self._turned_away.pop(conn.transport, 0)
+        if turned_away > 1:
+            log.warning("%d %s connection(s) were closed at once while %d waited for initialize",
+                        turned_away, conn.transport, self.config.limits.max_pending_connections)
+
+    def _turn_away(self, transport: str, writer: Writer) -> None:
+        """A connection past ``limits.max_pending_connections``: closed at once. One warning
+        when it starts happening and one count when it stops, whatever the number."""
+        count = self._turned_away.get(transport, 0) + 1
+        self._turned_away[transport] = count
+        if count == 1:
+            log.warning("%d %s connections are waiting for initialize (limits.max_pending_connections); "
+                        "closing new ones at once until some initialize or time out",
+                        len(self._pending.get(transport, ())), transport)
+        writer.close()
 
     # --- run --------------------------------------------------------------------------
 
@@ -119,7 +161,10 @@ class Daemon:
             # lost a start race must not run migrations or retention next to the winner.
             self._lock = claim_socket(self.config.socket_path)
         try:
-            self.service = await Service.open(self.config, events=self.hub)
+            try:
+                self.service = await Service.open(self.config, events=self.hub)
+            except SettingsError as exc:
+                raise StartupError(f"configuration error: [summarizer] {exc}") from None
             await enforce_retention(self.service)
             if self.unix:
                 path = self.config.socket_path

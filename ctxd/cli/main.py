@@ -382,6 +382,7 @@ def cli(ctx: click.Context, socket: str | None, data_dir: str | None, config_fil
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
+    os.umask(0o077)  # exports (and a daemon's log, when it starts one) are for this user only
     try:
         cli.main(args=argv, prog_name="ctxd-cli", complete_var="_CTXD_CLI_COMPLETE", standalone_mode=True)
     except SystemExit as exc:

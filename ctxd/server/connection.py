@@ -41,6 +41,12 @@ _encode = msgspec.json.Encoder().encode
 _ids = itertools.count(1)
 # Past this much unsent output the client is not reading; drop it rather than grow forever.
 MAX_PENDING_OUTPUT = 64 * 1024 * 1024
+# How long a closed connection's unsent output may take to go out before it is dropped.
+CLOSE_GRACE_SECONDS = 10.0
+# MAX_PENDING_OUTPUT before ``initialize`` succeeded on a socket: such a client gets only
+# errors, and one that sends requests without reading their answers must not make the
+# daemon hold more than this for it.
+MAX_PENDING_OUTPUT_BEFORE_INITIALIZE = 1024 * 1024
 
 
 class Writer:
@@ -49,6 +55,8 @@ class Writer:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
         self.closed = False
+        self.max_pending = MAX_PENDING_OUTPUT
+        self.overflow_log_level = logging.WARNING
 
     def write(self, data: bytes) -> bool:
         if self.closed:
@@ -60,9 +68,9 @@ class Writer:
                     self.closed = True
                     return False
                 stream.write(data)
-                if stream.transport.get_write_buffer_size() > MAX_PENDING_OUTPUT:
-                    log.warning("client is not reading its output; closing the connection")
-                    self.close()
+                if stream.transport.get_write_buffer_size() > self.max_pending:
+                    log.log(self.overflow_log_level, "client is not reading its output; closing the connection")
+                    self.close(abort=True)  # its output is dropped now, not when it reads
                     return False
             else:
                 stream.write(data)
@@ -81,12 +89,25 @@ class Writer:
         except (ConnectionError, OSError, RuntimeError):
             self.closed = True
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """Close after what is still unsent has gone out, within ``CLOSE_GRACE_SECONDS``
+        (a client that never reads cannot keep its connection open); ``abort``: at once,
+        dropping it."""
         if self.closed:
             return
         self.closed = True
+        stream = self._stream
         try:
-            self._stream.close()
+            if not isinstance(stream, asyncio.StreamWriter):
+                stream.close()
+                return
+            transport = stream.transport
+            if abort:
+                transport.abort()
+                return
+            stream.close()
+            if transport.get_write_buffer_size():
+                asyncio.get_running_loop().call_later(CLOSE_GRACE_SECONDS, transport.abort)
         except (ConnectionError, OSError, RuntimeError):
             pass
 
@@ -244,11 +265,19 @@ class Connection:
     """A client: lifecycle flags, subscriptions, and the loop that reads its frames."""
 
     def __init__(self, app: "App", reader: asyncio.StreamReader, writer: Writer, *, transport: str,
-                 requires_token: bool = False) -> None:
+                 requires_token: bool = False, guarded: bool = False,
+                 on_initialized: Callable[["Connection"], None] | None = None) -> None:
         self.app = app
         self.id = next(_ids)
         self.transport = transport
         self.requires_token = requires_token
+        self.guarded = guarded
+        """A socket client (anyone who may connect, not the process that spawned us): until
+        its ``initialize`` succeeds it gets ``limits.max_frame_bytes_before_initialize``,
+        ``limits.initialize_timeout_seconds`` and little output buffer."""
+        self._on_initialized = on_initialized
+        self._frames: FrameReader | None = None
+        self._deadline: asyncio.TimerHandle | None = None
         self.writer = writer
         self.reader = reader
         self.initialized = False
@@ -322,6 +351,39 @@ class Connection:
             event.set()
             if not self.initialized:
                 self.initialize_done = None
+        if self.initialized:
+            self._trusted()
+
+    def _trusted(self) -> None:
+        """``initialize`` succeeded: the limits of a client that has not are lifted."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self._frames is not None:
+            self._frames.max_frame_bytes = self.app.config.limits.max_frame_bytes
+            self._frames.limit_note = ""
+        self.writer.max_pending = MAX_PENDING_OUTPUT
+        self.writer.overflow_log_level = logging.WARNING
+        callback, self._on_initialized = self._on_initialized, None
+        if callback is not None:
+            callback(self)
+
+    async def _initialize_settled(self) -> None:
+        """Wait for an ``initialize`` that is running (the frame limit depends on it)."""
+        event = self.initialize_done
+        if event is not None and not event.is_set():
+            await event.wait()
+
+    def _initialize_overdue(self) -> None:
+        self._deadline = None
+        if self.initialized or self.closed.is_set():
+            return
+        seconds = self.app.config.limits.initialize_timeout_seconds
+        log.info("connection %s: no successful initialize within %g s; closing it", self.id, seconds)
+        self.protocol.send_error(None, ErrorCode.ServerNotInitialized,
+                                 f"server not initialized: initialize must succeed within {seconds:g} s "
+                                 f"of connecting; closing the connection")
+        self.close()
 
     async def ready(self, method: str) -> None:
         """Wait for an ``initialize`` still running (see ``initialize_done``)."""
@@ -356,6 +418,9 @@ class Connection:
         if self.closed.is_set():
             return
         self.closed.set()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         for future in list(self.protocol._request_futures.values()):
             cancel_request(future)
         self.writer.close()
@@ -372,8 +437,10 @@ class Connection:
         """The client stopped sending (EOF): requests it already sent still run to the
         end and are answered (``printf frames | ctxd`` stores its pushes), within
         ``DRAIN_SECONDS``; then the connection closes and cancels what is left."""
-        pending = [f for f in self.protocol._request_futures.values()
-                   if isinstance(f, asyncio.Future) and not f.done()]
+        # Every request not yet answered, including those just done whose answer is still
+        # in a done-callback waiting to run (an ``exit`` behind ``shutdown`` ends the input
+        # in the same instant; closing before those callbacks ran lost both answers).
+        pending = [f for f in self.protocol._request_futures.values() if isinstance(f, asyncio.Future)]
         if not pending:
             return
         log.debug("connection %s: input ended; finishing %d request(s)", self.id, len(pending))
@@ -391,7 +458,16 @@ class Connection:
         limits = self.app.config.limits
         frames = FrameReader(self.reader, max_frame_bytes=limits.max_frame_bytes,
                              stall_seconds=limits.frame_stall_seconds)
+        self._frames = frames
         self._task = asyncio.current_task()
+        if self.guarded and not self.initialized:
+            frames.max_frame_bytes = min(limits.max_frame_bytes, limits.max_frame_bytes_before_initialize)
+            frames.limit_note = " before initialize"
+            frames.settle_limit = self._initialize_settled
+            self.writer.max_pending = MAX_PENDING_OUTPUT_BEFORE_INITIALIZE
+            self.writer.overflow_log_level = logging.INFO
+            self._deadline = asyncio.get_running_loop().call_later(limits.initialize_timeout_seconds,
+                                                                   self._initialize_overdue)
         try:
             while not self.closed.is_set():
                 event = await frames.next()

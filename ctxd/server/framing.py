@@ -10,7 +10,12 @@ finds the next frame:
   next frame's header) or too short (its tail is left in the stream), is answered
   once, then the reader skips to the next ``Content-Length:`` header, looking
   inside the bad body first so the swallowed frame is not lost;
-- a ``Content-Length`` above the limit is discarded as it streams in, never held;
+- a ``Content-Length`` above the limit is discarded as it streams in, never held
+  (before ``initialize`` the connection sets a much lower limit, see
+  ``Connection.serve``);
+- a ``Content-Length`` too long to be a length at all (more than 18 digits, which no
+  frame can have: Python's ``int()`` even refuses more than 4300) is reported at once,
+  and the reader skips to the next header as after bytes outside a frame;
 - a body that stops arriving for ``stall_seconds`` (a length larger than what the
   client sent, with nothing behind it) is treated as complete, so the client gets
   its error instead of waiting forever.
@@ -21,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
-from typing import Union
+from typing import Awaitable, Callable, Union
 
 import msgspec
 
@@ -29,6 +34,8 @@ _HEADER_RE = re.compile(rb"content-length:[ \t]*(\d+)", re.IGNORECASE)
 _OTHER_HEADER_RE = re.compile(rb"[A-Za-z][A-Za-z0-9-]*:[^\r\n]{0,1000}")
 _FIND_HEADER = re.compile(rb"Content-Length:", re.IGNORECASE)
 MAX_HEADER_LINE = 8192
+MAX_LENGTH_DIGITS = 18
+"""Longer (leading zeros aside) is an exabyte: not a length any frame has."""
 
 
 @dataclass(slots=True)
@@ -48,11 +55,21 @@ _json_decode = msgspec.json.Decoder().decode
 
 
 class FrameReader:
-    def __init__(self, reader: asyncio.StreamReader, *, max_frame_bytes: int, stall_seconds: float = 5.0):
+    """Frames of one stream. ``max_frame_bytes`` may change between frames (the
+    connection raises it once ``initialize`` succeeded); ``limit_note`` says which limit
+    it is in the error. ``settle_limit``, when given, is awaited before a frame is refused
+    as too large, and the limit checked again: a big request sent right behind
+    ``initialize`` waits for it to be answered instead of being judged by the limit that
+    applied before."""
+
+    def __init__(self, reader: asyncio.StreamReader, *, max_frame_bytes: int, stall_seconds: float = 5.0,
+                 settle_limit: Callable[[], Awaitable[None]] | None = None):
         self._reader = reader
         self._buf = bytearray()
         self._eof = False
         self.max_frame_bytes = max_frame_bytes
+        self.limit_note = ""
+        self.settle_limit = settle_limit
         self.stall_seconds = stall_seconds
         self._resync = False
 
@@ -112,7 +129,15 @@ class FrameReader:
                 continue
             match = _HEADER_RE.fullmatch(stripped)
             if match:
-                length = int(match.group(1))
+                digits = match.group(1).lstrip(b"0") or b"0"
+                if len(digits) > MAX_LENGTH_DIGITS:
+                    # No body can be that long: do not wait for it, resynchronise.
+                    length = None
+                    saw_header = False
+                    self._resync = True
+                    return FrameError(f"Content-Length of {len(digits)} digits is not a usable length; "
+                                      f"skipped to the next Content-Length header")
+                length = int(digits)
                 saw_header = True
                 continue
             if saw_header and _OTHER_HEADER_RE.fullmatch(stripped):
@@ -127,9 +152,12 @@ class FrameReader:
                 self._resync = True
                 return FrameError("unexpected bytes outside a frame; skipped to the next Content-Length header")
         self._resync = False
+        if length > self.max_frame_bytes and self.settle_limit is not None:
+            await self.settle_limit()
         if length > self.max_frame_bytes:
+            limit, note = self.max_frame_bytes, self.limit_note
             await self._discard(length)
-            return FrameError(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes}; skipped")
+            return FrameError(f"frame of {length} bytes exceeds the limit of {limit}{note}; skipped")
         body = await self._body(length)
         if len(body) < length:
             # The client sent less than it announced. Even when those bytes happen to

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from ctxd.ownership import foreign, owner, writable_dir
 from ctxd.server.connection import Writer
 
 log = logging.getLogger(__name__)
@@ -87,25 +88,66 @@ async def _pump_blocking(stream: Any, reader: asyncio.StreamReader) -> None:
 
 
 class SocketLock:
-    """One daemon per socket path: an flock held for the daemon's lifetime."""
+    """One daemon per socket path: an flock held for the daemon's lifetime.
+
+    The socket may live in a directory others can write to (/tmp), so the lock file is
+    never followed through a symbolic link (one planted there would make ctxd truncate
+    its target) and must be a plain file of ours: a lock file of another user is
+    refused, and what it says is never repeated.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path.with_name(path.name + ".lock")
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(self.path, flags, 0o600)
         except OSError as exc:
+            raise TransportError(self._cannot_open(exc)) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise TransportError(f"the lock file {self.path} is not a regular file; "
+                                     f"move it away or choose another --socket path")
+            if foreign(st):
+                raise TransportError(self._not_ours(st.st_uid))
+            if st.st_nlink != 1:
+                raise TransportError(f"the lock file {self.path} has other hard links; "
+                                     f"move it away or choose another --socket path")
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(fd, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise TransportError(f"another ctxd (pid {_pid_in(fd)}) is already serving "
+                                         f"{self.path.with_suffix('')}") from None
+                raise TransportError(f"cannot lock {self.path}: {exc.strerror}") from None
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except BaseException:
             os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                other = self.path.read_text().strip() or "?"
-                raise TransportError(f"another ctxd (pid {other}) is already serving {self.path.with_suffix('')}") from None
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
         self._fd = fd
+
+    def _not_ours(self, uid: int) -> str:
+        return (f"the lock file {self.path} belongs to {owner(uid)}, not to this user: ctxd will not "
+                f"use it; remove it or choose another --socket path")
+
+    def _cannot_open(self, exc: OSError) -> str:
+        if exc.errno == errno.ELOOP:
+            return (f"the lock file {self.path} is a symbolic link: ctxd will not follow it (it could "
+                    f"make ctxd overwrite the file it points to); remove it or choose another --socket path")
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            pass
+        else:
+            if foreign(st):
+                return self._not_ours(st.st_uid)
+        return f"cannot open the lock file {self.path}: {exc.strerror}"
 
     def release(self) -> None:
         if self._fd is not None:
@@ -113,18 +155,56 @@ class SocketLock:
             self._fd = None
 
 
+def _pid_in(fd: int) -> str:
+    """The pid a running daemon wrote in its lock file (a number, or "?")."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return "?"
+    return text if text.isdigit() else "?"
+
+
 def _private_dir(path: Path) -> None:
     """Create a missing directory as 0700. An existing one is left alone (it may be
     /tmp); the files ctxd puts in it are 0600 themselves."""
-    if not path.exists():
+    try:
         path.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise TransportError(f"cannot create the directory {path}: {exc.strerror}") from None
+
+
+def _check_socket_dir(path: Path) -> None:
+    """The socket's directory must be ours (or root's), writable by us, and writable by
+    nobody else unless it is sticky like /tmp (then others cannot remove or replace our
+    files there, and the lock file and a stale socket are checked to be ours)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise TransportError(f"the socket directory {path}: {exc.strerror}") from None
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        raise TransportError(f"{path} is not a directory; choose another --socket path")
+    if foreign(st, root_ok=True):
+        raise TransportError(f"the socket directory {path} belongs to {owner(st.st_uid)}, not to this user, "
+                             f"who could replace the socket; choose another --socket path")
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise TransportError(f"the socket directory {path} is writable by other users (mode {mode:o}) and "
+                             f"not sticky, so they could replace the socket or its lock file; make it "
+                             f"private (chmod 700 {path}) or choose another --socket path")
+    if not writable_dir(path, st):
+        raise TransportError(f"the socket directory {path} is not writable by this user (mode {mode:o}, "
+                             f"owner {owner(st.st_uid)}); choose another --socket path")
 
 
 def claim_socket(path: Path) -> SocketLock:
-    """Take the socket's lock (first thing a socket daemon does); TransportError if taken."""
+    """Take the socket's lock (first thing a socket daemon does); TransportError if taken,
+    or if the directory or the lock file are not safe to use."""
     if len(os.fsencode(path)) > UNIX_PATH_MAX:
         raise TransportError(f"socket path is too long for a Unix socket ({len(str(path))} bytes): {path}")
     _private_dir(path.parent)
+    _check_socket_dir(path.parent)
     lock = SocketLock(path)
     lock.acquire()
     return lock
@@ -133,15 +213,26 @@ def claim_socket(path: Path) -> SocketLock:
 async def serve_unix(path: Path, on_connection: OnConnection, lock: SocketLock) -> asyncio.AbstractServer:
     """Listen on ``path``, whose ``lock`` the caller holds (see :func:`claim_socket`)."""
     try:
-        mode = path.lstat().st_mode
+        st = path.lstat()
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        lock.release()
+        raise TransportError(f"cannot use {path}: {exc.strerror}") from None
     else:
-        if not stat.S_ISSOCK(mode):
+        if not stat.S_ISSOCK(st.st_mode):
             lock.release()
             raise TransportError(f"{path} exists and is not a socket: ctxd will not replace it "
                                  f"(choose another --socket path, or move it away)")
-        path.unlink()  # a stale socket: we hold the lock, so whoever made it is gone
+        if foreign(st):
+            lock.release()
+            raise TransportError(f"{path} is a socket of {owner(st.st_uid)}: ctxd will not replace it "
+                                 f"(choose another --socket path)")
+        try:
+            path.unlink()  # a stale socket: we hold the lock, so whoever made it is gone
+        except OSError as exc:
+            lock.release()
+            raise TransportError(f"cannot remove the stale socket {path}: {exc.strerror}") from None
     old_umask = os.umask(0o177)
     try:
         server = await asyncio.start_unix_server(
@@ -165,18 +256,40 @@ async def serve_tcp(port: int, on_connection: OnConnection) -> asyncio.AbstractS
 
 
 def load_or_create_token(path: Path) -> str:
-    """The TCP token: created (0600, in a 0700 directory) on first use; refused if others can read it."""
-    if path.exists():
-        mode = stat.S_IMODE(path.stat().st_mode)
+    """The TCP token: created (0600, in a 0700 directory) on first use; refused if others
+    can read it or it is not this user's file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _create_token(path)
+    except OSError as exc:
+        raise TransportError(f"cannot read the token file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        mode = stat.S_IMODE(st.st_mode)
+        if not stat.S_ISREG(st.st_mode):
+            raise TransportError(f"token file {path} is not a regular file")
+        if foreign(st):
+            raise TransportError(f"token file {path} belongs to {owner(st.st_uid)}, not to this user; remove it "
+                                 f"(a new one is created) or set daemon.token_file")
         if mode & 0o077:
             raise TransportError(f"token file {path} is readable by other users (mode {mode:o}); run: chmod 600 {path}")
-        token = path.read_text(encoding="utf-8").strip()
-        if not token:
-            raise TransportError(f"token file {path} is empty")
-        return token
+        try:
+            token = f.read(4096).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TransportError(f"cannot read the token file {path}: {exc}") from None
+    if not token:
+        raise TransportError(f"token file {path} is empty")
+    return token
+
+
+def _create_token(path: Path) -> str:
     _private_dir(path.parent)
     token = secrets.token_hex(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise TransportError(f"cannot create the token file {path}: {exc.strerror}") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(token + "\n")
     return token

@@ -36,7 +36,11 @@ class Service:
         db = Database(config.database_path, durability=config.storage.durability,
                       busy_timeout_ms=config.storage.busy_timeout_ms)
         await db.open()
-        service = cls(config, db, events)
+        try:
+            service = cls(config, db, events)
+        except BaseException:  # e.g. a bad summarizer key file: the open database must not outlive it
+            await db.close()
+            raise
         service.indexer.start()
         return service
 

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import sqlite3
+import stat
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
@@ -29,6 +30,7 @@ from typing import Any, Callable, TypeVar
 
 import aiosqlite
 
+from ctxd.ownership import foreign, me, owner, writable_dir
 from ctxd.protocol.errors import CtxdError, ErrorCode
 
 log = logging.getLogger(__name__)
@@ -92,18 +94,10 @@ class Database:
     # --- lifecycle -----------------------------------------------------------------
 
     async def open(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise StoreOpenError(f"cannot create the data directory {self.path.parent}: {exc.strerror}") from None
-        if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
-            raise StoreOpenError(f"{self.path}: not readable and writable by this user")
-        fresh = not self.path.exists()
+        self._check_files()
         try:
             self._writer_conn = await aiosqlite.connect(self.path, isolation_level=None)
             await self._writer_conn._execute(self._prepare_writer, self._writer_conn._conn)
-            if fresh:
-                os.chmod(self.path, 0o600)
             self._reader_conn = await aiosqlite.connect(self.path, isolation_level=None)
             await self._reader_conn._execute(self._prepare_reader, self._reader_conn._conn)
         except StoreOpenError:
@@ -120,6 +114,65 @@ class Database:
             await self.close()
             raise StoreOpenError(f"{self.path}: {exc}") from None
         self._writer_task = asyncio.create_task(self._writer_loop(), name="ctxd-writer")
+
+    def _check_files(self) -> None:
+        """Before SQLite touches anything: the data directory is ours and writable (SQLite
+        creates -wal and -shm next to the database), an existing database is ours, and a
+        new one is created 0600 here, from its first byte. SQLite gives -wal and -shm the
+        database's mode, so they are private from their first byte too (the daemon's
+        umask, 077, says the same; this holds for any caller). Checked explicitly because
+        root would otherwise write anywhere without a word."""
+        directory = self.path.parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise StoreOpenError(f"cannot create the data directory {directory}: {exc.strerror}") from None
+        try:
+            st = os.stat(directory)
+        except OSError as exc:
+            raise StoreOpenError(f"cannot use the data directory {directory}: {exc.strerror}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise StoreOpenError(f"the data directory {directory} is not a directory")
+        if foreign(st):
+            raise StoreOpenError(f"the data directory {directory} belongs to {owner(st.st_uid)}, not to this "
+                                 f"user ({me()}); use a directory of your own (--data-dir)")
+        if not writable_dir(directory, st):
+            raise StoreOpenError(f"the data directory {directory} is not writable (mode "
+                                 f"{stat.S_IMODE(st.st_mode):o}); SQLite creates its files next to the "
+                                 f"database. Run: chmod 700 {directory}")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StoreOpenError(f"cannot create {self.path}: {exc.strerror}") from None
+        else:
+            os.close(fd)
+            return
+        try:
+            db = os.stat(self.path)
+        except OSError as exc:
+            raise StoreOpenError(f"cannot use {self.path}: {exc.strerror}") from None
+        if foreign(db):
+            raise StoreOpenError(f"{self.path} belongs to {owner(db.st_uid)}, not to this user ({me()}); "
+                                 f"use a data directory of your own (--data-dir)")
+        if not os.access(self.path, os.R_OK | os.W_OK) or (db.st_mode & 0o600 != 0o600):
+            raise StoreOpenError(f"{self.path}: not readable and writable by this user "
+                                 f"(mode {stat.S_IMODE(db.st_mode):o}). Run: chmod 600 {self.path}")
+        if stat.S_ISREG(db.st_mode) and db.st_size == 0:
+            log.warning("%s is empty (0 bytes): it is taken as a new database. If it held sessions, they "
+                        "were lost before this start (restore a backup of it if you have one)", self.path)
+        for suffix in ("-wal", "-shm"):  # left by an older ctxd with the umask's mode
+            side = self.path.with_name(self.path.name + suffix)
+            try:
+                side_st = os.lstat(side)
+            except OSError:
+                continue
+            if stat.S_ISREG(side_st.st_mode) and not foreign(side_st) and stat.S_IMODE(side_st.st_mode) & 0o077:
+                try:
+                    os.chmod(side, 0o600)
+                except OSError:
+                    pass
 
     def _prepare_writer(self, conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")

@@ -268,15 +268,18 @@ class Daemon:
 
     def __init__(self, data_dir: Path, *, socket_path: Path | None = None, tcp: bool = False,
                  args: list[str] | None = None, env: dict[str, str] | None = None,
-                 token_file: Path | None = None, socket_flag_only: bool = False) -> None:
+                 token_file: Path | None = None, socket_flag_only: bool = False,
+                 umask: int | None = None) -> None:
         """``socket_flag_only``: pass a bare ``--socket`` and expect the daemon to pick
-        ``socket_path`` itself (its default location)."""
+        ``socket_path`` itself (its default location). ``umask``: the process umask the
+        daemon starts with (default: this process's)."""
         self.data_dir = data_dir
         self.socket_path = socket_path
         self.socket_flag_only = socket_flag_only
         self.tcp = tcp
         self.token_file = token_file
         self.extra_args = list(args or [])
+        self.umask = -1 if umask is None else umask
         self.env = env if env is not None else daemon_env()
         self.log_path = data_dir.with_name(data_dir.name + ".stderr.log")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -316,7 +319,7 @@ class Daemon:
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=log, env=self.env, close_fds=True)
+                                         stderr=log, env=self.env, close_fds=True, umask=self.umask)
         finally:
             log.close()
         if wait:

@@ -135,6 +135,12 @@ def _batch(sid: str) -> bytes:
     return frame([json.loads(push_body(sid))]) + after(sid)
 
 
+def _length_of_5000_digits(sid: str) -> bytes:
+    # More digits than int() accepts: no frame can be that long, so the reader skips to
+    # the next header at once instead of waiting for a body that never ends.
+    return b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n" + push_body(sid) + after(sid)
+
+
 def _scalar(sid: str) -> bytes:
     return frame(42) + after(sid)
 
@@ -146,6 +152,7 @@ FRAMING_CASES: dict[str, tuple[Callable[[str], bytes], list[int], list[str]]] = 
     "content_length_too_short": (_too_short, [-32700], ["after"]),
     "garbage_between_frames": (_garbage_between_frames, [-32700], ["before", "after"]),
     "content_length_over_max_frame_bytes": (_oversized, [-32700], ["after"]),
+    "content_length_of_5000_digits": (_length_of_5000_digits, [-32700], ["after"]),
     "header_without_content_length": (_header_without_length, [-32700], ["after"]),
     "body_not_utf8": (_not_utf8, [-32700], ["after"]),
     "body_nested_too_deep": (_nested_too_deep, [-32700], ["after"]),
