@@ -25,6 +25,12 @@ SECTION_HEADER = (
 )
 
 
+FILES_SHOWN = 12
+"""Most files a checkpoint lists beyond its summary text."""
+ERRORS_SHOWN, ERROR_CHARS = 3, 160
+"""The newest errors a checkpoint lists beyond its summary text, each cut to this length."""
+
+
 def new_id() -> str:
     return "ckpt_" + uuid.uuid4().hex[:12]
 
@@ -36,6 +42,16 @@ def render_checkpoint(cp: Checkpoint) -> str:
         title = f"### Messages {cp.seq_from}-{cp.seq_to} (omitted)"
     else:
         title = f"### Messages {cp.seq_from}-{cp.seq_to} ({cp.level} summary)"
+        body = cp.summary.strip()
+        # The structured facts outlive the prose: files the summary no longer names are
+        # listed (ageing and merging shorten the text, the file lists are joined).
+        missing = [f for f in cp.files_modified if f not in body][:FILES_SHOWN]
+        if missing:
+            body += ("\n" if body else "") + "Files: " + ", ".join(missing)
+        errors = [e[:ERROR_CHARS] for e in cp.errors[-ERRORS_SHOWN:] if e[:ERROR_CHARS] not in body]
+        if errors:
+            body += ("\n" if body else "") + "Errors: " + "; ".join(errors)
+        return f"{title}\n{body}"
     return f"{title}\n{cp.summary.strip()}"
 
 

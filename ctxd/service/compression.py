@@ -504,7 +504,7 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     words = user_tokens(ctx)
     goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
     goal = max(cap // 2, min(goal, _low_water(policy, budget) - (ctx.used - words)))
-    chosen = plan_fold_users(ctx, goal)
+    chosen = plan_fold_users(ctx, goal, hard_cap=cap)
     if not chosen:
         return
     allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)

@@ -23,9 +23,11 @@ from ctxd.engine.pipeline import (
     identify,
     make_checkpoint,
     plan_fold,
+    plan_fold_users,
     prepare,
     summary_rejection,
     truncation_checkpoint,
+    user_tokens,
 )
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.engine.prune import apply_prune, plan_prune
@@ -504,7 +506,8 @@ def test_plan_fold_oldest_first_never_the_newest():
     texts = [words(100, WORDS[i]) for i in range(5)]
     ctx = folded_ctx(texts)  # no user message after the boundary
     goal = ctx.prompt_tokens - 150
-    assert seqs(plan_fold(ctx, goal)) == [1, 2]
+    # (the session's first user message, an agent's task, goes last)
+    assert seqs(plan_fold(ctx, goal)) == [2, 3]
     # even asked for everything, the newest user message stays
     assert seqs(plan_fold(ctx, 0)) == [1, 2, 3, 4]
     # with a user message in the recent part, every kept one may fold
@@ -566,7 +569,7 @@ def test_fold_without_dropping_saves_nothing():
     ctx = folded_ctx([words(300, WORDS[i]) for i in range(6)], recent=[assistant("ok"), user("now")])
     before = ctx.prompt_tokens
     chosen = plan_fold(ctx, before - 600)
-    assert seqs(chosen) == [1, 2]
+    assert seqs(chosen) == [2, 3]
     fold(ctx, chosen, allowance=1000, now=NOW, number=1, count=count)
     refresh(ctx)
     assert ctx.prompt_tokens >= before - 20
@@ -584,7 +587,8 @@ def test_plan_fold_with_the_allowance_reaches_the_goal(allowance):
         # (the plan does not count the checkpoint's own framing: section header, title, the
         # marker naming the folded messages and how to expand them)
         assert ctx.prompt_tokens <= goal + 120
-        assert seqs(chosen) == list(range(1, len(chosen) + 1))
+        # oldest first, the task (1) last
+        assert seqs(chosen) == (list(range(2, len(chosen) + 2)) if len(chosen) < 6 else [1, 2, 3, 4, 5, 6])
     else:
         # an allowance larger than all the words: folding cannot help, and everything is tried
         assert seqs(chosen) == [1, 2, 3, 4, 5, 6]
@@ -724,3 +728,15 @@ def test_system_messages_stay_and_observations_are_compressed():
     assert 1 in kept and 2 in kept           # the system message and the user's words stay
     assert 4 not in kept                     # the observation goes into the checkpoint
     assert 4 in sel.message_seqs and 1 not in sel.message_seqs
+
+
+def test_the_first_user_message_folds_only_past_the_share_itself():
+    """Folding aims below the share (the loop guard's step); the session's first user
+    message, an agent's task, goes last and only when the share itself is exceeded."""
+    ctx = folded_ctx([words(200, WORDS[0]), words(20, WORDS[1]), words(20, WORDS[2])],
+                     recent=[assistant("ok"), user("now")])
+    total = user_tokens(ctx)
+    chosen = plan_fold_users(ctx, max_user_tokens=total - 250, hard_cap=total - 40)
+    assert [e.seq for e in chosen] == [2, 3]  # the others go; the task stays (within the share)
+    chosen = plan_fold_users(ctx, max_user_tokens=total - 250, hard_cap=total - 100)
+    assert [e.seq for e in chosen] == [1, 2, 3]  # over the share even without the others: it goes too
