@@ -76,7 +76,10 @@ async def export(svc: Service, params: ExportParams) -> ExportResult:
 
 
 SLICE_SECONDS = 0.01
-"""Preparing an import's messages on the event loop yields to other clients this often."""
+PAUSE_SECONDS = 0.003
+"""Preparing an import's messages on the event loop stops every ``SLICE_SECONDS`` for
+``PAUSE_SECONDS``: a request needs several turns of the loop (read, frame, dispatch,
+answer), and a bare ``sleep(0)`` would give it one turn per slice."""
 
 
 def too_many(count: int, limit: int) -> CtxdError:
@@ -143,6 +146,10 @@ def _import_job(conn: Any, row: SessionRow, items: list[tuple[Message, bytes, An
 
 async def import_session(svc: Service, params: ImportParams) -> ImportResult:
     max_messages = svc.config.limits.max_batch_messages
+    if len(params.document) > THREAD_COUNT_BYTES:
+        # Reading the frame just held the loop: other clients' requests go first, then the
+        # scan (which holds the interpreter while it runs, thread or not).
+        await anyio.sleep(PAUSE_SECONDS)
     # Decoding a large document on the event loop would stall every other client.
     docs, fmt, warnings = await anyio.to_thread.run_sync(_parse, params, max_messages)
     count = sum(len(doc.messages) for doc in docs)
@@ -179,7 +186,7 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
             else:
                 tokens = counter.count_message(message)
             if time.perf_counter() - slice_started > SLICE_SECONDS:
-                await anyio.sleep(0)  # let other clients' requests run
+                await anyio.sleep(PAUSE_SECONDS)  # let other clients' requests run
                 slice_started = time.perf_counter()
             before = PROMPT_PRIMING + system_tokens + used  # (an import is sent whole: prompt == history)
             _add_stats(stats, message, tokens, before, before, doc.context_window or 0)

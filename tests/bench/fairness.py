@@ -4,6 +4,7 @@
     python -m tests.bench.fairness --quick      # smaller heavy requests (~1 minute)
     python -m tests.bench.fairness --only push,llm
     python -m tests.bench.fairness --strict     # exit 1 when a p99 is over the target
+    python -m tests.bench.fairness --ctxd-path /tmp/old   # the daemons from another tree
 
 One socket daemon, two clients on it. A *light* client (a thread of this process, its
 own connection and session) sends a ``session/get`` every 10 ms (the event loop
@@ -16,10 +17,13 @@ client sends one large request per scenario:
 - ``push``: a legal push near the frame limit (40 messages of just under
   ``limits.max_message_bytes`` = 160 MB; quick: 10 = 40 MB);
 - ``import``: ``session/import`` of a 200,000-message document (refused by the
-  ``limits.max_batch_messages`` cap), then of a legal 10,000-message one;
+  ``limits.max_batch_messages`` cap), then of a legal 10,000-message one (after a
+  3-message import: the document modules load on first use);
 - ``llm``: ``context/compress`` through an Ollama-compatible summarizer (the real HTTP
-  server of ``tests/llm_servers.py``) answering 20 MB of text (quick: 8 MB), which ctxd
-  stops reading at ``summarizer.max_response_bytes`` and falls back from.
+  server of ``tests/llm_servers.py``, in a process of its own) answering 20 MB of text
+  (quick: 8 MB), which ctxd stops reading at ``summarizer.max_response_bytes`` and falls
+  back from (after a first pass with a sane answer: the summarizer modules load with a
+  daemon's first compression, once).
 
 Reported per scenario, over the light requests sent while the heavy one ran: count,
 p50, p99 and max latency, the heavy request's own time and outcome, and the daemon's
@@ -307,7 +311,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure(lab: "Lab", scenario: str, heavy_name: str, heavy: Callable[[SocketClient], str],
-            sets: list[str] | None = None, prepare: Callable[[SocketClient], None] | None = None) -> Row:
+            sets: list[str] | None = None, prepare: Callable[[SocketClient], None] | None = None,
+            helpers: tuple[int, ...] = ()) -> Row:
+    """``helpers``: pids of this benchmark's own servers (not counted as other load)."""
     daemon = lab.daemon(scenario, sets or [])
     try:
         getter = SocketClient(daemon.socket, "fairness-light-get")
@@ -321,12 +327,13 @@ def measure(lab: "Lab", scenario: str, heavy_name: str, heavy: Callable[[SocketC
         for light in lights:
             light.start()
         time.sleep(0.5)  # the light clients' own rhythm first
+        pids = (daemon.proc.pid, *helpers)
         load = OtherLoad()
-        daemon_cpu = cpu_seconds(daemon.proc.pid)
+        ours = sum(cpu_seconds(pid) for pid in pids)
         started = time.perf_counter()
         outcome = heavy(heavy_client)
         ended = time.perf_counter()
-        other = load.cores(cpu_seconds(daemon.proc.pid) - daemon_cpu)
+        other = load.cores(sum(cpu_seconds(pid) for pid in pids) - ours)
         time.sleep(0.3)
         for light in lights:
             light.finish()
@@ -403,24 +410,79 @@ def scenario_import(lab: "Lab", plan: Plan) -> list[Row]:
                 return f"refused {message['error']['code']}: {message['error']['message'][:60]}"
             return f"{message['result']['messageCount']} messages imported"
 
+        def warm_up(client: SocketClient) -> None:  # the document modules load on first use
+            client.request("session/import", {"document": import_document(3), "format": "json",
+                                              "sessionId": "warm-up"})
+
         rows.append(measure(lab, "import", f"session/import of {n:,} messages ({len(document) / 1e6:.0f} MB)",
-                            heavy, sets=["compression.auto=false"]))
+                            heavy, sets=["compression.auto=false"], prepare=warm_up))
     return rows
 
 
+class LLMServerProcess:
+    """The fake LLM server of ``tests/llm_servers.py`` in a process of its own: building a
+    20 MB answer holds the interpreter for a while, and in this process that would stall
+    the light clients' threads and be counted against the daemon. Commands on stdin:
+    ``ok`` and ``huge`` switch its mode; it prints its port first."""
+
+    def __init__(self, env: dict[str, str], model: str, huge_bytes: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.bench.fairness", "--serve-llm", model,
+                                      str(huge_bytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=env, cwd=str(REPO))
+        assert self.proc.stdout is not None
+        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    def mode(self, name: str) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == name
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def serve_llm(model: str, huge_bytes: int) -> int:
+    with FakeLLMServer(model=model, huge_bytes=huge_bytes) as server:
+        print(server.port, flush=True)
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "huge":
+                server.garbage("huge")
+            elif command == "ok":
+                server.ok()
+            print(command, flush=True)
+    return 0
+
+
 def scenario_llm(lab: "Lab", plan: Plan) -> list[Row]:
-    with FakeLLMServer(model="fair-llm", huge_bytes=plan.llm_reply_bytes) as server:
-        server.garbage("huge")
+    server = LLMServerProcess(lab.env, "fair-llm", plan.llm_reply_bytes)
+    try:
         sets = ["summarizer.backend=ollama", f"summarizer.base_url={server.url}", "summarizer.model=fair-llm",
                 "summarizer.max_retries=0", "compression.auto=false"]
         rng = random.Random(3)
 
-        def prepare(client: SocketClient) -> None:
-            client.request("session/create", {"sessionId": "heavy", "model": "fair-llm", "contextWindow": 8192})
-            for i in range(40):
+        def push_turns(client: SocketClient, start: int) -> None:
+            for i in range(start, start + 40):
                 client.request("session/push", {"sessionId": "heavy", "messages": [
                     {"role": "user", "content": f"step {i}: " + prose(rng, 300)},
                     {"role": "assistant", "content": prose(rng, 600)}]})
+
+        def prepare(client: SocketClient) -> None:
+            client.request("session/create", {"sessionId": "heavy", "model": "fair-llm", "contextWindow": 8192})
+            # A first pass with a sane answer: the summarizer modules load with the first
+            # compression, once per daemon; what is measured is a runaway answer later on.
+            server.mode("ok")
+            push_turns(client, 0)
+            client.request("context/compress", {"sessionId": "heavy"})
+            push_turns(client, 40)
+            server.mode("huge")
 
         def heavy(client: SocketClient) -> str:
             client.request("session/subscribe", {"sessionId": "heavy"})
@@ -430,7 +492,9 @@ def scenario_llm(lab: "Lab", plan: Plan) -> list[Row]:
             return f"summarizer {result.get('summarizer')}{why}"[:110]
 
         return [measure(lab, "llm", f"context/compress, {plan.llm_reply_bytes / 1e6:.0f} MB LLM reply", heavy,
-                        sets=sets, prepare=prepare)]
+                        sets=sets, prepare=prepare, helpers=(server.proc.pid,))]
+    finally:
+        server.stop()
 
 
 SCENARIOS: dict[str, Callable[["Lab", Plan], list[Row]]] = {
@@ -439,7 +503,7 @@ SCENARIOS: dict[str, Callable[["Lab", Plan], list[Row]]] = {
 
 
 class Lab:
-    def __init__(self, keep: bool) -> None:
+    def __init__(self, keep: bool, ctxd_path: str | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="ctxd-fair-", dir="/tmp"))
         self.keep = keep
         env = {k: v for k, v in os.environ.items() if not k.startswith("CTXD_")}
@@ -447,7 +511,8 @@ class Lab:
                          ("XDG_RUNTIME_DIR", "run"), ("XDG_CACHE_HOME", "cache")):
             (self.root / sub).mkdir(mode=0o700)
             env[var] = str(self.root / sub)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        tree = str(Path(ctxd_path).resolve()) if ctxd_path else str(REPO)  # whose ctxd the daemons run
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))
         self.env = env
         self.n = 0
 
@@ -479,19 +544,24 @@ def _cores(value: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve-llm"]:  # (the LLM server process of scenario llm)
+        return serve_llm(argv[1], int(argv[2]))
     p = argparse.ArgumentParser(prog="python -m tests.bench.fairness", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller heavy requests")
     p.add_argument("--only", default="", help=f"comma-separated scenarios ({', '.join(SCENARIOS)})")
     p.add_argument("--out", default="bench-results/fairness.json", help="JSON results file")
     p.add_argument("--strict", action="store_true", help="exit 1 when a p99 is over the target")
     p.add_argument("--keep", action="store_true", help="keep the temp tree (data dirs, daemons' stderr)")
+    p.add_argument("--ctxd-path", metavar="DIR", help="run the daemons from the ctxd package in DIR (an exported "
+                   "commit, say) instead of this checkout's")
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
     chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SCENARIOS)
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s): {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    lab = Lab(args.keep)
+    lab = Lab(args.keep, args.ctxd_path)
     rows: list[Row] = []
     started = time.perf_counter()
     try:
@@ -507,9 +577,11 @@ def main(argv: list[str] | None = None) -> int:
         commit = None
     meta = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
             "python": platform.python_version(), "nproc": os.cpu_count(), "mode": "quick" if args.quick else "full",
-            "plan": asdict(plan), "seconds": round(time.perf_counter() - started, 1), "target_p99_ms": TARGET_P99_MS}
+            "plan": asdict(plan), "seconds": round(time.perf_counter() - started, 1), "target_p99_ms": TARGET_P99_MS,
+            "ctxd_path": str(Path(args.ctxd_path).resolve()) if args.ctxd_path else None}
     print()
-    print(f"ctxd fairness ({meta['mode']}), {meta['date_utc']}, {meta['nproc']} cpu, commit {commit}")
+    print(f"ctxd fairness ({meta['mode']}), {meta['date_utc']}, {meta['nproc']} cpu, commit {commit}, "
+          f"ctxd from {meta['ctxd_path'] or 'this checkout'}")
     print(table(rows))
     print("p99 get: the event loop (session/get); p99 push: the loop and the single writer (session/push); "
           "other cpu: cores other processes used meanwhile (noise)")
