@@ -3,6 +3,7 @@
     ctxd                      serve one client over stdio (how editors and agents spawn it)
     ctxd --socket [PATH]      serve many clients on a Unix socket
     ctxd --tcp PORT           serve many clients on 127.0.0.1:PORT (token required)
+    ctxd mcp                  an MCP server over stdio for agents (docs/mcp.md)
 
 Logs go to stderr (or ``--log-file``), never to stdout: in stdio mode stdout carries
 nothing but protocol frames. Every file the daemon creates is private: the process
@@ -77,6 +78,11 @@ def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     os.umask(PRIVATE_UMASK)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["mcp"]:
+        from ctxd.mcp import main as mcp_main
+
+        return mcp_main(argv[1:])
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {}
 
