@@ -74,7 +74,7 @@ def page(header: str, items: list[Item], *, offset: int, total: int | None, max_
         if not shown:
             # Too large for a page of its own: show its beginning.
             text, chars = clip(item.text, max(budget, 1))
-            shown.append(text.rstrip() + "\n[... cut at the token cap]")
+            shown.append(text + "\n[... cut at the token cap]")
             hint = item.continue_hint(chars) if item.continue_hint else ""
             cut_note = f"The last item was cut after {chars:,} of {len(item.text):,} characters" + (
                 f"; the rest: {hint}." if hint else ".")
