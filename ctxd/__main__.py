@@ -3,6 +3,7 @@
     ctxd                      serve one client over stdio (how editors and agents spawn it)
     ctxd --socket [PATH]      serve many clients on a Unix socket
     ctxd --tcp PORT           serve many clients on 127.0.0.1:PORT (token required)
+    ctxd proxy [--port PORT]  an OpenAI/Anthropic/Ollama API proxy on 127.0.0.1 (docs/proxy.md)
     ctxd mcp                  an MCP server over stdio for agents (docs/mcp.md)
 
 Logs go to stderr (or ``--log-file``), never to stdout: in stdio mode stdout carries
@@ -79,6 +80,10 @@ def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     os.umask(PRIVATE_UMASK)
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["proxy"]:  # the LLM API proxy (docs/proxy.md)
+        from ctxd.proxy.main import main as proxy_main
+
+        return proxy_main(argv[1:])
     if argv[:1] == ["mcp"]:
         from ctxd.mcp import main as mcp_main
 

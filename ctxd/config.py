@@ -228,6 +228,29 @@ class ModelsConfig(_Section):
     """Model name (or prefix) to its maximum output tokens."""
 
 
+class ProxyConfig(_Section):
+    """``ctxd proxy``: an HTTP proxy on 127.0.0.1 for agents that speak the OpenAI, Anthropic
+    or Ollama API (see docs/proxy.md). Client credentials are forwarded, never stored."""
+
+    port: int = 8788
+    """Port on 127.0.0.1 (``ctxd proxy --port``; 0: any free port, printed at startup)."""
+    openai_base_url: str = "https://api.openai.com/v1"
+    """Upstream of ``/v1/chat/completions`` and other OpenAI paths (``/v1`` included)."""
+    anthropic_base_url: str = "https://api.anthropic.com"
+    """Upstream of ``/v1/messages`` and requests carrying ``anthropic-version``."""
+    ollama_base_url: str = "http://127.0.0.1:11434"
+    """Upstream of ``/api/chat`` and the other ``/api/*`` paths."""
+    context_window: int = 0
+    """Window of sessions the proxy creates (0: the request's ``X-Ctxd-Context-Window`` or
+    Ollama ``options.num_ctx``, else ctxd's own: ``[models]``, the model table, the default)."""
+    connect_timeout_seconds: float = 10
+    """Connecting to an upstream."""
+    upstream_timeout_seconds: float = 600
+    """Longest wait for the next bytes of an upstream answer; then the client gets a 504."""
+    daemon_connections: int = 4
+    """Connections to the ctxd daemon (sessions are spread over them; one session keeps one)."""
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
@@ -238,6 +261,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     snapshots: SnapshotsConfig = msgspec.field(default_factory=SnapshotsConfig)
     sessions: SessionsConfig = msgspec.field(default_factory=SessionsConfig)
     models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
+    proxy: ProxyConfig = msgspec.field(default_factory=ProxyConfig)
 
     # --- resolved paths ------------------------------------------------------------
 

@@ -1,0 +1,5 @@
+import sys
+
+from ctxd.proxy.main import main
+
+sys.exit(main())

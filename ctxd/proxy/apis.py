@@ -1,0 +1,425 @@
+"""What differs between the three APIs: where the system prompt is, how the upstream body
+is built from ctxd's prompt, how a reply (whole or streamed) is read back, usage, and
+how an error looks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxd.proxy.convert import Api, canonical_json, projection
+
+EPHEMERAL = {"type": "ephemeral"}
+MAX_BREAKPOINTS = 4
+
+
+# --- requests ----------------------------------------------------------------------------
+
+
+@dataclass
+class Split:
+    """A request's system part (as text, and as the client sent it) and its conversation."""
+
+    system_text: str
+    system_raw: Any
+    conversation: list[dict[str, Any]]
+    system_role: str = "system"
+
+
+def split(api: Api, body: dict[str, Any]) -> Split:
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    if api == "anthropic":
+        system = body.get("system")
+        if isinstance(system, str):
+            text = system
+        elif isinstance(system, list):
+            text = "\n\n".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("text"))
+        else:
+            text = ""
+        return Split(text, system, messages)
+    leading: list[dict[str, Any]] = []
+    for message in messages:
+        if message.get("role") in ("system", "developer"):
+            leading.append(message)
+        else:
+            break
+    texts = []
+    for message in leading:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.append("\n".join(p.get("text", "") for p in content if isinstance(p, dict)))
+    role = leading[0].get("role", "system") if leading else "system"
+    return Split("\n\n".join(t for t in texts if t), leading, messages[len(leading):], role)
+
+
+def is_streaming(api: Api, body: dict[str, Any]) -> bool:
+    if api == "ollama":
+        return body.get("stream") is not False  # Ollama streams unless told not to
+    return body.get("stream") is True
+
+
+def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -> list[Any]:
+    """ctxd's rendered conversation, with each message of its tail that ctxd renders as the
+    client sent it replaced by the client's own message (byte for byte: unmodelled blocks,
+    thinking signatures, ``cache_control`` included). Stops at the first difference."""
+    out: list[Any] = list(rendered)
+    j = 1
+    while j <= len(rendered) and j <= len(client):
+        if projection(api, rendered[-j]) != projection(api, client[-j]):
+            break
+        out[-j] = client[-j]
+        j += 1
+    return out
+
+
+def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str, Any] | None) -> dict[str, Any]:
+    """The request sent upstream: the client's body with its system part and messages
+    replaced by ctxd's prompt (``prompt`` None: the client's body as it is)."""
+    if prompt is None:
+        return body
+    out = dict(body)
+    if api == "anthropic":
+        system = prompt.get("system")
+        system_text = system if isinstance(system, str) else \
+            "\n\n".join(b.get("text", "") for b in system or [] if isinstance(b, dict))
+        messages = _align(api, list(prompt["messages"]), parts.conversation)
+        new_system: Any
+        added = False
+        if system_text == parts.system_text:
+            new_system = parts.system_raw
+        elif parts.system_text and system_text.startswith(parts.system_text + "\n\n"):
+            raw = parts.system_raw
+            blocks = [dict(b) for b in raw] if isinstance(raw, list) else [{"type": "text", "text": raw}]
+            blocks.append({"type": "text", "text": system_text[len(parts.system_text) + 2:],
+                           "cache_control": dict(EPHEMERAL)})
+            new_system, added = blocks, True
+        elif system_text:
+            new_system, added = [{"type": "text", "text": system_text, "cache_control": dict(EPHEMERAL)}], True
+        else:
+            new_system = None
+        if new_system is None:
+            out.pop("system", None)
+        else:
+            out["system"] = new_system
+        out["messages"] = _anthropic_breakpoints(out, messages, ctxd_system_breakpoint=added)
+        return out
+    rendered = list(prompt["messages"])
+    system_msgs: list[Any] = []
+    if rendered and rendered[0].get("role") == "system":
+        system_msgs = [rendered.pop(0)]
+    conversation = _align(api, rendered, parts.conversation)
+    system_text = system_msgs[0].get("content") if system_msgs else ""
+    if system_text == parts.system_text:
+        system_msgs = list(parts.system_raw)
+    elif system_msgs and parts.system_role != "system":
+        system_msgs = [dict(system_msgs[0], role=parts.system_role)]
+    out["messages"] = system_msgs + conversation
+    return out
+
+
+def _count_breakpoints(value: Any) -> int:
+    if isinstance(value, dict):
+        return int("cache_control" in value and value["cache_control"] is not None) + \
+            sum(_count_breakpoints(v) for k, v in value.items() if k != "cache_control")
+    if isinstance(value, list):
+        return sum(_count_breakpoints(v) for v in value)
+    return 0
+
+
+def _anthropic_breakpoints(body: dict[str, Any], messages: list[Any], *, ctxd_system_breakpoint: bool) -> list[Any]:
+    """Prompt-cache breakpoints (docs/proxy.md): the client's stay where they are; ctxd adds
+    one on the last block of the last message when no message carries one, and its system
+    addition carries one; over Anthropic's limit of 4, ctxd's own go first, then the
+    client's on the oldest messages."""
+    used = _count_breakpoints(body.get("tools")) + _count_breakpoints(body.get("system")) + \
+        _count_breakpoints(messages)
+    if messages and _count_breakpoints(messages) == 0 and used < MAX_BREAKPOINTS:
+        last = messages[-1]
+        content = last.get("content")
+        if isinstance(content, str) and content:
+            content = [{"type": "text", "text": content}]
+        if isinstance(content, list):
+            content = list(content)
+            for index in range(len(content) - 1, -1, -1):
+                block = content[index]
+                if isinstance(block, dict) and block.get("type") not in ("thinking", "redacted_thinking"):
+                    content[index] = dict(block, cache_control=dict(EPHEMERAL))
+                    messages = messages[:-1] + [dict(last, content=content)]
+                    used += 1
+                    break
+    if used > MAX_BREAKPOINTS and ctxd_system_breakpoint and isinstance(body.get("system"), list):
+        body["system"][-1].pop("cache_control", None)
+        used -= 1
+    index = 0
+    while used > MAX_BREAKPOINTS and index < len(messages):
+        message = messages[index]
+        content = message.get("content")
+        if isinstance(content, list) and _count_breakpoints(content):
+            stripped = []
+            for block in content:
+                if used > MAX_BREAKPOINTS and isinstance(block, dict) and "cache_control" in block:
+                    block = {k: v for k, v in block.items() if k != "cache_control"}
+                    used -= 1
+                stripped.append(block)
+            messages = messages[:index] + [dict(message, content=stripped)] + messages[index + 1:]
+        index += 1
+    return messages
+
+
+# --- replies -----------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """A reply as the client will send it back next time, its usage, and whether it is whole."""
+
+    message: dict[str, Any] | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    complete: bool = False
+    error: str | None = None
+
+
+def _ints(pairs: dict[str, Any]) -> dict[str, int]:
+    return {k: v for k, v in pairs.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+
+
+def usage_of(api: Api, usage: Any) -> dict[str, int]:
+    """Provider usage as ctxd's Usage (camelCase). Anthropic's cache counts are not part of
+    its input_tokens (ctxd's meaning); OpenAI's cached_tokens are, so they stay out."""
+    if not isinstance(usage, dict):
+        return {}
+    if api == "anthropic":
+        return _ints({"inputTokens": usage.get("input_tokens"), "outputTokens": usage.get("output_tokens"),
+                      "cacheReadTokens": usage.get("cache_read_input_tokens"),
+                      "cacheWriteTokens": usage.get("cache_creation_input_tokens")})
+    if api == "openai":
+        details = usage.get("completion_tokens_details") or {}
+        return _ints({"inputTokens": usage.get("prompt_tokens"), "outputTokens": usage.get("completion_tokens"),
+                      "totalTokens": usage.get("total_tokens"),
+                      "reasoningTokens": details.get("reasoning_tokens") if isinstance(details, dict) else None})
+    return _ints({"inputTokens": usage.get("prompt_eval_count"), "outputTokens": usage.get("eval_count")})
+
+
+def reply_of(api: Api, data: Any) -> Reply:
+    """The reply of a whole (non-streamed) answer."""
+    if not isinstance(data, dict):
+        return Reply(error="the answer is not a JSON object")
+    if api == "openai":
+        choices = data.get("choices") or []
+        message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+        if not isinstance(message, dict):
+            return Reply(error="the answer has no choices[0].message")
+        kept: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("tool_calls"):
+            kept["tool_calls"] = message["tool_calls"]
+        return Reply(kept, usage_of(api, data.get("usage")), True)
+    if api == "anthropic":
+        content = data.get("content")
+        if not isinstance(content, list):
+            return Reply(error="the answer has no content")
+        return Reply({"role": "assistant", "content": content}, usage_of(api, data.get("usage")), True)
+    message = data.get("message")
+    if not isinstance(message, dict):
+        return Reply(error="the answer has no message")
+    return Reply(_ollama_message(message), usage_of(api, data), bool(data.get("done", True)))
+
+
+def _ollama_message(message: dict[str, Any]) -> dict[str, Any]:
+    kept: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("thinking"):
+        kept["thinking"] = message["thinking"]
+    if message.get("tool_calls"):
+        kept["tool_calls"] = message["tool_calls"]
+    return kept
+
+
+class SSEDecoder:
+    """Server-sent events from a byte stream, as they complete: (event, data) pairs."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        self._buffer += chunk
+        events = []
+        while True:
+            best: tuple[int, int] | None = None
+            for sep in (b"\r\n\r\n", b"\n\n", b"\r\r"):
+                at = self._buffer.find(sep)
+                if at >= 0 and (best is None or at < best[0]):
+                    best = (at, len(sep))
+            if best is None:
+                return events
+            at, size = best
+            raw, self._buffer = self._buffer[:at], self._buffer[at + size:]
+            name, data = None, []
+            for line in raw.decode("utf-8", "replace").splitlines():
+                if line.startswith(":"):
+                    continue
+                key, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if key == "event":
+                    name = value
+                elif key == "data":
+                    data.append(value)
+            if data or name:
+                events.append((name, "\n".join(data)))
+
+
+class Assembler:
+    """Builds the reply from a streamed answer, event by event, as the bytes pass through."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.reply = Reply()
+        self._sse = SSEDecoder()
+        self._lines = b""
+        self._text: list[str] = []
+        self._thinking: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._ollama_calls: list[Any] = []
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._partial: dict[int, list[str]] = {}
+
+    def feed(self, chunk: bytes) -> None:
+        try:
+            if self.api == "ollama":
+                self._lines += chunk
+                *lines, self._lines = self._lines.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self._ollama(json.loads(line))
+                return
+            for event, data in self._sse.feed(chunk):
+                if self.api == "openai":
+                    self._openai(data)
+                else:
+                    self._anthropic(event, data)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            self.reply.error = f"unreadable stream event: {exc}"
+
+    # OpenAI: data: {chunk} ... data: [DONE]
+    def _openai(self, data: str) -> None:
+        if data.strip() == "[DONE]":
+            self.reply.complete = True
+            return
+        event = json.loads(data)
+        if "error" in event:
+            self.reply.error = canonical_json(event["error"])
+            return
+        if event.get("usage"):
+            self.reply.usage = usage_of("openai", event["usage"])
+        for choice in event.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self._text.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                slot = self._calls.setdefault(call.get("index", 0), {"id": None, "name": "", "arguments": []})
+                if call.get("id"):
+                    slot["id"] = call["id"]
+                function = call.get("function") or {}
+                if function.get("name"):
+                    slot["name"] += function["name"]
+                if function.get("arguments"):
+                    slot["arguments"].append(function["arguments"])
+            if choice.get("finish_reason"):
+                self._finish_openai()
+
+    def _finish_openai(self) -> None:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._text) or None}
+        if self._calls:
+            message["tool_calls"] = [
+                {"id": slot["id"], "type": "function",
+                 "function": {"name": slot["name"], "arguments": "".join(slot["arguments"])}}
+                for _, slot in sorted(self._calls.items())]
+        self.reply.message = message
+
+    # Anthropic: message_start, content_block_*, message_delta, message_stop
+    def _anthropic(self, event: str | None, data: str) -> None:
+        payload = json.loads(data)
+        kind = payload.get("type", event)
+        if kind == "message_start":
+            self.reply.usage = usage_of("anthropic", (payload.get("message") or {}).get("usage"))
+        elif kind == "content_block_start":
+            self._blocks[payload["index"]] = dict(payload.get("content_block") or {})
+        elif kind == "content_block_delta":
+            block = self._blocks.setdefault(payload["index"], {"type": "text", "text": ""})
+            delta = payload.get("delta") or {}
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                block["text"] = block.get("text", "") + delta.get("text", "")
+            elif dtype == "input_json_delta":
+                self._partial.setdefault(payload["index"], []).append(delta.get("partial_json", ""))
+            elif dtype == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+            elif dtype == "signature_delta":
+                block["signature"] = delta.get("signature")
+            elif dtype == "citations_delta":
+                block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "content_block_stop":
+            index = payload["index"]
+            if index in self._partial:
+                text = "".join(self._partial.pop(index))
+                self._blocks[index]["input"] = json.loads(text) if text.strip() else {}
+        elif kind == "message_delta":
+            self.reply.usage.update(usage_of("anthropic", payload.get("usage")))
+        elif kind == "message_stop":
+            self.reply.message = {"role": "assistant", "content": [b for _, b in sorted(self._blocks.items())]}
+            self.reply.complete = True
+        elif kind == "error":
+            self.reply.error = canonical_json(payload.get("error"))
+
+    # Ollama: one JSON object per line, the last with done: true
+    def _ollama(self, event: dict[str, Any]) -> None:
+        if "error" in event:
+            self.reply.error = str(event["error"])
+            return
+        message = event.get("message") or {}
+        if isinstance(message.get("content"), str):
+            self._text.append(message["content"])
+        if isinstance(message.get("thinking"), str):
+            self._thinking.append(message["thinking"])
+        self._ollama_calls.extend(message.get("tool_calls") or [])
+        if event.get("done"):
+            whole = {"content": "".join(self._text), "thinking": "".join(self._thinking),
+                     "tool_calls": self._ollama_calls}
+            self.reply.message = _ollama_message(whole)
+            self.reply.usage = usage_of("ollama", event)
+            self.reply.complete = True
+
+    def finish(self) -> Reply:
+        if self.api == "openai" and self.reply.complete and self.reply.message is None:
+            self._finish_openai()
+        if self.api == "openai" and self.reply.message is not None and not self.reply.complete:
+            self.reply.complete = True  # a finish_reason was seen: some servers send no [DONE]
+        return self.reply
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def error_body(api: Api, status: int, message: str) -> dict[str, Any]:
+    if api == "ollama":
+        return {"error": message}
+    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
+            503: "overloaded_error" if api == "anthropic" else "service_unavailable",
+            504: "timeout_error"}.get(status, "api_error")
+    if api == "anthropic":
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def stream_error(api: Api, message: str) -> bytes:
+    """An error event in the stream's own format (after a 200 was sent, the status cannot
+    change): the SDKs raise it as an API error."""
+    if api == "ollama":
+        return (json.dumps({"error": message}) + "\n").encode()
+    body = error_body(api, 500, message)
+    if api == "anthropic":
+        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+    return b"data: " + json.dumps(body).encode() + b"\n\n"

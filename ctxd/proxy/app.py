@@ -1,0 +1,291 @@
+"""The Starlette application: the three chat endpoints, count_tokens, and pass-through.
+
+Nothing here parses HTTP: Starlette/uvicorn serve the client, httpx talks to the
+upstream. Request headers are forwarded as the client sent them (credentials included)
+and never logged; ``X-Ctxd-*`` headers are the proxy's own and are not forwarded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ctxd.client import DaemonUnavailable, RpcError
+from ctxd.config import ProxyConfig
+from ctxd.protocol.errors import ErrorCode
+from ctxd.proxy import apis
+from ctxd.proxy.convert import Api
+from ctxd.proxy.sessions import Conversation, Sessions, Tracked, conversation
+
+log = logging.getLogger("ctxd.proxy")
+
+SESSION_HEADER = "x-ctxd-session"
+WINDOW_HEADER = "x-ctxd-context-window"
+HOP_BY_HOP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                        "trailer", "trailers", "transfer-encoding", "upgrade", "content-length"})
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig, sessions: Sessions, http: httpx.AsyncClient) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.http = http
+
+    # --- upstream addresses and headers ----------------------------------------------
+
+    def upstream_url(self, api: Api, path: str) -> str:
+        if api == "openai":
+            base = self.config.openai_base_url.rstrip("/")
+            tail = path[3:] if path.startswith("/v1/") or path == "/v1" else path
+            return base + tail
+        base = self.config.anthropic_base_url if api == "anthropic" else self.config.ollama_base_url
+        return base.rstrip("/") + path
+
+    @staticmethod
+    def forward_headers(request: Request, *, json_body: bool) -> dict[str, str]:
+        out = {k: v for k, v in request.headers.items()
+               if k.lower() not in HOP_BY_HOP and not k.lower().startswith("x-ctxd-")}
+        if json_body:
+            out["accept-encoding"] = "identity"  # the proxy reads the answer
+            out["content-type"] = "application/json"
+        return out
+
+    @staticmethod
+    def back_headers(response: httpx.Response, *, decoded: bool) -> dict[str, str]:
+        drop = HOP_BY_HOP | ({"content-encoding"} if decoded else frozenset())
+        return {k: v for k, v in response.headers.items() if k.lower() not in drop}
+
+    # --- the chat endpoints -----------------------------------------------------------
+
+    async def chat(self, request: Request, api: Api) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return await self.passthrough(request, api, body=raw)
+        parts = apis.split(api, body)
+        conv = conversation(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
+                            window=self._window(api, request, body))
+        try:
+            tracked = await self.sessions.sync(conv)
+            chain_then = list(tracked.chain)
+            prompt = await self.sessions.prompt(tracked, api)
+        except RpcError as exc:
+            return self._ctxd_error(api, exc)
+        except (DaemonUnavailable, OSError) as exc:
+            return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
+                                status_code=503)
+        out = apis.upstream_body(api, body, parts, prompt)
+        log.debug("session %s: %d messages from the client, %d sent upstream (%d tokens)", tracked.id,
+                  len(parts.conversation), len(out.get("messages") or []), prompt.get("tokens", 0))
+        upstream = self.http.build_request("POST", self.upstream_url(api, request.url.path),
+                                           headers=self.forward_headers(request, json_body=True),
+                                           params=request.query_params, content=json.dumps(out).encode())
+        streaming = apis.is_streaming(api, body)
+        try:
+            response = await self.http.send(upstream, stream=streaming)
+        except httpx.TimeoutException as exc:
+            return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
+        except httpx.HTTPError as exc:
+            return self._upstream_error(api, 502, f"the upstream could not be reached: {type(exc).__name__}: {exc}")
+        if not streaming or response.status_code != 200:
+            if streaming:
+                try:
+                    await response.aread()
+                except httpx.HTTPError as exc:
+                    await response.aclose()
+                    return self._upstream_error(api, 502, f"the upstream's error answer was cut: {exc}")
+                finally:
+                    await response.aclose()
+            if response.status_code == 200:
+                await self._push_whole(api, conv, tracked, chain_then, response)
+            return Response(response.content, status_code=response.status_code,
+                            headers=self.back_headers(response, decoded=True))
+        return StreamingResponse(self._relay(api, conv, tracked, chain_then, response),
+                                 status_code=response.status_code,
+                                 headers=self.back_headers(response, decoded=True))
+
+    def _window(self, api: Api, request: Request, body: dict[str, Any]) -> int | None:
+        header = request.headers.get(WINDOW_HEADER)
+        if header and header.strip().isdigit():
+            return int(header)
+        if api == "ollama":
+            num_ctx = (body.get("options") or {}).get("num_ctx") if isinstance(body.get("options"), dict) else None
+            if isinstance(num_ctx, int) and num_ctx > 0:
+                return num_ctx
+        return None
+
+    async def _push_whole(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
+                          response: httpx.Response) -> None:
+        try:
+            reply = apis.reply_of(api, response.json())
+        except ValueError:
+            log.warning("session %s: the upstream's answer is not JSON; nothing pushed", tracked.id)
+            return
+        await self._push_reply(conv, tracked, chain_then, reply)
+
+    async def _push_reply(self, conv: Conversation, tracked: Tracked, chain_then: list[str],
+                          reply: apis.Reply) -> None:
+        if reply.error or not reply.complete or reply.message is None:
+            log.warning("session %s: the reply is not pushed (%s)", tracked.id, reply.error or "incomplete")
+            return
+        try:
+            await self.sessions.push_reply(tracked, chain_then, conv, reply.message, reply.usage)
+        except (RpcError, DaemonUnavailable, OSError) as exc:
+            # The client has its answer; it sends the reply back with its next request,
+            # which pushes it then (without usage).
+            log.warning("session %s: pushing the reply failed: %s", tracked.id, exc)
+
+    async def _relay(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
+                     response: httpx.Response) -> AsyncIterator[bytes]:
+        """Each upstream chunk goes to the client as it arrives; the reply is assembled on
+        the way and pushed once the stream ended whole. A client that hangs up cancels
+        this generator, which closes the upstream request."""
+        assembler = apis.Assembler(api)
+        try:
+            try:
+                async for chunk in response.aiter_bytes():
+                    assembler.feed(chunk)
+                    yield chunk
+            except httpx.TimeoutException:
+                log.warning("session %s: the upstream stream stalled; ended with an error event", tracked.id)
+                yield apis.stream_error(api, "ctxd proxy: the upstream stopped sending (timeout)")
+                return
+            except httpx.HTTPError as exc:
+                log.warning("session %s: the upstream stream broke: %s", tracked.id, type(exc).__name__)
+                yield apis.stream_error(api, f"ctxd proxy: the upstream stream broke: {type(exc).__name__}")
+                return
+            reply = assembler.finish()
+            if not reply.complete and not reply.error:
+                log.warning("session %s: the upstream stream ended before its end", tracked.id)
+                yield apis.stream_error(api, "ctxd proxy: the upstream stream ended before its end")
+                return
+            await self._push_reply(conv, tracked, chain_then, reply)
+        finally:
+            await response.aclose()
+
+    def _ctxd_error(self, api: Api, exc: RpcError) -> Response:
+        if exc.code == ErrorCode.ContextOverflow:
+            # What the providers answer for a prompt too long: agents compact on it.
+            return JSONResponse(apis.error_body(api, 400, f"prompt is too long: {exc.message}"), status_code=400)
+        log.warning("ctxd refused: %s", exc)
+        return JSONResponse(apis.error_body(api, 500, f"ctxd proxy: ctxd refused the request: {exc}"),
+                            status_code=500)
+
+    @staticmethod
+    def _upstream_error(api: Api, status: int, message: str) -> Response:
+        log.warning("%s", message)
+        return JSONResponse(apis.error_body(api, status, f"ctxd proxy: {message}"), status_code=status)
+
+    # --- count_tokens -----------------------------------------------------------------
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Counts what ``/v1/messages`` would send now: ctxd's prompt for the session plus
+        the client's messages it does not hold yet (nothing is pushed or created)."""
+        api: Api = "anthropic"
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return await self.passthrough(request, api, body=raw)
+        parts = apis.split(api, body)
+        conv = conversation(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
+                            window=self._window(api, request, body))
+        out = body
+        try:
+            tracked, held = await self.sessions.peek(conv)
+            if tracked is not None and held >= 0:
+                prompt = await self.sessions.prompt(tracked, api)
+                new_raw = [raw_message for _, _, raw_message in conv.items[held:]]
+                prompt = dict(prompt, messages=list(prompt["messages"]) + new_raw)
+                out = apis.upstream_body(api, body, parts, prompt)
+        except RpcError as exc:
+            return self._ctxd_error(api, exc)
+        except (DaemonUnavailable, OSError) as exc:
+            return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
+                                status_code=503)
+        try:
+            response = await self.http.post(self.upstream_url(api, request.url.path), content=json.dumps(out).encode(),
+                                             headers=self.forward_headers(request, json_body=True),
+                                             params=request.query_params)
+        except httpx.TimeoutException as exc:
+            return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
+        except httpx.HTTPError as exc:
+            return self._upstream_error(api, 502, f"the upstream could not be reached: {type(exc).__name__}")
+        return Response(response.content, status_code=response.status_code,
+                        headers=self.back_headers(response, decoded=True))
+
+    # --- everything else ----------------------------------------------------------------
+
+    def api_of(self, request: Request) -> Api:
+        path = request.url.path
+        if path.startswith("/api/"):
+            return "ollama"
+        if "anthropic-version" in request.headers or "x-api-key" in request.headers:
+            return "anthropic"
+        return "openai"
+
+    async def passthrough(self, request: Request, api: Api | None = None, *, body: bytes | None = None) -> Response:
+        """Forward unchanged, both ways, streaming (``/v1/models``, ``/api/tags``, ``/api/show``...)."""
+        api = api or self.api_of(request)
+        content: Any = body if body is not None else request.stream()
+        upstream = self.http.build_request(request.method, self.upstream_url(api, request.url.path),
+                                           headers=self.forward_headers(request, json_body=False),
+                                           params=request.query_params, content=content)
+        try:
+            response = await self.http.send(upstream, stream=True)
+        except httpx.TimeoutException as exc:
+            return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
+        except httpx.HTTPError as exc:
+            return self._upstream_error(api, 502, f"the upstream could not be reached: {type(exc).__name__}")
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            except httpx.HTTPError as exc:
+                log.warning("pass-through of %s broke: %s", request.url.path, type(exc).__name__)
+            finally:
+                await response.aclose()
+
+        return StreamingResponse(relay(), status_code=response.status_code,
+                                 headers=self.back_headers(response, decoded=False))
+
+
+def build_app(proxy: Proxy) -> Starlette:
+    async def openai(request: Request) -> Response:
+        return await proxy.chat(request, "openai")
+
+    async def anthropic(request: Request) -> Response:
+        return await proxy.chat(request, "anthropic")
+
+    async def ollama(request: Request) -> Response:
+        return await proxy.chat(request, "ollama")
+
+    async def count(request: Request) -> Response:
+        return await proxy.count_tokens(request)
+
+    async def other(request: Request) -> Response:
+        return await proxy.passthrough(request)
+
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+    return Starlette(routes=[
+        Route("/v1/chat/completions", openai, methods=["POST"]),
+        Route("/chat/completions", openai, methods=["POST"]),
+        Route("/v1/messages", anthropic, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count, methods=["POST"]),
+        Route("/api/chat", ollama, methods=["POST"]),
+        Route("/{path:path}", other, methods=methods),
+    ])

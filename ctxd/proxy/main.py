@@ -1,0 +1,105 @@
+"""``ctxd proxy``: serve the OpenAI, Anthropic and Ollama chat APIs on 127.0.0.1, with
+ctxd managing each conversation's context (docs/proxy.md).
+
+    ctxd proxy [--port PORT] [--socket PATH] [--data-dir DIR] [--config FILE] [--set k=v] [-v]
+
+Prints ``ctxd proxy: listening on http://127.0.0.1:PORT`` on stdout once it accepts
+connections (with ``--port 0``, the port the system chose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from ctxd.config import ConfigError, load_config, parse_assignment
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ctxd proxy", description="An LLM API proxy on 127.0.0.1 backed by ctxd.")
+    p.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (proxy.port; 0: any free port)")
+    p.add_argument("--socket", metavar="PATH", help="the ctxd daemon's socket (daemon.socket); started if none answers")
+    p.add_argument("--no-autostart", action="store_true", help="fail instead of starting a daemon")
+    p.add_argument("--data-dir", metavar="DIR", help="data directory of a daemon the proxy starts (daemon.data_dir)")
+    p.add_argument("--config", metavar="FILE", help="configuration file (default ~/.config/ctxd/config.toml)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="set any configuration key (repeatable), e.g. proxy.anthropic_base_url=...")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {}
+    try:
+        for assignment in args.set:
+            section, key, value = parse_assignment(assignment)
+            overrides.setdefault(section, {})[key] = value
+        if args.port is not None:
+            overrides.setdefault("proxy", {})["port"] = args.port
+        if args.socket:
+            overrides.setdefault("daemon", {})["socket"] = args.socket
+        if args.data_dir:
+            overrides.setdefault("daemon", {})["data_dir"] = args.data_dir
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"ctxd proxy: configuration error: {exc}", file=sys.stderr)
+        return 2
+    level = "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.daemon.log_level
+    logging.basicConfig(stream=sys.stderr, level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", config.proxy.port))
+        sock.listen(1024)
+    except OSError as exc:
+        print(f"ctxd proxy: cannot listen on 127.0.0.1:{config.proxy.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(config, sock, autostart=not args.no_autostart, config_file=args.config))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_file: str | None) -> int:
+    import httpx
+    import uvicorn
+
+    from ctxd.client import DaemonUnavailable
+    from ctxd.proxy.app import Proxy, build_app
+    from ctxd.proxy.sessions import DaemonLink, Sessions
+
+    os.umask(0o077)  # a daemon this proxy starts keeps its files private
+    link = DaemonLink(Path(config.socket_path), connections=config.proxy.daemon_connections, autostart=autostart,
+                      data_dir=config.daemon.data_dir or None, config_file=config_file)
+    try:
+        await link.start()
+    except DaemonUnavailable as exc:
+        print(f"ctxd proxy: {exc}", file=sys.stderr)
+        return 2
+    timeout = httpx.Timeout(config.proxy.upstream_timeout_seconds, connect=config.proxy.connect_timeout_seconds)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
+        proxy = Proxy(config.proxy, Sessions(link, default_window=config.proxy.context_window), http)
+        server = uvicorn.Server(uvicorn.Config(build_app(proxy), log_level="warning", access_log=False,
+                                               lifespan="off", timeout_graceful_shutdown=5))
+        port = sock.getsockname()[1]
+        print(f"ctxd proxy: listening on http://127.0.0.1:{port}", flush=True)
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            await link.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

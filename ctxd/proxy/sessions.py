@@ -1,0 +1,333 @@
+"""The proxy's side of ctxd sessions: which session a request belongs to, which of its
+messages are new, pushing them and the reply, and the prompt to send.
+
+Every message the proxy pushes carries ``metadata.ctxdProxy.hash``: a hash chain over
+the conversation (each message's projection, see ``convert.py``, hashed with the previous
+hash), and the same value, prefixed, as its idempotency key. The session's chain is kept
+in memory and rebuilt from history after a restart; a client whose chain extends the
+session's gets the rest pushed; any other is a disagreement (docs/proxy.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
+from ctxd.protocol.errors import ErrorCode
+from ctxd.proxy.apis import Split
+from ctxd.proxy.convert import Api, chain_hash, chain_part, to_ctxd
+
+log = logging.getLogger("ctxd.proxy")
+
+META = "ctxdProxy"
+PUSH_BATCH = 100
+
+
+class DaemonLink:
+    """A few connections to the ctxd daemon (started when none answers); a session always
+    uses the same one, so its requests stay in order."""
+
+    def __init__(self, socket_path: Path, *, connections: int = 4, autostart: bool = True,
+                 data_dir: str | None = None, config_file: str | None = None) -> None:
+        self.socket_path = socket_path
+        self.size = max(1, connections)
+        self.autostart = autostart
+        self.data_dir = data_dir
+        self.config_file = config_file
+        self._clients: list[Client | None] = [None] * self.size
+        self._locks = [asyncio.Lock() for _ in range(self.size)]
+
+    async def _client(self, slot: int) -> Client:
+        async with self._locks[slot]:
+            client = self._clients[slot]
+            if client is None or getattr(client, "_closed", False):
+                client = await connect_or_start(self.socket_path, autostart=self.autostart, data_dir=self.data_dir,
+                                                config_file=self.config_file, client_name="ctxd-proxy")
+                self._clients[slot] = client
+            return client
+
+    async def start(self) -> None:
+        await self._client(0)
+
+    def slot(self, session_id: str) -> int:
+        return zlib.crc32(session_id.encode()) % self.size
+
+    async def request(self, session_id: str, method: str, params: Any) -> Any:
+        slot = self.slot(session_id)
+        for attempt in (1, 2):
+            client = await self._client(slot)
+            try:
+                return await client.request(method, params)
+            except DaemonUnavailable:
+                self._clients[slot] = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        for client in self._clients:
+            if client is not None:
+                await client.close()
+
+
+@dataclass
+class Tracked:
+    """A session the proxy pushes to: its id, the hash chain of what it pushed, its system prompt."""
+
+    id: str
+    chain: list[str]
+    system: str | None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
+class Conversation:
+    """One request's conversation, ready to compare with its session."""
+
+    api: Api
+    model: str | None
+    base_id: str
+    explicit: bool
+    window: int | None
+    parts: Split
+    items: list[tuple[dict[str, Any], list[Any], dict[str, Any]]]  # (ctxd message, chain part, raw)
+    chain: list[str]
+
+
+def derive_session_id(api: Api, model: str | None, parts: Split) -> str:
+    """``proxy-<api>-<hash>``: the hash of the model, the system prompt and the first user
+    message (its text as ctxd models it): one agent conversation, one session."""
+    first = next((chain_part(api, m) for m in parts.conversation if m.get("role") == "user"), None)
+    material = "\n".join([api, model or "", parts.system_text, repr(first)])
+    return f"proxy-{api}-{hashlib.sha256(material.encode()).hexdigest()[:16]}"
+
+
+def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str | None, window: int | None
+                 ) -> Conversation:
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    items: list[tuple[dict[str, Any], list[Any], dict[str, Any]]] = []
+    call_ids: dict[int, list[str]] = {}
+    chain: list[str] = []
+    offset = len(parts.system_raw) if isinstance(parts.system_raw, list) and api != "anthropic" else 0
+    for position, raw in enumerate(parts.conversation):
+        message = to_ctxd(api, raw, call_ids=call_ids, position=offset + position)
+        part = chain_part(api, raw)
+        if message is None or part is None:
+            continue
+        chain.append(chain_hash(chain[-1] if chain else "", part))
+        items.append((message, part, raw))
+    base = session if session else derive_session_id(api, model, parts)
+    return Conversation(api, model, base, bool(session), window, parts, items, chain)
+
+
+def reply_item(api: Api, conv: Conversation, message: dict[str, Any]) -> tuple[dict[str, Any], list[Any]] | None:
+    """The reply as ctxd stores it, and its chain part (as the client will send it back)."""
+    call_ids: dict[int, list[str]] = {}
+    offset = len(conv.parts.system_raw) if isinstance(conv.parts.system_raw, list) and api != "anthropic" else 0
+    converted = to_ctxd(api, message, call_ids=call_ids, position=offset + len(conv.parts.conversation))
+    part = chain_part(api, message)
+    if converted is None or part is None:
+        return None
+    return converted, part
+
+
+class Sessions:
+    def __init__(self, link: DaemonLink, *, default_window: int = 0) -> None:
+        self.link = link
+        self.default_window = default_window
+        self._tracked: dict[str, Tracked] = {}
+        self._aliases: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # --- finding sessions ------------------------------------------------------------
+
+    async def _get(self, session_id: str) -> dict[str, Any] | None:
+        try:
+            return await self.link.request(session_id, "session/get", {"sessionId": session_id})
+        except RpcError as exc:
+            if exc.code == ErrorCode.SessionNotFound:
+                return None
+            raise
+
+    async def _load(self, info: dict[str, Any]) -> Tracked:
+        """A stored session's chain, from the hashes its pushed messages carry."""
+        session_id = info["sessionId"]
+        chain: list[str] = []
+        next_seq: int | None = 1
+        while next_seq is not None:
+            page = await self.link.request(session_id, "session/history",
+                                           {"sessionId": session_id, "from": next_seq, "limit": 500})
+            for entry in page.get("messages") or []:
+                meta = ((entry.get("message") or {}).get("metadata") or {}).get(META) or {}
+                if isinstance(meta, dict) and isinstance(meta.get("hash"), str):
+                    chain.append(meta["hash"])
+            next_seq = page.get("nextSeq")
+        return Tracked(session_id, chain, info.get("systemPrompt"))
+
+    async def resolve(self, base_id: str) -> Tracked | None:
+        """The session a conversation continues (following forks), or None."""
+        session_id = base_id
+        for _ in range(1000):
+            session_id = self._aliases.get(session_id, session_id)
+            tracked = self._tracked.get(session_id)
+            if tracked is not None:
+                return tracked
+            info = await self._get(session_id)
+            if info is None:
+                return None
+            successor = ((info.get("metadata") or {}).get(META) or {}).get("successor")
+            if isinstance(successor, str) and successor != session_id:
+                self._aliases[session_id] = successor
+                session_id = successor
+                continue
+            tracked = await self._load(info)
+            self._tracked[session_id] = tracked
+            return tracked
+        raise RuntimeError(f"session {base_id}: too many forks")
+
+    async def _create(self, conv: Conversation, session_id: str, meta: dict[str, Any]) -> Tracked:
+        params: dict[str, Any] = {"sessionId": session_id, "provider": conv.api, "tags": ["proxy"],
+                                  "metadata": {META: dict(meta, api=conv.api)}}
+        if conv.model:
+            params["model"] = conv.model
+        window = conv.window or self.default_window
+        if window:
+            params["contextWindow"] = window
+        if conv.parts.system_text:
+            params["systemPrompt"] = conv.parts.system_text
+        first_user = next((m for m, _, _ in conv.items if m.get("role") == "user"), None)
+        if first_user is not None:
+            content = first_user.get("content")
+            text = content if isinstance(content, str) else " ".join(
+                b.get("text", "") for b in content or [] if isinstance(b, dict))
+            if text.strip():
+                params["title"] = " ".join(text.split())[:80]
+        try:
+            info = await self.link.request(session_id, "session/create", params)
+        except RpcError as exc:
+            if exc.code != ErrorCode.SessionExists:
+                raise
+            info = await self._get(session_id)
+            if info is None:
+                raise
+            tracked = await self._load(info)
+            self._tracked[session_id] = tracked
+            return tracked
+        tracked = Tracked(session_id, [], info.get("systemPrompt"))
+        self._tracked[session_id] = tracked
+        return tracked
+
+    async def _fork(self, conv: Conversation, old: Tracked, at: int) -> Tracked:
+        """The client's history disagrees with the session's from message ``at`` on: a new
+        session (``<root>~N``) takes the client's whole conversation; each names the other
+        in its metadata (``forkedFrom`` / ``successor``), and the old one is left as it is."""
+        root = old.id.split("~", 1)[0]
+        n = 2
+        while True:
+            candidate = f"{root}~{n}"
+            if candidate not in self._tracked and await self._get(candidate) is None:
+                break
+            n += 1
+        log.warning("session %s: the client's history differs from the session's at message %d "
+                    "(client %d messages, session %d); continuing in new session %s",
+                    old.id, at + 1, len(conv.chain), len(old.chain), candidate)
+        tracked = await self._create(conv, candidate, {"forkedFrom": old.id, "forkedAt": at + 1})
+        info = await self._get(old.id)
+        metadata = dict((info or {}).get("metadata") or {})
+        metadata[META] = dict(metadata.get(META) or {}, successor=candidate)
+        await self.link.request(old.id, "session/update", {"sessionId": old.id, "metadata": metadata})
+        self._aliases[old.id] = candidate
+        self._tracked.pop(old.id, None)
+        return tracked
+
+    def lock(self, base_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(base_id, asyncio.Lock())
+
+    # --- what a request does -----------------------------------------------------------
+
+    async def sync(self, conv: Conversation) -> Tracked:
+        """Make the session hold the client's conversation: push what it lacks (or fork)."""
+        async with self.lock(conv.base_id):
+            tracked = await self.resolve(conv.base_id)
+            if tracked is None:
+                tracked = await self._create(conv, conv.base_id, {})
+            async with tracked.lock:
+                known = tracked.chain
+                if len(known) > len(conv.chain) or conv.chain[:len(known)] != known:
+                    at = next((i for i, (a, b) in enumerate(zip(known, conv.chain)) if a != b),
+                              min(len(known), len(conv.chain)))
+                    fork = await self._fork(conv, tracked, at)
+                    async with fork.lock:
+                        await self._push_new(conv, fork)
+                    return fork
+                await self._push_new(conv, tracked)
+                return tracked
+
+    async def _push_new(self, conv: Conversation, tracked: Tracked) -> None:
+        if conv.parts.system_text and conv.parts.system_text != (tracked.system or ""):
+            await self.link.request(tracked.id, "session/update",
+                                    {"sessionId": tracked.id, "systemPrompt": conv.parts.system_text})
+            tracked.system = conv.parts.system_text
+        start = len(tracked.chain)
+        for begin in range(start, len(conv.items), PUSH_BATCH):
+            batch = []
+            for index in range(begin, min(begin + PUSH_BATCH, len(conv.items))):
+                batch.append(self._stamped(conv.items[index][0], conv.chain[index]))
+            await self.link.request(tracked.id, "session/push", {"sessionId": tracked.id, "messages": batch})
+            tracked.chain = conv.chain[:begin + len(batch)]
+
+    @staticmethod
+    def _stamped(message: dict[str, Any], hash_: str, usage: dict[str, int] | None = None) -> dict[str, Any]:
+        out = dict(message)
+        metadata = dict(out.pop("metadata", None) or {})
+        own: dict[str, Any] = {"hash": hash_}
+        if "ctxdProxyUnkept" in metadata:
+            own["unkept"] = metadata.pop("ctxdProxyUnkept")
+        metadata[META] = own
+        out["metadata"] = metadata
+        out["idempotencyKey"] = f"ctxd-proxy:{hash_}"
+        if usage:
+            out["usage"] = usage
+        return out
+
+    async def prompt(self, tracked: Tracked, fmt: Api) -> dict[str, Any]:
+        params = {"sessionId": tracked.id, "format": fmt}
+        if fmt == "anthropic":
+            params["cacheControl"] = False  # the proxy places breakpoints (apis.py)
+        return await self.link.request(tracked.id, "context/prompt", params)
+
+    async def push_reply(self, tracked: Tracked, chain_then: list[str], conv: Conversation,
+                         message: dict[str, Any], usage: dict[str, int]) -> bool:
+        """Push the upstream's reply, unless the session moved on meanwhile (another request
+        of the conversation already pushed the client's copy of it)."""
+        item = reply_item(conv.api, conv, message)
+        if item is None:
+            return False
+        converted, part = item
+        async with tracked.lock:
+            if tracked.chain != chain_then:
+                log.info("session %s: the reply is not pushed, the session moved on meanwhile", tracked.id)
+                return False
+            hash_ = chain_hash(chain_then[-1] if chain_then else "", part)
+            await self.link.request(tracked.id, "session/push",
+                                    {"sessionId": tracked.id, "messages": [self._stamped(converted, hash_, usage)]})
+            tracked.chain = chain_then + [hash_]
+            return True
+
+    async def peek(self, conv: Conversation) -> tuple[Tracked | None, int]:
+        """For count_tokens: the session as it is (nothing pushed, nothing created) and how
+        many of the client's messages it already holds (-1: it disagrees)."""
+        async with self.lock(conv.base_id):
+            tracked = await self.resolve(conv.base_id)
+        if tracked is None:
+            return None, -1
+        known = tracked.chain
+        if len(known) > len(conv.chain) or conv.chain[:len(known)] != known:
+            return tracked, -1
+        return tracked, len(known)

@@ -1,0 +1,138 @@
+"""Fixtures of the proxy suite: a fake upstream (tests/proxy/upstream.py), a real ctxd
+daemon on a Unix socket, and ``ctxd proxy`` in a subprocess between them."""
+
+from __future__ import annotations
+
+import select
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from ctxd.client import Client
+from tests.e2e.helpers import CTXD, Daemon, daemon_env, short_dir
+from tests.proxy.upstream import FakeUpstream
+
+
+class ProxyProcess:
+    """``ctxd proxy --port 0`` pointed at ``upstream`` for all three APIs."""
+
+    def __init__(self, socket_path: Path, upstream: FakeUpstream, log_path: Path, args: list[str]) -> None:
+        self.socket_path = socket_path
+        self.log_path = log_path
+        self.command = [*CTXD, "proxy", "--port", "0", "--socket", str(socket_path), "--no-autostart", "-vv",
+                        "--set", f"proxy.openai_base_url={upstream.url}/v1",
+                        "--set", f"proxy.anthropic_base_url={upstream.url}",
+                        "--set", f"proxy.ollama_base_url={upstream.url}", *args]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> "ProxyProcess":
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                                         env=daemon_env(), close_fds=True)
+        finally:
+            log.close()
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 30
+        line = b""
+        while time.monotonic() < deadline and not line.endswith(b"\n"):
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+            if ready:
+                byte = self.proc.stdout.read(1)
+                if not byte:
+                    break
+                line += byte
+        if b"listening on " not in line:
+            self.stop()
+            raise AssertionError(f"ctxd proxy did not start: {line!r}\n{self.log()}")
+        self.url = line.decode().split("listening on ", 1)[1].strip()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(15)
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream() as server:
+        yield server
+
+
+@pytest.fixture
+def base_dir() -> Iterator[Path]:
+    path = short_dir("ctxd-proxy-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def ctxd_daemon(base_dir: Path) -> Iterator[Daemon]:
+    daemon = Daemon(base_dir / "data", socket_path=base_dir / "run" / "ctxd.sock")
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture
+def start_proxy(ctxd_daemon: Daemon, upstream: FakeUpstream, base_dir: Path) -> Iterator[Any]:
+    """``start_proxy(*extra_args)``: a running proxy (stopped after the test)."""
+    proxies: list[ProxyProcess] = []
+
+    def start(*args: str) -> ProxyProcess:
+        assert ctxd_daemon.socket_path is not None
+        proxy = ProxyProcess(ctxd_daemon.socket_path, upstream, base_dir / f"proxy{len(proxies)}.log", list(args))
+        proxies.append(proxy)
+        return proxy.start()
+
+    yield start
+    for proxy in proxies:
+        proxy.stop()
+
+
+@pytest.fixture
+def proxy(start_proxy: Any) -> ProxyProcess:
+    return start_proxy()
+
+
+async def ctxd_client(daemon: Daemon) -> Client:
+    assert daemon.socket_path is not None
+    client = await Client.connect_unix(daemon.socket_path)
+    await client.initialize(client_name="proxy-test")
+    return client
+
+
+async def history(daemon: Daemon, session_id: str) -> list[dict[str, Any]]:
+    """Every message of a session, as stored."""
+    client = await ctxd_client(daemon)
+    try:
+        out: list[dict[str, Any]] = []
+        seq: int | None = 1
+        while seq is not None:
+            page = await client.request("session/history", {"sessionId": session_id, "from": seq, "limit": 500})
+            out += [entry["message"] for entry in page["messages"]]
+            seq = page.get("nextSeq")
+        return out
+    finally:
+        await client.close()
+
+
+async def sessions(daemon: Daemon) -> list[dict[str, Any]]:
+    client = await ctxd_client(daemon)
+    try:
+        return (await client.request("session/list", {}))["sessions"]
+    finally:
+        await client.close()

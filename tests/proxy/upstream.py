@@ -1,0 +1,306 @@
+"""A fake LLM upstream for the proxy tests: a real HTTP server (Starlette on uvicorn, in
+a thread) on 127.0.0.1 that speaks OpenAI Chat Completions, Anthropic Messages and
+Ollama /api/chat, whole and streamed, with tool calls, and records what it receives.
+
+The "model" is deterministic: it answers ``Answer to: <the last user text>``; when the
+last message is the user's and its text contains ``use the tool``, it calls the tool
+``get_weather`` with ``{"city": "Paris"}`` instead.
+
+Modes (``server.mode = ...``) apply to the chat endpoints: ``ok``, ``500``, ``429``
+(with ``retry-after: 7``), ``cut`` (a stream that stops half-way: the connection closes
+without the stream's end; a whole answer is sent half and cut), ``hang`` (nothing sent
+until the client goes or the server stops), ``slow`` (a stream whose events come slowly,
+to let a client hang up in the middle; ``disconnects`` counts streams a client left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+MODEL = "fake-model"
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    json: Any
+
+
+def _last_user_text(api: str, body: dict[str, Any]) -> tuple[str, bool]:
+    """The last message's user text, and whether it is a user message with text (not a tool result)."""
+    messages = body.get("messages") or []
+    if not messages:
+        return "", False
+    last = messages[-1]
+    if last.get("role") != "user":
+        return f"the result of {last.get('role')}", False
+    content = last.get("content")
+    if isinstance(content, str):
+        return content, True
+    texts = [b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text"]
+    results = [b for b in content or [] if isinstance(b, dict) and b.get("type") == "tool_result"]
+    if results and not texts:
+        return "the tool result", False
+    return " ".join(texts), True
+
+
+class FakeUpstream:
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.received: list[Received] = []
+        self.disconnects = 0
+        self.completed_streams = 0
+        self.delay = 0.2
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def __enter__(self) -> "FakeUpstream":
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(256)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping = True
+        assert self._server is not None and self._thread is not None
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def chats(self, path: str | None = None) -> list[Received]:
+        with self._lock:
+            return [r for r in self.received if r.path in ("/v1/chat/completions", "/v1/messages", "/api/chat")
+                    and (path is None or r.path == path)]
+
+    # --- the app ----------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/messages", self._chat, methods=["POST"]),
+            Route("/api/chat", self._chat, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._count, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/api/tags", self._tags, methods=["GET"]),
+        ])
+
+    async def _record(self, request: Request) -> Any:
+        raw = await request.body()
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            data = None
+        with self._lock:
+            self.received.append(Received(request.url.path, {k.lower(): v for k, v in request.headers.items()},
+                                          raw, data))
+        return data
+
+    async def _models(self, request: Request) -> Response:
+        await self._record(request)
+        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1,
+                                                         "owned_by": "fake"}]},
+                            headers={"x-upstream": "fake"})
+
+    async def _tags(self, request: Request) -> Response:
+        await self._record(request)
+        return JSONResponse({"models": [{"name": MODEL, "model": MODEL, "size": 1, "digest": "0" * 64,
+                                         "modified_at": "2025-01-01T00:00:00Z", "details": {}}]})
+
+    async def _count(self, request: Request) -> Response:
+        body = await self._record(request)
+        return JSONResponse({"input_tokens": len(json.dumps(body)) // 4})
+
+    async def _chat(self, request: Request) -> Response:
+        body = await self._record(request)
+        api = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/api/chat": "ollama"}[request.url.path]
+        mode = self.mode
+        if mode == "500":
+            return self._error(api, 500, "upstream exploded", "api_error")
+        if mode == "429":
+            return self._error(api, 429, "slow down", "rate_limit_error", {"retry-after": "7"})
+        if mode == "hang":
+            while not self._stopping and not await request.is_disconnected():
+                await asyncio.sleep(0.05)
+            return Response(status_code=599)
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("model") != MODEL:
+            return self._error(api, 400, "bad request", "invalid_request_error")
+        if api == "anthropic" and not isinstance(body.get("max_tokens"), int):
+            return self._error(api, 400, "max_tokens: Field required", "invalid_request_error")
+        text, from_user = _last_user_text(api, body)
+        tool = from_user and "use the tool" in text
+        answer = "Answer to: " + " ".join(text.split())[:60]
+        input_tokens = len(json.dumps(body.get("messages"))) // 4
+        stream = body.get("stream") is not False if api == "ollama" else body.get("stream") is True
+        if not stream:
+            payload = self._whole(api, answer, tool, input_tokens)
+            if mode == "cut":
+                data = json.dumps(payload).encode()
+                return _CutResponse(data[: len(data) // 2], len(data))
+            return JSONResponse(payload)
+        media = "application/x-ndjson" if api == "ollama" else "text/event-stream"
+        return StreamingResponse(self._stream(api, answer, tool, input_tokens, body, mode), media_type=media)
+
+    @staticmethod
+    def _error(api: str, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
+        if api == "ollama":
+            payload: Any = {"error": message}
+        elif api == "openai":
+            payload = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+        else:
+            payload = {"type": "error", "error": {"type": kind, "message": message}}
+        return JSONResponse(payload, status_code=status, headers=headers)
+
+    @staticmethod
+    def _whole(api: str, answer: str, tool: bool, input_tokens: int) -> dict[str, Any]:
+        out_tokens = max(1, len(answer) // 4)
+        if api == "openai":
+            message: dict[str, Any] = {"role": "assistant", "content": None if tool else answer, "refusal": None}
+            if tool:
+                message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+                                          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+            return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
+                    "choices": [{"index": 0, "message": message, "logprobs": None,
+                                 "finish_reason": "tool_calls" if tool else "stop"}],
+                    "usage": {"prompt_tokens": input_tokens, "completion_tokens": out_tokens,
+                              "total_tokens": input_tokens + out_tokens}}
+        if api == "anthropic":
+            content: list[Any] = [{"type": "text", "text": answer}]
+            if tool:
+                content = [{"type": "text", "text": "Let me check."},
+                           {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:8]}", "name": "get_weather",
+                            "input": {"city": "Paris"}}]
+            return {"id": "msg_1", "type": "message", "role": "assistant", "model": MODEL, "content": content,
+                    "stop_reason": "tool_use" if tool else "end_turn", "stop_sequence": None,
+                    "usage": {"input_tokens": input_tokens, "output_tokens": out_tokens,
+                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 3}}
+        message = {"role": "assistant", "content": "" if tool else answer}
+        if tool:
+            message["tool_calls"] = [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+        return {"model": MODEL, "created_at": "2025-01-01T00:00:00Z", "message": message, "done": True,
+                "done_reason": "stop", "prompt_eval_count": input_tokens, "eval_count": out_tokens}
+
+    async def _stream(self, api: str, answer: str, tool: bool, input_tokens: int, body: dict[str, Any],
+                      mode: str) -> AsyncIterator[bytes]:
+        events = list(self._events(api, answer, tool, input_tokens, body))
+        finished = False
+        try:
+            for i, event in enumerate(events):
+                if mode == "cut" and i == len(events) // 2:
+                    raise ConnectionAbortedError("the fake upstream cuts the stream")
+                if mode == "slow" and i > 0:
+                    await asyncio.sleep(self.delay)
+                yield event
+            finished = True
+            self.completed_streams += 1
+        finally:
+            if not finished and mode != "cut":
+                self.disconnects += 1
+
+    @staticmethod
+    def _events(api: str, answer: str, tool: bool, input_tokens: int, body: dict[str, Any]) -> Any:
+        pieces = [answer[i:i + 8] for i in range(0, len(answer), 8)]
+        out_tokens = max(1, len(answer) // 4)
+        if api == "openai":
+            def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+                data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                return b"data: " + json.dumps(data).encode() + b"\n\n"
+            yield chunk({"role": "assistant", "content": ""})
+            if tool:
+                yield chunk({"tool_calls": [{"index": 0, "id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+                                             "function": {"name": "get_weather", "arguments": ""}}]})
+                for part in ('{"city"', ': "Par', 'is"}'):
+                    yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
+                yield chunk({}, "tool_calls")
+            else:
+                for piece in pieces:
+                    yield chunk({"content": piece})
+                yield chunk({}, "stop")
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": input_tokens, "completion_tokens": out_tokens,
+                         "total_tokens": input_tokens + out_tokens}
+                data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+                        "choices": [], "usage": usage}
+                yield b"data: " + json.dumps(data).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        elif api == "anthropic":
+            def event(name: str, data: dict[str, Any]) -> bytes:
+                return f"event: {name}\ndata: ".encode() + json.dumps(dict(data, type=name)).encode() + b"\n\n"
+            yield event("message_start", {"message": {
+                "id": "msg_1", "type": "message", "role": "assistant", "model": MODEL, "content": [],
+                "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": input_tokens, "output_tokens": 1, "cache_creation_input_tokens": 5,
+                          "cache_read_input_tokens": 3}}})
+            yield event("ping", {})
+            yield event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            for piece in (["Let me check."] if tool else pieces):
+                yield event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
+            yield event("content_block_stop", {"index": 0})
+            if tool:
+                yield event("content_block_start", {"index": 1, "content_block": {
+                    "type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:8]}", "name": "get_weather", "input": {}}})
+                for part in ('{"city"', ': "Par', 'is"}'):
+                    yield event("content_block_delta", {"index": 1, "delta": {"type": "input_json_delta",
+                                                                              "partial_json": part}})
+                yield event("content_block_stop", {"index": 1})
+            yield event("message_delta", {"delta": {"stop_reason": "tool_use" if tool else "end_turn",
+                                                    "stop_sequence": None}, "usage": {"output_tokens": out_tokens}})
+            yield event("message_stop", {})
+        else:
+            def line(data: dict[str, Any]) -> bytes:
+                return json.dumps(dict({"model": MODEL, "created_at": "2025-01-01T00:00:00Z"}, **data)).encode() + b"\n"
+            if tool:
+                yield line({"message": {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}, "done": False})
+            else:
+                for piece in pieces:
+                    yield line({"message": {"role": "assistant", "content": piece}, "done": False})
+            yield line({"message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "stop",
+                        "prompt_eval_count": input_tokens, "eval_count": out_tokens})
+
+
+class _CutResponse(Response):
+    """Announces ``length`` bytes, sends ``data`` (fewer), then the connection ends."""
+
+    def __init__(self, data: bytes, length: int) -> None:
+        super().__init__(status_code=200, media_type="application/json")
+        self.data = data
+        self.length = length
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(self.length).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": self.data, "more_body": True})
+        raise ConnectionAbortedError("the fake upstream cuts the answer")
