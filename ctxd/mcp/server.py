@@ -28,8 +28,8 @@ DEFAULT_MAX_TOKENS = 4000
 MIN_MAX_TOKENS = 200
 HARD_MAX_TOKENS = 20000
 MAX_TOKENS_ENV = "CTXD_MCP_MAX_TOKENS"
-SEARCH_WINDOW = 500
-"""Search hits a page can reach (offset + limit)."""
+SEARCH_WINDOW = 200
+"""Search hits a page can reach (offset + limit): the daemon's own limit (service/history.py MAX_HITS)."""
 
 INSTRUCTIONS = f"""\
 ctxd keeps this conversation's complete history and compresses what is sent to you:
@@ -122,7 +122,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
             raise ToolError("give session_id or all_sessions=true, not both")
         if offset + limit > SEARCH_WINDOW:
             raise ToolError(f"offset + limit may reach {SEARCH_WINDOW} hits at most; narrow the query instead")
-        params: dict[str, Any] = {"query": query, "limit": offset + limit + 1, "syntax": syntax}
+        params: dict[str, Any] = {"query": query, "limit": min(offset + limit + 1, SEARCH_WINDOW), "syntax": syntax}
         if role:
             params["role"] = role
         if all_sessions:
@@ -453,6 +453,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _runtime_dir_fallback() -> None:
+    """MCP clients often start servers with a few whitelisted variables (PATH, HOME...),
+    without ``XDG_RUNTIME_DIR``: the default socket would then differ from the one
+    ``ctxd-cli`` uses in the user's shell, and a second daemon would start. Use the
+    systemd convention's directory when it exists and is ours."""
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return
+    candidate = f"/run/user/{os.getuid()}"
+    try:
+        if os.path.isdir(candidate) and os.stat(candidate).st_uid == os.getuid():
+            os.environ["XDG_RUNTIME_DIR"] = candidate
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     from ctxd.config import ConfigError, load_config
 
@@ -476,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ctxd mcp: --max-tokens must be {MIN_MAX_TOKENS}-{HARD_MAX_TOKENS}", file=sys.stderr)
         return 2
 
+    _runtime_dir_fallback()
     overrides: dict[str, Any] = {}
     if args.socket:
         overrides.setdefault("daemon", {})["socket"] = args.socket

@@ -188,7 +188,7 @@ async def test_bad_arguments_are_tool_errors(mcp_env: McpEnv) -> None:
             ("search_history", {"query": "   "}, "query is empty"),
             ("search_history", {"query": "x", "role": "robot"}, "role"),
             ("search_history", {"query": "x", "session_id": sid, "all_sessions": True}, "not both"),
-            ("search_history", {"query": "x", "offset": 490, "limit": 20}, "at most"),
+            ("search_history", {"query": "x", "offset": 190, "limit": 20}, "at most"),
             ("search_history", {"query": "\"unbalanced", "syntax": "fts", "session_id": sid}, "ctxd refused"),
             ("expand_checkpoint", {"checkpoint_id": ""}, "checkpoint_id"),
             ("set_goal", {"description": "x", "priority": "urgent"}, "priority"),
