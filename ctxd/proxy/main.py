@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The daemon client logs whole requests (conversation text) at debug: only at -vvv.
+    logging.getLogger("ctxd.client").setLevel(logging.DEBUG if args.verbose >= 3 else logging.WARNING)
     try:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

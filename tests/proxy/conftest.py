@@ -3,6 +3,7 @@ daemon on a Unix socket, and ``ctxd proxy`` in a subprocess between them."""
 
 from __future__ import annotations
 
+import os
 import select
 import shutil
 import subprocess
@@ -43,7 +44,7 @@ class ProxyProcess:
         while time.monotonic() < deadline and not line.endswith(b"\n"):
             ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
             if ready:
-                byte = self.proc.stdout.read(1)
+                byte = os.read(self.proc.stdout.fileno(), 1)
                 if not byte:
                     break
                 line += byte

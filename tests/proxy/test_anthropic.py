@@ -1,0 +1,103 @@
+"""The official anthropic SDK through ``ctxd proxy`` to a fake upstream."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+
+from tests.proxy.conftest import history, sessions
+from tests.proxy.upstream import MODEL
+
+TOOLS = [{"name": "get_weather", "description": "Weather of a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+SYSTEM = [{"type": "text", "text": "You are a careful agent.", "cache_control": {"type": "ephemeral"}}]
+
+
+def sdk(proxy, **headers) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-ant-test-secret", max_retries=0,
+                                    default_headers=headers or None)
+
+
+def _strip_cache(value):
+    """Without breakpoints (a string content and one text block being the same)."""
+    if isinstance(value, dict) and isinstance(value.get("content"), str) and "role" in value:
+        value = dict(value, content=[{"type": "text", "text": value["content"]}])
+    if isinstance(value, dict):
+        return {k: _strip_cache(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_strip_cache(v) for v in value]
+    return value
+
+
+async def test_tools_streaming_and_unmodelled_blocks(proxy, upstream, ctxd_daemon) -> None:
+    client = sdk(proxy)
+    messages: list[dict] = [{"role": "user", "content": [
+        {"type": "text", "text": "Please use the tool for Paris."},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]
+    first = await client.messages.create(model=MODEL, max_tokens=300, system=SYSTEM, messages=messages,
+                                         tools=TOOLS, stop_sequences=["END"])
+    assert first.stop_reason == "tool_use"
+    assert first.usage.cache_read_input_tokens == 3  # provider usage passed back unchanged
+    tool_use = first.content[1]
+    # The client sends the reply back with a thinking signature ctxd never rewrites.
+    assistant = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "The user wants weather.", "signature": "c2lnbmF0dXJl"},
+        *[block.model_dump(exclude_none=True) for block in first.content]]}
+    messages.append(assistant)
+    messages.append({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": tool_use.id, "content": "Sunny, 21 C",
+         "cache_control": {"type": "ephemeral"}}]})
+    async with client.messages.stream(model=MODEL, max_tokens=300, system=SYSTEM, messages=messages,
+                                      tools=TOOLS) as stream:
+        pieces = [text async for text in stream.text_stream]
+        final = await stream.get_final_message()
+    assert len(pieces) > 1 and "".join(pieces) == "Answer to: the tool result"
+    assert final.usage.cache_creation_input_tokens == 5
+    messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]})
+    messages.append({"role": "user", "content": "Thanks!"})
+    third = await client.messages.create(model=MODEL, max_tokens=100, system=SYSTEM, messages=messages)
+    assert third.content[0].text == "Answer to: Thanks!"
+
+    sent = upstream.chats("/v1/messages")
+    assert len(sent) == 3
+    # The client's credential (x-api-key, or a bearer token in newer SDKs) is forwarded.
+    assert all("sk-ant-test-secret" in (r.headers.get("x-api-key", "") + r.headers.get("authorization", ""))
+               and "anthropic-version" in r.headers for r in sent)
+    assert sent[0].json["tools"] == TOOLS and sent[0].json["stop_sequences"] == ["END"]
+    # The image, the thinking block and its signature reach the upstream byte for byte.
+    assert sent[1].json["messages"][0]["content"][1] == messages[0]["content"][1]
+    assert sent[1].json["messages"][1] == assistant
+    assert sent[2].json["system"] == SYSTEM
+    assert _strip_cache(sent[2].json["messages"]) == _strip_cache(messages)
+    # Each request starts with the previous one (prompt caching survives the proxy).
+    for before, after in zip(sent, sent[1:]):
+        assert _strip_cache(after.json["messages"][:len(before.json["messages"])]) == \
+            _strip_cache(before.json["messages"])
+        assert after.json["system"] == before.json["system"]
+    # Breakpoints: the client's are kept, never more than 4.
+    for request in sent:
+        assert json.dumps(request.json).count('"cache_control"') <= 4
+    assert sent[1].json["messages"][-1]["content"][0]["cache_control"] == {"type": "ephemeral"}
+
+    [info] = [s for s in await sessions(ctxd_daemon) if s["sessionId"].startswith("proxy-anthropic-")]
+    stored = await history(ctxd_daemon, info["sessionId"])
+    assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert stored[0]["metadata"]["ctxdProxy"]["unkept"] == ["image"]
+    assert stored[1]["usage"] == {"inputTokens": stored[1]["usage"]["inputTokens"], "outputTokens": 2,
+                                  "cacheReadTokens": 3, "cacheWriteTokens": 0} or stored[1]["usage"]["cacheReadTokens"] == 3
+    assert stored[3]["usage"]["cacheWriteTokens"] == 5
+    assert "sk-ant-test-secret" not in proxy.log()
+
+
+async def test_count_tokens_counts_what_would_be_sent(proxy, upstream) -> None:
+    client = sdk(proxy, **{"X-Ctxd-Session": "counted"})
+    messages = [{"role": "user", "content": "Count me."}]
+    await client.messages.create(model=MODEL, max_tokens=100, system="Sys.", messages=messages)
+    messages += [{"role": "assistant", "content": "Answer to: Count me."}, {"role": "user", "content": "More."}]
+    counted = await client.messages.count_tokens(model=MODEL, system="Sys.", messages=messages)
+    assert counted.input_tokens > 0
+    [request] = [r for r in upstream.received if r.path == "/v1/messages/count_tokens"]
+    assert _strip_cache(request.json["messages"]) == _strip_cache(messages)
+    # Counting pushes nothing: the next real request pushes the two new messages.
+    await client.messages.create(model=MODEL, max_tokens=100, system="Sys.", messages=messages)
