@@ -140,9 +140,9 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
                                        created_at=hit.get("createdAt"),
                                        session_id=hit.get("sessionId") if all_sessions else None)
             items.append(Item(f"{head}\n{hit.get('snippet', '')}"))
-        header = f"Search {query!r} in {where}, best first. Whole message: read_message(seq=..." + (
-            ", session_id=...)." if all_sessions else ").")
-        args = f"query={query!r}" + (", all_sessions=true" if all_sessions else "")
+        header = f"Search {query!r} in {where}, best first. Whole message: read_message(seq=..., session_id=" + (
+            "...)." if all_sessions else f"{s.session_id!r}).")
+        args = f"query={query!r}" + (", all_sessions=true" if all_sessions else f", session_id={s.session_id!r}")
         return render.page(header, items, offset=offset, total=None, max_tokens=cap(max_tokens),
                            more=len(hits) > offset + limit, noun="hits",
                            next_hint=lambda nxt: f"search_history({args}, offset={nxt}, limit={limit})")
@@ -156,6 +156,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
         """Read a message whole (or `count` messages from it) by sequence number, as it was
         pushed, whether or not it is still in the prompt."""
         s = await session(session_id)
+        sid = s.session_id
         result = await link.session_request(s, "session/history", {"from": seq, "limit": count},
                                             what=f"message #{seq} in {s.label()}")
         entries = result.get("messages") or []
@@ -179,14 +180,14 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
             start = len(head) + 1
 
             def hint(chars: int, seq_: int = entry["seq"], base_: int = base, start_: int = start) -> str:
-                return f"read_message(seq={seq_}, char_offset={base_ + max(0, chars - start_)})"
+                return f"read_message(seq={seq_}, char_offset={base_ + max(0, chars - start_)}, session_id={sid!r})"
 
             items.append(Item(f"{head}\n{body}", continue_hint=hint))
         next_seq = result.get("nextSeq")
 
         def next_hint(nxt: int) -> str:
             target = entries[nxt]["seq"] if nxt < len(entries) else next_seq
-            return f"read_message(seq={target}, count={count})"
+            return f"read_message(seq={target}, count={count}, session_id={sid!r})"
 
         header = f"{s.label()}; status: context = in the prompt, kept = sent verbatim, " \
                  "compressed = stands in a checkpoint, rolled_back = undone by a restore."
@@ -209,13 +210,14 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
                  f"{result.get('tokens', 0):,} tokens in the prompt)."
         return render.page(header, items, offset=offset, total=len(checkpoints), max_tokens=cap(max_tokens),
                            noun="checkpoints",
-                           next_hint=lambda nxt: f"list_checkpoints(offset={nxt})")
+                           next_hint=lambda nxt: f"list_checkpoints(offset={nxt}, session_id={s.session_id!r})")
 
     @server.tool()
     async def expand_checkpoint(checkpoint_id: Annotated[str, Field(min_length=1)], session_id: SessionId = None,
                                 offset: Offset = 0, max_tokens: MaxTokens = None) -> str:
         """The original messages a checkpoint stands for, from history (paged)."""
         s = await session(session_id)
+        sid = s.session_id
         result = await link.session_request(s, "checkpoint/expand", {"checkpointId": checkpoint_id},
                                             what=f"checkpoint {checkpoint_id!r} in {s.label()} "
                                                  "(list_checkpoints lists them)")
@@ -229,7 +231,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
             start = len(head) + 1
 
             def hint(chars: int, seq_: int = m["seq"], start_: int = start) -> str:
-                return f"read_message(seq={seq_}, char_offset={max(0, chars - start_)})"
+                return f"read_message(seq={seq_}, char_offset={max(0, chars - start_)}, session_id={sid!r})"
 
             items.append(Item(f"{head}\n{render.message_body(m['message'])}", continue_hint=hint))
         ranges = ", ".join(f"#{a}-#{b}" if a != b else f"#{a}" for a, b in checkpoint.get("messageRanges", []))
@@ -239,7 +241,8 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
                   "The original messages:")
         return render.page(header, items, offset=offset, total=len(messages), max_tokens=cap(max_tokens),
                            noun="messages",
-                           next_hint=lambda nxt: f"expand_checkpoint(checkpoint_id={checkpoint_id!r}, offset={nxt})")
+                           next_hint=lambda nxt: f"expand_checkpoint(checkpoint_id={checkpoint_id!r}, offset={nxt}, "
+                                                 f"session_id={sid!r})")
 
     # --- goal, decisions, pins --------------------------------------------------------
 
@@ -289,7 +292,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
         params: dict[str, Any] = {"label": label} if label else {}
         info = await link.session_request(s, "snapshot/create", params)
         return f"Snapshot taken of {s.label()}:\n{_snapshot_line(info)}\nRestore it with " \
-               f"restore_snapshot(snapshot_id={info['snapshotId']!r})."
+               f"restore_snapshot(snapshot_id={info['snapshotId']!r}, session_id={s.session_id!r})."
 
     @server.tool()
     async def list_snapshots(session_id: SessionId = None, offset: Offset = 0, max_tokens: MaxTokens = None) -> str:
@@ -300,7 +303,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
         items = [Item(_snapshot_line(x)) for x in snapshots[offset:]]
         return render.page(f"Snapshots of {s.label()}, newest first.", items, offset=offset, total=len(snapshots),
                            max_tokens=cap(max_tokens), noun="snapshots",
-                           next_hint=lambda nxt: f"list_snapshots(offset={nxt})")
+                           next_hint=lambda nxt: f"list_snapshots(offset={nxt}, session_id={s.session_id!r})")
 
     @server.tool()
     async def restore_snapshot(snapshot_id: Annotated[str, Field(min_length=1)], session_id: SessionId = None) -> str:

@@ -5,6 +5,7 @@ and results are paged under their token cap."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -116,7 +117,7 @@ async def test_every_tool_end_to_end(mcp_env: McpEnv) -> None:
 
             # Snapshots: take one, change the context, restore it.
             text = await call(session, "create_snapshot", {"label": "before more work", "session_id": sid})
-            snap = re.search(r"snapshot_id='([^']+)'", text).group(1)  # type: ignore[union-attr]
+            snap = re.search(r"snapshot_id='([^']+)', session_id='([^']+)'", text).group(1)  # type: ignore[union-attr]
             await client.request("session/push", {"sessionId": sid, "messages": [
                 {"role": "user", "content": "Also handle tabs."}, {"role": "assistant", "content": "Will do."}]})
             text = await call(session, "list_snapshots", {"session_id": sid})
@@ -332,11 +333,11 @@ async def test_paging_and_token_cap(mcp_env: McpEnv) -> None:
             assert tokens(text) <= 1500
             body = text.split("\n", 3)[3]  # after the header, a blank line and the message's head line
             body = body.split("\n[... cut at the token cap]")[0]
-            cut = re.search(r"the rest: read_message\(seq=(\d+), char_offset=(\d+)\)", text)
+            cut = re.search(r"the rest: read_message\(seq=(\d+), char_offset=(\d+), session_id='([^']+)'\)", text)
             if cut is None:
                 pieces.append(body.rsplit("\n\n[messages", 1)[0])
                 break
-            assert int(cut.group(1)) == big_seq
+            assert int(cut.group(1)) == big_seq and cut.group(3) == sid
             offset = int(cut.group(2))
             pieces.append(body)
             args = {**args, "char_offset": offset}
@@ -346,7 +347,7 @@ async def test_paging_and_token_cap(mcp_env: McpEnv) -> None:
         # Search pages: limit, offset, and the hint to go on.
         first = await call(session, "search_history", {"query": "urlvalidator", "session_id": sid, "limit": 3})
         assert len(re.findall(r"^--- #", first, re.M)) == 3
-        assert "offset=3, limit=3" in (more_hint(first) or "")
+        assert f"session_id={sid!r}, offset=3, limit=3" in (more_hint(first) or "")
         second = await call(session, "search_history", {"query": "urlvalidator", "session_id": sid, "limit": 3,
                                                         "offset": 3})
         firsts = set(re.findall(r"^--- #(\d+)", first, re.M))
@@ -383,3 +384,28 @@ async def test_stdout_carries_only_frames_with_verbose_logs(mcp_env: McpEnv) -> 
 def test_agent_messages_shape() -> None:
     messages = agent_messages(3)
     assert messages[0]["role"] == "user" and messages[-1]["role"] == "assistant"
+
+
+async def test_reconnects_after_the_daemon_stops(mcp_env: McpEnv) -> None:
+    """The daemon goes away under a running ``ctxd mcp``: the next call starts one again
+    and reads the same data."""
+    client = await mcp_env.client()
+    try:
+        sid = (await seed_session(client, compress=False))["sessionId"]
+    finally:
+        await client.close()
+    async with mcp_env.session() as session:
+        assert sid in await call(session, "list_sessions")
+        first = mcp_env.daemon_pid()
+        client = await mcp_env.client()
+        try:
+            await client.request("daemon/stop", timeout=10)
+        finally:
+            await client.close(shutdown=False)
+        for _ in range(200):  # until the old daemon is gone (no timing assertion: just wait)
+            if mcp_env.daemon_pid() != first:
+                break
+            await asyncio.sleep(0.05)
+        assert sid in await call(session, "list_sessions")
+        assert mcp_env.daemon_pid() not in (None, first)
+    no_crash(mcp_env)
