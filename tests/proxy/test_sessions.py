@@ -1,0 +1,121 @@
+"""Sessions through the proxy: concurrent conversations, a history the client changed, a
+proxy restart, and a long conversation in an 8K window."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import openai
+
+from ctxd.engine.validate import validate_openai
+from ctxd.protocol.providers import OpenAIMessage
+from ctxd.tokens import TokenCounter
+from tests.proxy.conftest import history, sessions
+from tests.proxy.upstream import MODEL
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def sdk(proxy, **headers) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0,
+                              default_headers=headers or None)
+
+
+async def _talk(client: openai.AsyncOpenAI, first: str, turns: int, *, stream: bool) -> list[dict]:
+    messages: list[dict] = [{"role": "system", "content": "Agent."}, {"role": "user", "content": first}]
+    for turn in range(turns):
+        if stream:
+            text = ""
+            async for chunk in await client.chat.completions.create(model=MODEL, messages=messages, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+        else:
+            reply = await client.chat.completions.create(model=MODEL, messages=messages)
+            text = reply.choices[0].message.content
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"{first} turn {turn}"}]
+    return messages
+
+
+async def test_two_conversations_at_once_never_mix(proxy, ctxd_daemon) -> None:
+    client = sdk(proxy)
+    a, b = await asyncio.gather(_talk(client, "Conversation A", 4, stream=True),
+                                _talk(client, "Conversation B", 4, stream=False))
+    found = {s["title"]: s["sessionId"] for s in await sessions(ctxd_daemon)}
+    assert set(found) == {"Conversation A", "Conversation B"}
+    for title, messages in (("Conversation A", a), ("Conversation B", b)):
+        stored = await history(ctxd_daemon, found[title])
+        # Every client message sent once, in order, and each reply (the last request's too;
+        # the last user message of ``messages`` was never sent).
+        assert [m.get("content") for m in stored] == [m["content"] for m in messages[1:-1]]
+
+
+async def test_edited_history_continues_in_a_linked_session(proxy, ctxd_daemon) -> None:
+    client = sdk(proxy, **{"X-Ctxd-Session": "task-1"})
+    messages = await _talk(client, "Start the task.", 2, stream=False)
+    # The agent compacts: its history now differs from the session's.
+    edited = [messages[0], {"role": "user", "content": "Start the task."},
+              {"role": "assistant", "content": "Summary of the work so far."}, messages[-1]]
+    await client.chat.completions.create(model=MODEL, messages=edited)
+    old = await history(ctxd_daemon, "task-1")
+    new = await history(ctxd_daemon, "task-1~2")
+    assert len(old) == 4  # untouched: the two requests and their replies
+    assert [m["content"] for m in new] == [m["content"] for m in edited[1:]] + ["Answer to: Start the task. turn 1"]
+    infos = {s["sessionId"]: s for s in await sessions(ctxd_daemon)}
+    assert infos["task-1"]["metadata"]["ctxdProxy"]["successor"] == "task-1~2"
+    assert infos["task-1~2"]["metadata"]["ctxdProxy"]["forkedFrom"] == "task-1"
+    assert "differs from the session's" in proxy.log()
+    # The conversation goes on in the new session.
+    edited += [{"role": "assistant", "content": "Answer to: Start the task. turn 1"},
+               {"role": "user", "content": "Next."}]
+    await client.chat.completions.create(model=MODEL, messages=edited)
+    assert len(await history(ctxd_daemon, "task-1~2")) == 6
+    assert len(await history(ctxd_daemon, "task-1")) == 4
+
+
+async def test_a_restarted_proxy_pushes_nothing_twice(start_proxy, ctxd_daemon) -> None:
+    first = start_proxy()
+    messages = await _talk(sdk(first), "Survive a restart.", 2, stream=False)
+    first.stop()
+    second = start_proxy()
+    await sdk(second).chat.completions.create(model=MODEL, messages=messages)
+    [info] = await sessions(ctxd_daemon)
+    stored = await history(ctxd_daemon, info["sessionId"])
+    assert [m["content"] for m in stored] == [m["content"] for m in messages[1:]] + \
+        ["Answer to: Survive a restart. turn 1"]
+
+
+async def test_a_long_conversation_in_an_8k_window(proxy, upstream, ctxd_daemon) -> None:
+    client = sdk(proxy, **{"X-Ctxd-Context-Window": "8192"})
+    counter = TokenCounter.for_model("gpt-4o")
+    output = " ".join(f"line {i}: build step finished, file src/module_{i}.py compiled" for i in range(40))
+    messages: list[dict] = [{"role": "system", "content": "You are a build agent."}]
+    users: list[str] = []
+    for turn in range(30):
+        users.append(f"Request {turn}: please use the tool to check the build of module {turn}.")
+        messages.append({"role": "user", "content": users[-1]})
+        reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        call = reply.choices[0].message.tool_calls[0]
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": f"{output} (turn {turn})"})
+        reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    client_tokens = sum(counter.count(str(m.get("content") or "")) for m in messages)
+    assert client_tokens > 2 * 8192  # the client's history is far beyond the window
+    user_tokens = sum(counter.count(u) for u in users)
+    sent = upstream.chats("/v1/chat/completions")
+    assert len(sent) == 60
+    [info] = await sessions(ctxd_daemon)
+    assert info["contextWindow"] == 8192 and info["compressionCount"] >= 1
+    for request in sent:
+        typed = msgspec.convert(request.json["messages"], list[OpenAIMessage])
+        assert validate_openai(typed) == []
+        tokens = sum(counter.count(m.content or "") + sum(counter.count(c.function.arguments)
+                                                          for c in m.tool_calls or ()) for m in typed)
+        assert tokens < 8192
+        text = "\n".join(m.content or "" for m in typed)
+        asked = [u for u in users if u in text]
+        # Every user message said so far is in it, verbatim.
+        assert asked == users[:len(asked)] and request.json["messages"][-1]["role"] in ("user", "tool")
+    assert user_tokens * 2 <= 8192 * 0.85
+    assert all(u in "\n".join(str(m.get("content")) for m in sent[-1].json["messages"]) for u in users)
