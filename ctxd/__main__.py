@@ -73,7 +73,6 @@ def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
     root.setLevel(level.upper())
     # pygls logs whole message bodies at INFO; they are protocol traffic, not events.
     logging.getLogger("pygls").setLevel(logging.WARNING if verbose < 3 else logging.DEBUG)
-    logging.getLogger("aiosqlite").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 

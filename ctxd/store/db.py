@@ -7,12 +7,12 @@ others down) and commits once: concurrent clients never see "database is locked"
 and under load many pushes share one commit (group commit). A job's caller is
 answered only after the COMMIT returned, which is what "acknowledged" means.
 
-Jobs and reads are plain synchronous functions of a ``sqlite3.Connection`` that run
-on aiosqlite's connection thread in a single hop; ``store/sessions.py`` and
-``store/messages.py`` hold them. (aiosqlite's public API costs one thread hop per
-statement; a push is three statements, and a hop costs more than the statement, so
-the whole transaction is shipped as one call: measured 3.3x faster, see
-docs/decisions.md.)
+Jobs and reads are plain synchronous functions of a ``sqlite3.Connection``;
+``store/sessions.py`` and ``store/messages.py`` hold them. Each connection lives on a
+thread of its own (``store/thread.py``, the standard library's ``sqlite3`` and
+``threading``), and a whole transaction is shipped to it as one call: one thread hop
+per transaction, not per statement (a push is three statements, and a hop costs more
+than the statement: measured 3.3x faster, see docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import aiosqlite
-
 from ctxd.ownership import foreign, me, owner, writable_dir
 from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.store.thread import SqliteThread, ThreadClosed
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +83,8 @@ class Database:
         self.path = Path(path)
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
-        self._writer_conn: aiosqlite.Connection | None = None
-        self._reader_conn: aiosqlite.Connection | None = None
+        self._writer: SqliteThread | None = None
+        self._reader: SqliteThread | None = None
         self._queue: asyncio.Queue[_Job | None] = asyncio.Queue()
         self._writer_task: asyncio.Task[None] | None = None
         self.commits = 0
@@ -96,10 +95,12 @@ class Database:
     async def open(self) -> None:
         self._check_files()
         try:
-            self._writer_conn = await aiosqlite.connect(self.path, isolation_level=None)
-            await self._writer_conn._execute(self._prepare_writer, self._writer_conn._conn)
-            self._reader_conn = await aiosqlite.connect(self.path, isolation_level=None)
-            await self._reader_conn._execute(self._prepare_reader, self._reader_conn._conn)
+            self._writer = SqliteThread("ctxd-db-writer")
+            await self._writer.open(self._connect)
+            await self._writer.call(self._prepare_writer)
+            self._reader = SqliteThread("ctxd-db-reader")
+            await self._reader.open(self._connect)
+            await self._reader.call(self._prepare_reader)
         except StoreOpenError:
             await self.close()
             raise
@@ -174,6 +175,10 @@ class Database:
                 except OSError:
                     pass
 
+    def _connect(self) -> sqlite3.Connection:
+        # Autocommit mode: the writer says BEGIN/COMMIT itself.
+        return sqlite3.connect(self.path, isolation_level=None)
+
     def _prepare_writer(self, conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
         # Reading the schema is what fails first on a file that is not a database.
@@ -224,20 +229,22 @@ class Database:
             self._queue.put_nowait(None)
             await self._writer_task
             self._writer_task = None
-        for conn in (self._reader_conn, self._writer_conn):
+        for conn in (self._reader, self._writer):
             if conn is not None:
                 await conn.close()
-        self._reader_conn = self._writer_conn = None
+        self._reader = self._writer = None
 
     # --- reads and writes ----------------------------------------------------------
 
     async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(conn, *args, **kwargs)`` on the reader connection (sees every committed write)."""
-        assert self._reader_conn is not None, "database is not open"
+        assert self._reader is not None, "database is not open"
         if kwargs:
             fn = partial(fn, **kwargs)
         try:
-            return await self._reader_conn._execute(fn, self._reader_conn._conn, *args)
+            return await self._reader.call(fn, *args)
+        except ThreadClosed:
+            raise CtxdError(ErrorCode.StorageError, "the database was closed") from None
         except sqlite3.Error as exc:
             raise CtxdError(ErrorCode.StorageError, f"database read failed: {exc}") from exc
 
@@ -281,8 +288,8 @@ class Database:
                     job.future.set_exception(CtxdError(ErrorCode.StorageError, "the database was closed"))
 
     async def _write_batches(self) -> None:
-        assert self._writer_conn is not None
-        conn = self._writer_conn
+        assert self._writer is not None
+        conn = self._writer
         while True:
             job = await self._queue.get()
             if job is None:
@@ -300,7 +307,7 @@ class Database:
                 j.started = True
             if batch:
                 try:
-                    outcomes = await asyncio.shield(conn._execute(self._run_group, conn._conn, batch))
+                    outcomes = await asyncio.shield(conn.call(self._run_group, batch))
                 except asyncio.CancelledError:
                     for j in batch:
                         if not j.future.done():
@@ -365,6 +372,8 @@ class Database:
 def _as_ctxd_error(exc: BaseException) -> BaseException:
     if isinstance(exc, (CtxdError, asyncio.CancelledError)):
         return exc
+    if isinstance(exc, ThreadClosed):
+        return CtxdError(ErrorCode.StorageError, "the database was closed")
     if isinstance(exc, sqlite3.Error):
         return CtxdError(ErrorCode.StorageError, f"database write failed, nothing was stored: {exc}")
     return exc

@@ -1,0 +1,230 @@
+"""The database layer in process: the single writer (group commit, one SAVEPOINT per
+job, answered after COMMIT, cancellation), the reader, opening and closing; the
+connections live on threads ctxd owns (``store/thread.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.store.db import REQUEST_CANCELLED, Database, StoreOpenError, schema_version
+from ctxd.store.thread import SqliteThread, ThreadClosed
+
+
+def _make_table(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v INTEGER)")
+
+
+def _insert(conn: sqlite3.Connection, key: str, value: int = 0) -> str:
+    conn.execute("INSERT INTO t (k, v) VALUES (?, ?)", (key, value))
+    return key
+
+
+def _keys(conn: sqlite3.Connection) -> list[str]:
+    return [k for (k,) in conn.execute("SELECT k FROM t ORDER BY k")]
+
+
+@pytest.fixture
+async def db(tmp_path: Path):
+    database = Database(tmp_path / "data" / "ctxd.db")
+    await database.open()
+    await database.write(_make_table)
+    yield database
+    await database.close()
+
+
+async def test_open_prepares_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "ctxd.db"
+    database = Database(path, durability="full")
+    await database.open()
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        assert await database.read(lambda c: c.execute("PRAGMA user_version").fetchone()[0]) == schema_version()
+        assert await database.read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0]) == "wal"
+        # synchronous is per connection: the writer's is what durability sets (FULL = 2).
+        assert await database.write(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 2
+        assert await database.write(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+        # The reader cannot write.
+        with pytest.raises(CtxdError) as info:
+            await database.read(lambda c: c.execute("CREATE TABLE x (y)"))
+        assert info.value.code == ErrorCode.StorageError
+    finally:
+        await database.close()
+
+
+async def test_durability_normal(tmp_path: Path) -> None:
+    database = Database(tmp_path / "ctxd.db")
+    await database.open()
+    try:
+        assert await database.write(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 1
+    finally:
+        await database.close()
+
+
+async def test_connections_live_on_their_own_threads(db: Database) -> None:
+    loop_thread = threading.get_ident()
+    writers = await asyncio.gather(*(db.write(lambda c: threading.get_ident()) for _ in range(5)))
+    readers = await asyncio.gather(*(db.read(lambda c: threading.get_ident()) for _ in range(5)))
+    assert len(set(writers)) == 1 and len(set(readers)) == 1
+    assert loop_thread not in writers + readers
+    assert writers[0] != readers[0]
+
+
+async def test_a_write_is_answered_after_commit_and_read_back(db: Database) -> None:
+    assert await db.write(_insert, "a", value=1) == "a"
+    # Committed: a separate connection sees it.
+    other = sqlite3.connect(db.path)
+    try:
+        assert other.execute("SELECT v FROM t WHERE k = 'a'").fetchone() == (1,)
+    finally:
+        other.close()
+    assert await db.read(_keys) == ["a"]
+
+
+async def test_concurrent_writes_share_commits(db: Database) -> None:
+    commits, jobs = db.commits, db.jobs
+    keys = await asyncio.gather(*(db.write(_insert, f"k{i:03}") for i in range(50)))
+    assert keys == [f"k{i:03}" for i in range(50)]
+    assert db.jobs - jobs == 50
+    assert db.commits - commits < 50  # grouped: many jobs, fewer transactions
+    assert await db.read(_keys) == keys
+
+
+async def test_a_failing_job_does_not_take_its_group_down(db: Database) -> None:
+    def boom(conn: sqlite3.Connection) -> None:
+        _insert(conn, "doomed")
+        raise ValueError("no")
+
+    results = await asyncio.gather(db.write(_insert, "a"), db.write(boom), db.write(_insert, "b"),
+                                   db.write(_insert, "a"), return_exceptions=True)
+    assert results[0] == "a" and results[2] == "b"
+    assert isinstance(results[1], ValueError)
+    # A constraint violation is the database refusing the write: a StorageError, nothing stored.
+    assert isinstance(results[3], CtxdError) and results[3].code == ErrorCode.StorageError
+    assert "nothing was stored" in results[3].message
+    assert await db.read(_keys) == ["a", "b"]
+
+
+async def test_a_failing_job_alone_is_rolled_back(db: Database) -> None:
+    def boom(conn: sqlite3.Connection) -> None:
+        _insert(conn, "doomed")
+        raise KeyError("no")
+
+    with pytest.raises(KeyError):
+        await db.write(boom)
+    assert await db.read(_keys) == []
+    assert await db.write(lambda c: c.in_transaction) is True  # the next job gets a fresh transaction
+
+
+class _Gate:
+    """A write job that waits, on the writer's thread, until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def job(self, conn: sqlite3.Connection, key: str) -> str:
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the job"
+        return _insert(conn, key)
+
+    async def wait_entered(self) -> None:
+        while not self.entered.is_set():
+            await asyncio.sleep(0.005)
+
+
+async def test_cancelled_before_it_started_the_job_is_withdrawn(db: Database) -> None:
+    gate = _Gate()
+    first = asyncio.create_task(db.write(gate.job, "first"))
+    await gate.wait_entered()  # the writer is busy with ``first``
+    second = asyncio.create_task(db.write(_insert, "second"))
+    await asyncio.sleep(0)  # queued behind it
+    second.cancel()
+    gate.release.set()
+    assert await first == "first"
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert await db.read(_keys) == ["first"]
+
+
+async def test_a_request_cancelled_by_its_client_after_its_write_started_gets_the_result(db: Database) -> None:
+    gate = _Gate()
+    task = asyncio.create_task(db.write(gate.job, "kept"))
+    await gate.wait_entered()
+    task.cancel(msg=REQUEST_CANCELLED)
+    await asyncio.sleep(0)
+    gate.release.set()
+    assert await task == "kept"  # it took effect, so it is answered with what it did
+    assert await db.read(_keys) == ["kept"]
+
+
+async def test_any_other_cancellation_after_the_write_started_waits_for_the_commit_then_propagates(
+        db: Database) -> None:
+    gate = _Gate()
+    task = asyncio.create_task(db.write(gate.job, "stored"))
+    await gate.wait_entered()
+    task.cancel()
+    await asyncio.sleep(0)
+    assert not task.done()  # still waiting for the commit
+    gate.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await db.read(_keys) == ["stored"]
+
+
+async def test_close_waits_for_queued_writes(tmp_path: Path) -> None:
+    database = Database(tmp_path / "ctxd.db")
+    await database.open()
+    await database.write(_make_table)
+    writes = [asyncio.create_task(database.write(_insert, f"k{i}")) for i in range(10)]
+    await asyncio.sleep(0)
+    await database.close()
+    assert [await w for w in writes] == [f"k{i}" for i in range(10)]
+    with pytest.raises(CtxdError) as info:
+        await database.write(_insert, "late")
+    assert info.value.code == ErrorCode.StorageError
+    again = Database(tmp_path / "ctxd.db")
+    await again.open()
+    try:
+        assert len(await again.read(_keys)) == 10
+    finally:
+        await again.close()
+
+
+async def test_a_file_that_is_not_a_database_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    path = tmp_path / "ctxd.db"
+    path.write_bytes(b"this is not SQLite" * 100)
+    path.chmod(0o600)
+    with pytest.raises(StoreOpenError, match="ctxd-cli doctor"):
+        await Database(path).open()
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ctxd.db"
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {schema_version() + 1}")
+    conn.close()
+    path.chmod(0o600)
+    with pytest.raises(StoreOpenError, match="newer ctxd"):
+        await Database(path).open()
+
+
+async def test_sqlite_thread_runs_calls_in_order_and_closes(tmp_path: Path) -> None:
+    thread = SqliteThread("test-sqlite")
+    await thread.open(lambda: sqlite3.connect(tmp_path / "x.db", isolation_level=None))
+    order: list[int] = []
+    await asyncio.gather(*(thread.call(lambda c, i=i: order.append(i)) for i in range(20)))
+    assert order == list(range(20))
+    with pytest.raises(sqlite3.OperationalError):
+        await thread.call(lambda c: c.execute("SELECT * FROM missing"))
+    await thread.close()
+    with pytest.raises(ThreadClosed):
+        await thread.call(lambda c: None)
