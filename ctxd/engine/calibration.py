@@ -6,7 +6,8 @@ pushed, its own framing). When a pushed message carries provider usage, the inpu
 tokens the provider reported are paired with ctxd's count of what was sent for that
 call. ctxd cannot know whether the client sent ctxd's prompt or its whole history, so
 the pair uses whichever of the two the current fit (or, before there is one, the bare
-ratio) says the report is nearer to.
+ratio) says the report is nearer to; when ctxd handed out a prompt since the last reply,
+that prompt's size is ctxd's side instead (a pass may have run in between).
 
 From the newest pairs a line is fitted, ``reported = ratio * counted + overhead``
 (least squares when the counts spread enough to tell the two apart, else the median
@@ -76,10 +77,11 @@ def fit(samples: list[tuple[int, int]], window: int) -> Fit:
         mean_r = sum(reported) / len(reported)
         var = sum((c - mean_c) ** 2 for c in counted)
         slope = sum((c - mean_c) * (r - mean_r) for c, r in zip(counted, reported)) / var
-        ratio = min(HIGH, max(LOW, slope))
-        overhead = _median([r - ratio * c for c, r in samples])
-        overhead = int(min(max_overhead, max(0.0, overhead)))
-        if overhead > 0:
-            return Fit(round(ratio, 4), overhead)
+        # A slope out of bounds says the pairs are not on one line (a client that sent
+        # something else now and then): the bare ratio is the safer reading.
+        if LOW <= slope <= HIGH:
+            overhead = _median([r - slope * c for c, r in samples])
+            if overhead > 0:
+                return Fit(round(slope, 4), int(min(max_overhead, overhead)))
     ratio = min(HIGH, max(LOW, _median([r / c for c, r in samples])))
     return Fit(round(ratio, 4), 0)

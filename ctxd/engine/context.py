@@ -22,7 +22,7 @@ from typing import Callable, Union
 
 import msgspec
 
-from ctxd.engine.clip import clip_any
+from ctxd.engine.clip import clip_any, clip_message
 from ctxd.engine.render import PromptPlan
 from ctxd.protocol.compression import Checkpoint
 from ctxd.protocol.message import (
@@ -310,7 +310,9 @@ class ActiveContext:
             limit = state.clip_for(entry.seq)
             if limit is not None:
                 if entry.clipped is None or entry.clipped[0] != limit:
-                    view, view_tokens = clip_any(message, tokens, limit, count)
+                    # The user's words are never cut: only the tool results beside them.
+                    clip = clip_message if entry.has_user_text else clip_any
+                    view, view_tokens = clip(message, tokens, limit, count)
                     entry.clipped = (limit, view, view_tokens)
                 entry.view, entry.view_tokens = entry.clipped[1], entry.clipped[2]
                 return

@@ -281,6 +281,9 @@ def summary_rejection(cp: Checkpoint) -> str | None:
 def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkpoint) -> None:
     """Stage 5: the boundary moves forward; the checkpoint replaces what was removed."""
     state = ctx.state
+    # Pinned now, not when the selection was made (a pin may come while a summary is awaited).
+    pinned = ctx.pinned_set
+    selection.keep = [e for e in selection.removed if e.seq in pinned or never_compressed(e)]
     ctx.recent = ctx.recent[selection.cut:]
     ctx.kept = sorted(ctx.kept + selection.keep, key=lambda e: e.seq)
     absorbed = {c.id for c in selection.earlier_truncations} if checkpoint.kind == "truncated" else set()
@@ -305,6 +308,9 @@ def advance(ctx: ActiveContext, selection: Selection) -> bool:
     if len(selection.keep) != len(selection.removed):
         return False
     state = ctx.state
+    # Pinned now, not when the selection was made (a pin may come while a summary is awaited).
+    pinned = ctx.pinned_set
+    selection.keep = [e for e in selection.removed if e.seq in pinned or never_compressed(e)]
     ctx.recent = ctx.recent[selection.cut:]
     ctx.kept = sorted(ctx.kept + selection.keep, key=lambda e: e.seq)
     state.boundary = selection.cut_seq
@@ -325,8 +331,10 @@ def plan_clips(ctx: ActiveContext, max_tokens: int, protected: tuple[str, ...] =
     names = ctx.call_names
     out = []
     for entry in ctx.recent:
-        if entry.seq in pinned or entry.has_user_text or entry.role == "system":
+        if entry.seq in pinned or entry.role == "system" or (entry.has_user_text and not entry.result_ids):
             continue
+        # (The user's words next to tool results, as Claude Code sends them: only the
+        # results are cut, see ActiveContext.view_entry.)
         if entry.result_ids and entry.seq <= horizon and not (
                 protected and any(names.get(i, "") in protected for i in entry.result_ids)):
             continue

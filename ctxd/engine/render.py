@@ -368,19 +368,30 @@ def _closed_prefix(messages: list[Message]) -> tuple[int, set[str]]:
     longer than ``OPEN_HORIZON``: rendering it alone gives what rendering it as part of
     the whole gives (results only move up to their calls). Also the calls in that
     prefix without a result in it."""
-    open_calls: dict[str, int] = {}
+    last_result: dict[str, int] = {}
+    for index, message in enumerate(messages):
+        for result_id in _result_ids(message):
+            last_result[result_id] = index
+    # Open calls in order, as _pair claims results: each call the first result after it.
+    open_calls: list[tuple[str, int]] = []
     unanswered: set[str] = set()
     closed = 0
     closed_unanswered: set[str] = set()
     for index, message in enumerate(messages):
         for result_id in _result_ids(message):
-            open_calls.pop(result_id, None)
-            unanswered.discard(result_id)
+            for position, (call_id, _) in enumerate(open_calls):
+                if call_id == result_id:
+                    del open_calls[position]
+                    break
         for call_id in _call_ids(message):
-            open_calls[call_id] = index
-        for call_id in [c for c, at in open_calls.items() if index - at >= OPEN_HORIZON]:
-            del open_calls[call_id]
-            unanswered.add(call_id)
+            open_calls.append((call_id, index))
+        # A call times out only when no result with its id comes later in these messages
+        # (a later push that brings one makes the renderer start afresh).
+        timed_out = [(c, at) for c, at in open_calls
+                     if index - at >= OPEN_HORIZON and last_result.get(c, -1) <= index]
+        for item in timed_out:
+            open_calls.remove(item)
+            unanswered.add(item[0])
         if not open_calls:
             closed = index + 1
             closed_unanswered = set(unanswered)

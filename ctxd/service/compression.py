@@ -66,6 +66,7 @@ from ctxd.protocol.compression import (
 )
 from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.message import Message
+from ctxd.tokens import PROMPT_PRIMING
 from ctxd.service import notify, snapshots
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
@@ -196,7 +197,10 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
 
 
 def _low_water(policy: CompressionPolicy, budget: Budget) -> int:
-    return math.floor(policy.low_water_fraction * budget.available)
+    """The low-water mark, kept a loop guard's step below the trigger (a session whose own
+    trigger is set lower than the mark would otherwise have passes that free nothing)."""
+    share = min(policy.low_water_fraction, budget.trigger_fraction - policy.min_growth_fraction)
+    return math.floor(max(0.0, share) * budget.available)
 
 
 async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, stage: _Stages,
@@ -207,6 +211,9 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
     policy = cache.policy(state)
     budget = cache.budget(state)
     low_water = _low_water(policy, budget)
+    if _irreducible(ctx) > budget.max_prompt_tokens:
+        await _squeeze(svc, state, ctx, run, focus)  # (says so, and changes nothing)
+        return
 
     # Layer 1: pruning, of the oldest outputs only as far as the low-water mark needs.
     minimum, protect = policy.prune_thresholds(budget.available)
@@ -410,6 +417,19 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
+    floor = _irreducible(ctx)
+    if floor > budget.max_prompt_tokens:
+        # The newest user message alone (with the system part and pins) is bigger than any
+        # prompt: nothing ctxd may do would help, so it changes nothing; context/prompt
+        # refuses with the figures.
+        svc.events.emit(state.id, "context/overflow", OverflowNotification(
+            session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
+            max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
+            pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
+            recent_tokens=ctx.recent_tokens, folded_messages=0,
+            action=f"the newest user message needs {floor} tokens with the system part and pins, more than "
+                   f"{budget.max_prompt_tokens} may be sent: context/prompt will answer with ContextOverflow"))
+        return
     limit = max(MIN_CLIP, math.floor(policy.recent_share * budget.available))
     clips = plan_clips(ctx, limit, policy.protected_tools)
     if clips:
@@ -442,6 +462,16 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     await _overflow(svc, state, ctx, run, _low_water(policy, budget), keep_recent=1)
 
 
+def _irreducible(ctx: ActiveContext) -> int:
+    """What no compression can take out of the prompt: priming, the system prompt and goal,
+    pinned messages, and the newest user message's own words."""
+    newest = next((e for e in reversed(ctx.recent) if e.has_user_text), None)
+    words = 0
+    if newest is not None and newest is ctx.recent[-1] and newest.seq not in ctx.pinned_set:
+        words = newest.tokens.overhead + newest.tokens.text
+    return PROMPT_PRIMING + ctx.system_tokens + ctx.pinned_tokens + words
+
+
 async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
     """Make room from the checkpoints before touching the user's words: every summary
     checkpoint merged into one, re-summarized down by what the prompt is over."""
@@ -456,8 +486,8 @@ async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveCont
     if target >= total:
         return
     out = await _resummarize(svc, state, run, [c.summary for c in summaries], "ultra", target, ctx.goal_text)
-    if out is None:
-        return
+    if out is None or not out[0].strip():
+        return  # an empty re-summary would say less than the checkpoints did
     text, summarizer = out
     merged = summaries[0]
     for other in summaries[1:]:
@@ -502,14 +532,15 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     # guard's step, and further (to half the share at most) when that is what brings the
     # conversation to the low-water mark.
     words = user_tokens(ctx)
-    goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
-    goal = max(cap // 2, min(goal, _low_water(policy, budget) - (ctx.used - words)))
-    chosen = plan_fold_users(ctx, goal, hard_cap=cap)
-    if not chosen:
-        return
     allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
     prior = next((cp.tokens for cp in ctx.checkpoints if cp.kind == "folded"), 0)
+    others = ctx.used - words
+    goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
+    goal = max(cap // 2, min(goal, _low_water(policy, budget) - others))
+    chosen = plan_fold_users(ctx, goal, hard_cap=cap)
     moved = sum(e.view_tokens for e in chosen)
+    if not chosen:
+        return
     freed = moved - max(0, min(allowance, prior + moved) - prior)
     if freed <= FOLD_NOTICE_COST:
         return  # the folded checkpoint would keep (nearly) every word: the prompt would not shrink
@@ -645,7 +676,11 @@ async def ensure_fits(svc: Service, state: SessionState) -> None:
         if budget.prompt_tokens <= budget.max_prompt_tokens:
             return
         why = "it does not fit even after compression"
-        if policy.overflow_policy == "error":
+        floor = _irreducible(await svc.cache.context(state))
+        if floor > budget.max_prompt_tokens:
+            why = (f"the newest user message alone needs {floor} tokens with the system part and pinned "
+                   f"messages (history keeps it; send a shorter one, or use a larger window)")
+        elif policy.overflow_policy == "error":
             why += " (overflow policy is 'error')"
     else:
         why = "automatic compression is off for this session; call context/compress"

@@ -252,7 +252,12 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         stored.append(StoredMessage(last_seq, now, tokens, clean))
         if key is not None:
             seen[key] = (last_seq, tokens.total)
-        _add_stats(stats, message, tokens, context_before + added_context,
+        sent = context_before + added_context
+        if message.usage is not None and state.last_prompt_tokens is not None:
+            # The reply to the prompt ctxd handed out: that is what the provider counted
+            # (a pass may have changed the context since).
+            sent, state.last_prompt_tokens = state.last_prompt_tokens, None
+        _add_stats(stats, message, tokens, sent,
                    PROMPT_PRIMING + state.stored.figures.system + stats.drift.history_context,
                    state.context_window)
         added_context += tokens.context

@@ -48,6 +48,7 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
         budget = svc.cache.budget(state)
         row = state.row
     tokens = budget.prompt_tokens + out.extra_tokens
+    state.last_prompt_tokens = tokens
     common = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,
                   last_seq=row.last_seq, message_count=row.message_count, budget=budget,
                   reliability=session_reliability(state, budget),

@@ -81,6 +81,9 @@ class SessionState:
     rendered: dict[str, tuple[tuple[object, ...], Rendered]] = field(default_factory=dict)
     """The last prompt rendered per format, with the context version it was made from."""
     renderers: dict[str, IncrementalRenderer] = field(default_factory=dict)
+    last_prompt_tokens: int | None = None
+    """The size of the last prompt handed out (ctxd's count), until a reply's usage is paired
+    with it (engine/calibration.py)."""
     """Per format, what was rendered of the conversation so far (reused after pushes)."""
 
     @property

@@ -55,3 +55,9 @@ def test_the_budget_gives_the_providers_room_less_overhead_divided_by_the_ratio(
     assert scaled.max_prompt_tokens == int((plain.max_prompt_tokens - 400) / 1.25)
     assert scaled.available < plain.available and scaled.trigger_at < plain.trigger_at
     assert scaled.max_prompt_tokens * 1.25 + 400 <= plain.max_prompt_tokens  # fits as the provider counts
+
+
+def test_a_slope_out_of_bounds_falls_back_to_the_ratio():
+    # Reports that fall as the prompt grows are not one client on one line.
+    samples = [(1_000, 1_500), (2_000, 1_400), (4_000, 1_300)]
+    assert calibration.fit(samples, 32_768) == Fit(calibration.LOW, 0)

@@ -82,3 +82,37 @@ def test_a_changed_message_renders_everything_again():
     got = renderer.render(PromptPlan(system_parts=[], messages=changed), count)
     want = RENDERERS["openai"](PromptPlan(system_parts=[], messages=changed), count)
     assert msgspec.json.encode(got.messages) == msgspec.json.encode(want.messages)
+
+
+def _call(call_id: str) -> Message:
+    return Message(role="assistant", tool_calls=[ToolCall(id=call_id, function=FunctionCall(name="bash",
+                                                                                         arguments='{"cmd": "ls"}'))])
+
+
+def _same_after_every_push(messages: list[Message]) -> None:
+    for fmt in ("openai", "anthropic", "ollama"):
+        renderer = IncrementalRenderer(fmt)
+        for n in range(1, len(messages) + 1):
+            plan = PromptPlan(system_parts=["sys"], messages=messages[:n])
+            got, want = renderer.render(plan, count), RENDERERS[fmt](plan, count)
+            assert msgspec.json.encode(got.messages) == msgspec.json.encode(want.messages), (fmt, n)
+            assert got.repairs == want.repairs, (fmt, n)
+        fresh = IncrementalRenderer(fmt).render(PromptPlan(system_parts=["sys"], messages=messages), count)
+        whole = RENDERERS[fmt](PromptPlan(system_parts=["sys"], messages=messages), count)
+        assert msgspec.json.encode(fresh.messages) == msgspec.json.encode(whole.messages), fmt
+
+
+def test_a_result_arriving_long_after_its_call_moves_up_as_in_a_full_render():
+    messages = [Message(role="user", content="task"), _call("X")]
+    messages += [Message(role="user" if i % 2 == 0 else "assistant", content=f"turn {i}") for i in range(40)]
+    messages += [_call("Y"), Message(role="tool", tool_call_id="X", content="late result of X")]
+    _same_after_every_push(messages)
+
+
+def test_call_ids_repeated_before_their_results_pair_as_in_a_full_render():
+    # Clients that number their calls per turn reuse ids.
+    messages = [Message(role="user", content="go"), _call("0"), _call("0"),
+                Message(role="tool", tool_call_id="0", content="first"),
+                Message(role="tool", tool_call_id="0", content="second")]
+    messages += [Message(role="user" if i % 2 == 0 else "assistant", content=f"t{i}") for i in range(12)]
+    _same_after_every_push(messages)
