@@ -171,3 +171,56 @@ async def test_only_a_newest_user_message_bigger_than_the_prompt_is_refused():
     finally:
         daemon.stop()
         remove_root(root)
+
+
+async def test_a_huge_tool_result_beside_the_users_words_is_excerpted():
+    """Claude Code sends tool results in a user message with a text block beside them:
+    the results are excerpted, the user's words are not, and there is a prompt."""
+    root = short_root()
+    daemon = CtxdProc(root).start()
+    try:
+        conn = await daemon.connect()
+        drive = await _session(conn, "cc", window=8192)
+        rng = random.Random(4)
+        await drive.push([{"role": "user", "content": "Read the log."}])
+        await drive.push([{"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "cat big.log"}}]}])
+        log = "\n".join(f"{i} " + _prose(rng, 14) for i in range(2500))
+        await drive.push([{"role": "user", "content": [
+            {"type": "tool_result", "toolUseId": "t1", "content": log},
+            {"type": "text", "text": "<system-reminder>keep going</system-reminder>"}]}])
+        for fmt in ("openai", "anthropic"):
+            prompt = await drive.prompt(fmt)
+            assert prompt["tokens"] <= prompt["budget"]["maxPromptTokens"]
+            text = json.dumps(prompt)
+            assert "<system-reminder>keep going</system-reminder>" in text
+            assert "left out by ctxd to fit the context window" in text
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
+
+
+async def test_a_user_message_bigger_than_any_prompt_changes_nothing():
+    root = short_root()
+    daemon = CtxdProc(root).start()
+    try:
+        conn = await daemon.connect()
+        drive = await _session(conn, "keep", window=4096)
+        await drive.push_until(agent_session(seed=3, messages=200), lambda d: len(d.runs) >= 2)
+        before = (await conn.call("context/checkpoints", {"sessionId": "keep"}))["checkpoints"]
+        assert before
+        await drive.push([{"role": "user", "content": "word " * 6000}])
+        try:
+            await drive.prompt("openai")
+        except Exception as exc:
+            assert getattr(exc, "code", None) == -33010
+            assert "newest user message alone" in str(exc)
+        else:
+            raise AssertionError("a user message larger than the window was handed out")
+        after = (await conn.call("context/checkpoints", {"sessionId": "keep"}))["checkpoints"]
+        assert [c["id"] for c in after] == [c["id"] for c in before]  # nothing was compressed away
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
