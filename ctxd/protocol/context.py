@@ -80,9 +80,10 @@ class OpenAIPrompt(_PromptBase, tag="openai"):
 
 class AnthropicPrompt(_PromptBase, tag="anthropic"):
     """``system`` and ``messages`` go straight into ``/v1/messages``. With
-    ``cacheControl`` (the default) ``system`` is a list with one text block, and it and
-    the last message's last block carry ``cache_control`` breakpoints; without, ``system``
-    is a string."""
+    ``cacheControl`` (the default) ``system`` is a list of text blocks (the client's own
+    system text, then ctxd's goal and checkpoints; one block when there is one part), each
+    with a ``cache_control`` breakpoint, as the last message's last block has; without,
+    ``system`` is a string."""
 
     system: Union[str, list[AnthropicText], None]
     messages: list[AnthropicMessage]
