@@ -116,11 +116,9 @@ class App:
         if missing:
             raise RuntimeError(f"methods without a handler: {sorted(missing)}")
 
-    def handler_for(self, conn: Connection, method: str) -> Callable[[Any], Awaitable[Any]] | None:
-        handler = HANDLERS.get(method)
-        if handler is None:
-            return None
-        return partial(self.dispatch, conn, METHODS[method], handler)
+    def handlers_for(self, conn: Connection) -> dict[str, Callable[[Any], Awaitable[Any]]]:
+        """Every method's handler for requests of ``conn`` (raw params in, result out)."""
+        return {name: partial(self.dispatch, conn, spec, HANDLERS[name]) for name, spec in METHODS.items()}
 
     async def dispatch(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
                        raw: Any) -> Any:

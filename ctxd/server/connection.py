@@ -2,8 +2,8 @@
 
 Each connection (the stdio pair, or one accepted socket) gets its own
 :class:`CtxdProtocol`, a pygls ``JsonRPCProtocol`` that keeps pygls' request
-bookkeeping (tasks per request, ``$/cancelRequest``, the result/error callback) and
-changes what a multi-client daemon needs changed:
+bookkeeping (a task per request, kept by id until it is answered, the result
+callback) and changes what a multi-client daemon needs changed:
 
 - messages are decoded and encoded with msgspec (results are msgspec Structs), and
   params stay plain dicts until the handler decodes them against its Struct;
@@ -12,20 +12,35 @@ changes what a multi-client daemon needs changed:
   -32600 after ``shutdown``, and ``exit`` closes this connection only;
 - expected errors (:class:`CtxdError`) become JSON-RPC errors without a traceback
   in the log; anything else is logged once and answered with -32603.
+
+Requests enter pygls through its public ``handle_message`` and are routed to the
+handlers registered on the connection's server with its public ``feature``. Two pygls
+internals remain, because pygls 2.1 has no public way to do what they do (see
+docs/decisions.md, "Foundations"; ``pyproject.toml`` pins pygls to the tested minor
+version, and :func:`check_pygls` fails at import with a clear message if they are gone):
+
+- ``JsonRPCProtocol._send_handler_result(future, *, msg_id)`` is overridden: it is the
+  callback pygls attaches to every request's task, and the only place a result or an
+  error can be encoded with msgspec and mapped to ctxd's error codes (pygls' own
+  serializes with ``json.dumps`` and logs every error with a traceback);
+- ``JsonRPCProtocol._request_futures`` (id -> the request's task) is read: to refuse a
+  duplicate id in flight, to cancel a request with ctxd's own message (a started write
+  still completes), and to finish or cancel what is in flight when a connection ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import inspect
 import itertools
 import logging
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
-from pygls.exceptions import JsonRpcException, JsonRpcMethodNotFound
-from pygls.protocol import JsonRPCProtocol, default_converter
+import pygls
+from pygls.exceptions import JsonRpcException
+from pygls.protocol import JsonRPCProtocol, JsonRPCRequestMessage, default_converter
 from pygls.server import JsonRPCServer
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
@@ -47,6 +62,54 @@ CLOSE_GRACE_SECONDS = 10.0
 # errors, and one that sends requests without reading their answers must not make the
 # daemon hold more than this for it.
 MAX_PENDING_OUTPUT_BEFORE_INITIALIZE = 1024 * 1024
+
+
+PYGLS_TESTED = "2.1"
+"""The pygls minor version whose internals (below) ctxd was tested with."""
+
+
+def check_pygls() -> None:
+    """Fail clearly, at import, if the pygls internals ctxd relies on are gone or changed.
+
+    ``_send_handler_result(future, *, msg_id)`` must exist to be overridden, and
+    ``_request_futures`` must be the dict ``JsonRPCProtocol`` keeps its requests' tasks in.
+    (``tests/unit/test_pygls_internals.py`` also checks that pygls still calls them as
+    ctxd expects.)"""
+    version = getattr(pygls, "__version__", None) or _dist_version("pygls")
+    missing: list[str] = []
+    hook = getattr(JsonRPCProtocol, "_send_handler_result", None)
+    if hook is None:
+        missing.append("JsonRPCProtocol._send_handler_result")
+    else:
+        params = inspect.signature(hook).parameters
+        if list(params)[:2] != ["self", "future"] or params.get("msg_id") is None \
+                or params["msg_id"].kind is not inspect.Parameter.KEYWORD_ONLY:
+            missing.append("JsonRPCProtocol._send_handler_result(self, future, *, msg_id)")
+    for method in ("__init__", "_execute_handler"):
+        fn = getattr(JsonRPCProtocol, method, None)
+        if fn is None or "_request_futures" not in fn.__code__.co_names:
+            missing.append(f"JsonRPCProtocol._request_futures (kept by {method})")
+    if missing:
+        raise ImportError(
+            f"ctxd relies on pygls internals that pygls {version} does not have: {', '.join(missing)}. "
+            f"ctxd was tested with pygls {PYGLS_TESTED}.x: install it (pip install 'pygls>={PYGLS_TESTED},<2.2'), "
+            f"or see docs/decisions.md (Foundations) for what these internals do and how to replace them.")
+
+
+def _dist_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "(unknown version)"
+
+
+check_pygls()
+
+_CONVERTER = default_converter()
+"""One converter for every connection: ctxd encodes and decodes with msgspec, so pygls'
+converter only serves its own fallback paths (building one costs ~8 ms per connection)."""
 
 
 class Writer:
@@ -164,21 +227,19 @@ class CtxdProtocol(JsonRPCProtocol):
         if refusal is not None:
             self.send_error(msg_id, *refusal)
             return
-        contextvars.copy_context().run(self._handle_request, msg_id, method, params)
+        if method not in self.fm.features:
+            log.warning("request %r: unknown method %r", msg_id, method)
+            self.send_error(msg_id, ErrorCode.MethodNotFound, f"Method Not Found: {method}")
+            return
+        # pygls runs the handler registered for it as a task, kept in _request_futures
+        # until _send_handler_result answers it.
+        self.handle_message(JsonRPCRequestMessage(id=msg_id, method=method, jsonrpc="2.0", params=params))
         if method == "initialize":
             future = self._request_futures.get(msg_id)
             if future is None:
                 conn.initialize_finished()
             else:  # a done-callback runs even when the request is cancelled before it starts
                 future.add_done_callback(lambda _: conn.initialize_finished())
-
-    def _get_handler(self, feature_name: str) -> Callable[..., Any]:
-        conn = self.connection
-        assert conn is not None
-        handler = conn.app.handler_for(conn, feature_name)
-        if handler is None:
-            raise JsonRpcMethodNotFound.of(feature_name)
-        return handler
 
     def cancel(self, msg_id: Any) -> None:
         future = self._request_futures.get(msg_id)
@@ -188,6 +249,7 @@ class CtxdProtocol(JsonRPCProtocol):
     # --- outbound --------------------------------------------------------------------
 
     def _send_handler_result(self, future: Future[Any], *, msg_id: Any) -> None:  # type: ignore[override]
+        """(A pygls internal, overridden: the done-callback of every request's task.)"""
         self._request_futures.pop(msg_id, None)
         if future.cancelled():
             self.send_error(msg_id, ErrorCode.RequestCancelled, f"request {msg_id!r} was cancelled")
@@ -227,18 +289,6 @@ class CtxdProtocol(JsonRPCProtocol):
             body = _encode({"jsonrpc": "2.0", "id": payload.get("id"),
                             "error": {"code": int(ErrorCode.InternalError), "message": f"cannot encode result: {exc}"}})
         conn.writer.write(b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
-
-    def _send_response(self, msg_id: Any, result: Any | None = None, error: Any | None = None) -> None:
-        """pygls' own error paths (unknown method) land here."""
-        if error is not None:
-            self.send_error(msg_id, error.code, error.message, error.data)
-        else:
-            self._send_frame({"jsonrpc": "2.0", "id": msg_id, "result": result})
-
-    def _send_data(self, data: Any) -> None:
-        if hasattr(data, "__attrs_attrs__"):
-            data = self._converter.unstructure(data)
-        self._send_frame(data)
 
 
 class _ConnectionServer(JsonRPCServer):
@@ -295,9 +345,14 @@ class Connection:
         self._task: asyncio.Task[None] | None = None
         self.client_name: str | None = None
         self.subscriptions: set[str] = set()
-        server = _ConnectionServer(CtxdProtocol, default_converter)
+        server = _ConnectionServer(CtxdProtocol, lambda: _CONVERTER)
+        for method, handler in app.handlers_for(self).items():
+            server.feature(method)(handler)
         self.protocol: CtxdProtocol = server.protocol  # type: ignore[assignment]
         self.protocol.connection = self
+        # Whatever pygls might still answer on its own (it has no path left that does)
+        # goes out framed on this connection, not nowhere.
+        self.protocol.set_writer(writer)
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.transport} {self.client_name or ''}>"
