@@ -1,5 +1,10 @@
 """The method and notification tables: the single list the server dispatches from,
-``initialize`` advertises, and ``python -m ctxd.protocol.generate`` documents."""
+``initialize`` advertises, and ``python -m ctxd.protocol.generate`` documents.
+
+A notification the daemon sends is named by its params Struct: the service emits
+``SessionUpdated(...)``, and :func:`notification_method` finds ``session/updated`` here.
+Each such Struct belongs to exactly one notification (checked as the table is built).
+"""
 
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ class NotificationSpec:
 
 METHODS: dict[str, MethodSpec] = {}
 NOTIFICATIONS: dict[str, NotificationSpec] = {}
+NOTIFICATION_METHODS: dict[type, str] = {}
+"""The params Struct of each notification the daemon sends -> its method."""
 
 
 def method(name: str, params: Any, result: Any, doc: str, params_optional: bool = False) -> None:
@@ -36,6 +43,20 @@ def method(name: str, params: Any, result: Any, doc: str, params_optional: bool 
 
 def notification(name: str, params: Any, doc: str, direction: str = "server->client") -> None:
     NOTIFICATIONS[name] = NotificationSpec(name, params, doc, direction)
+    if direction == "server->client":
+        other = NOTIFICATION_METHODS.setdefault(params, name)
+        if other != name:
+            raise TypeError(f"{params.__name__} is the params of both {other} and {name}: a notification the "
+                            f"daemon sends is named by its Struct, so each needs a Struct of its own")
+
+
+def notification_method(params: Any) -> str:
+    """The method of the notification whose params ``params`` is (a Struct instance)."""
+    try:
+        return NOTIFICATION_METHODS[type(params)]
+    except KeyError:
+        raise TypeError(f"{type(params).__name__} is not the params of a notification in "
+                        f"ctxd.protocol.methods") from None
 
 
 # --- lifecycle ---------------------------------------------------------------------

@@ -44,6 +44,7 @@ from pygls.protocol import JsonRPCProtocol, JsonRPCRequestMessage, default_conve
 from pygls.server import JsonRPCServer
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.methods import notification_method
 from ctxd.server.framing import FrameError, FrameReader
 from ctxd.store.db import REQUEST_CANCELLED
 
@@ -462,8 +463,9 @@ class Connection:
         elif self.initialized and not self.shutdown_requested:
             log.debug("ignoring unknown notification %r", method)
 
-    def notify(self, method: str, params: Any) -> None:
-        self.protocol.notify(method, params)
+    def notify(self, notification: Any) -> None:
+        """Send ``notification`` (a notification's params Struct, which names its method) to this client."""
+        self.protocol.notify(notification_method(notification), notification)
 
     def send_frame(self, frame: bytes) -> None:
         """An already encoded frame (a notification encoded once for many connections)."""

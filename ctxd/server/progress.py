@@ -16,12 +16,10 @@ class WorkDoneProgress:
         self.token = token
 
     def begin(self, title: str, message: str | None = None) -> None:
-        self.conn.notify("$/progress", ProgressParams(self.token, ProgressBegin(title=title, message=message,
-                                                                                 percentage=0)))
+        self.conn.notify(ProgressParams(self.token, ProgressBegin(title=title, message=message, percentage=0)))
 
     def report(self, percentage: int, message: str | None = None) -> None:
-        self.conn.notify("$/progress", ProgressParams(self.token, ProgressReport(message=message,
-                                                                                  percentage=percentage)))
+        self.conn.notify(ProgressParams(self.token, ProgressReport(message=message, percentage=percentage)))
 
     def end(self, message: str | None = None) -> None:
-        self.conn.notify("$/progress", ProgressParams(self.token, ProgressEnd(message=message)))
+        self.conn.notify(ProgressParams(self.token, ProgressEnd(message=message)))

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from ctxd.protocol.methods import notification_method
 from ctxd.server.connection import Connection
 
 WILDCARD = "*"
@@ -56,11 +57,12 @@ class Hub:
     def listeners(self, session_id: str) -> set[Connection]:
         return self._listeners.get(session_id, set()) | self._listeners.get(WILDCARD, set())
 
-    def emit(self, session_id: str, method: str, params: Any) -> None:
+    def emit(self, session_id: str, notification: Any) -> None:
+        method = notification_method(notification)
         targets = self.listeners(session_id)
         if not targets:
             return
-        data = frame(method, params)
+        data = frame(method, notification)
         for conn in targets:
             if not conn.closed.is_set():
                 conn.send_frame(data)

@@ -111,7 +111,7 @@ class _Stages:
 
     def __call__(self, stage: str, message: str) -> None:
         percentage = STAGES[stage]
-        self.svc.events.emit(self.state.id, "context/compressing", CompressingNotification(
+        self.svc.events.emit(self.state.id, CompressingNotification(
             session_id=self.state.id, stage=stage, percentage=percentage, message=message))  # type: ignore[arg-type]
         self.progress.report(percentage, message)
 
@@ -131,7 +131,7 @@ def schedule(svc: Service, state: SessionState) -> None:
         task.add_done_callback(svc.tasks.discard)
     elif decision.skip_kind is not None and state.skip_reason != decision.skip_kind:
         state.skip_reason = decision.skip_kind
-        svc.events.emit(state.id, "context/compressionSkipped", CompressionSkippedNotification(
+        svc.events.emit(state.id, CompressionSkippedNotification(
             session_id=state.id, reason=decision.reason, used=budget.used, trigger_at=budget.trigger_at))
 
 
@@ -188,7 +188,7 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
             reason = exc.message if isinstance(exc, CtxdError) else f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, CtxdError):
                 log.exception("compression of %s failed", state.id)
-            svc.events.emit(state.id, "context/compressionFailed", CompressionFailedNotification(
+            svc.events.emit(state.id, CompressionFailedNotification(
                 session_id=state.id, reason=reason, fallback="the active context is unchanged"))
             raise CtxdError(ErrorCode.CompressionFailed, f"compression failed: {reason}") from exc
         result = await _finish(svc, state, ctx, run)
@@ -269,8 +269,7 @@ async def _summarize_selection(svc: Service, state: SessionState, ctx: ActiveCon
         cache.refresh(state, system=True)
     run.created.append(checkpoint)
     run.layers.append("truncate" if checkpoint.kind == "truncated" else "summarize")
-    svc.events.emit(state.id, "checkpoint/created",
-                    CheckpointCreatedNotification(session_id=state.id, checkpoint=checkpoint))
+    svc.events.emit(state.id, CheckpointCreatedNotification(session_id=state.id, checkpoint=checkpoint))
     stage("aging", "ageing older checkpoints")
     await _age_and_merge(svc, state, ctx, run, exclude=checkpoint.id)
 
@@ -315,7 +314,7 @@ async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext,
     if rejection is None:
         return checkpoint
     run.fallback = "; ".join(filter(None, [run.fallback, rejection]))
-    svc.events.emit(state.id, "context/compressionFailed", CompressionFailedNotification(
+    svc.events.emit(state.id, CompressionFailedNotification(
         session_id=state.id, reason=rejection, fallback="truncation"))
     run.summarizer = "truncation"
     return truncation_checkpoint(selection, now=now_iso(), number=number, count=count)
@@ -325,7 +324,7 @@ def _tell_fallback(svc: Service, state: SessionState, run: _Pass, reason: str | 
     """A summarizer let us down and another stood in: tell clients, once per pass."""
     if reason and not run.told_fallback:
         run.told_fallback = True
-        svc.events.emit(state.id, "context/compressionFailed", CompressionFailedNotification(
+        svc.events.emit(state.id, CompressionFailedNotification(
             session_id=state.id, reason=reason, fallback=used))
 
 
@@ -373,7 +372,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             ctx.checkpoints = [aged if c.id == cp.id else c for c in ctx.checkpoints]
             cache.refresh(state, system=True)
         run.detail.setdefault("aged", []).append(cp.id)
-        svc.events.emit(state.id, "checkpoint/aged", CheckpointAgedNotification(
+        svc.events.emit(state.id, CheckpointAgedNotification(
             session_id=state.id, checkpoint_id=cp.id, from_level=cp.level, to_level=aged.level,
             before_tokens=cp.tokens, after_tokens=aged.tokens))
     policy = cache.policy(state)
@@ -405,7 +404,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             cache.refresh(state, system=True)
         run.created.append(merged)
         run.detail.setdefault("merged", []).append([first.id, second.id, merged.id])
-        svc.events.emit(state.id, "checkpoint/merged", CheckpointMergedNotification(
+        svc.events.emit(state.id, CheckpointMergedNotification(
             session_id=state.id, merged_ids=[first.id, second.id], into_id=merged.id, tokens=merged.tokens))
 
 
@@ -422,7 +421,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         # The newest user message alone (with the system part and pins) is bigger than any
         # prompt: nothing ctxd may do would help, so it changes nothing; context/prompt
         # refuses with the figures.
-        svc.events.emit(state.id, "context/overflow", OverflowNotification(
+        svc.events.emit(state.id, OverflowNotification(
             session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
             max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
             pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
@@ -512,7 +511,7 @@ async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveCont
     run.layers.append("shrink")
     run.detail.setdefault("shrunk", []).append({"from": sorted(ids), "into": merged.id, "tokens": merged.tokens})
     if len(summaries) > 1:
-        svc.events.emit(state.id, "checkpoint/merged", CheckpointMergedNotification(
+        svc.events.emit(state.id, CheckpointMergedNotification(
             session_id=state.id, merged_ids=[c.id for c in summaries], into_id=merged.id, tokens=merged.tokens))
 
 
@@ -559,7 +558,7 @@ async def _apply_fold(svc: Service, state: SessionState, ctx: ActiveContext, run
     run.created.append(cp)
     run.layers.append("fold")
     run.detail.setdefault("folded", []).extend(e.seq for e in chosen)
-    svc.events.emit(state.id, "checkpoint/created", CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
+    svc.events.emit(state.id, CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
 
 
 async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, low_water: int,
@@ -589,7 +588,7 @@ async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: 
     action = (f"folding the {len(chosen)} oldest user messages into a checkpoint" if chosen
               else "nothing can be folded: context/prompt will answer with ContextOverflow"
               if policy.overflow_policy == "fold" else "context/prompt will answer with ContextOverflow")
-    svc.events.emit(state.id, "context/overflow", OverflowNotification(
+    svc.events.emit(state.id, OverflowNotification(
         session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
         max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
         pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
@@ -631,14 +630,14 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
         budget = svc.cache.budget(state)
     if compressed:
         freed = run.before - after
-        svc.events.emit(state.id, "context/compressed", CompressedNotification(
+        svc.events.emit(state.id, CompressedNotification(
             session_id=state.id, layers=run.layers, before_tokens=run.before, after_tokens=after,  # type: ignore[arg-type]
             freed_tokens=freed, ratio=round(after / run.before, 4) if run.before else 1.0, checkpoint_ids=ids,
             duration_ms=duration, compression_number=ctx.state.compression_count, summarizer=run.summarizer,
             trigger=run.trigger))  # type: ignore[arg-type]
         notify.updated(svc, state, "compressed")
     else:
-        svc.events.emit(state.id, "context/compressionSkipped", CompressionSkippedNotification(
+        svc.events.emit(state.id, CompressionSkippedNotification(
             session_id=state.id, reason="nothing could be compressed (everything left is recent, pinned "
                                         "or the user's own words)", used=budget.used, trigger_at=budget.trigger_at))
     notify.after_change(svc, state, budget)

@@ -76,7 +76,7 @@ async def watermark(svc: Service, params: WatermarkParams) -> WatermarkResult:
                            context_tokens=state.row.context_tokens)
         after = ctx.prompt_tokens
         budget = svc.cache.budget(state)
-    svc.events.emit(state.id, "context/compressed", CompressedNotification(
+    svc.events.emit(state.id, CompressedNotification(
         session_id=state.id, layers=["watermark"], before_tokens=before, after_tokens=after,
         freed_tokens=before - after, ratio=round(after / before, 4) if before else 1.0, checkpoint_ids=[],
         duration_ms=0.0, compression_number=ctx.state.compression_count, trigger="request"))

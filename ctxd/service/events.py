@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from ctxd.protocol.methods import notification_method
+
 
 class EventSink(Protocol):
-    def emit(self, session_id: str, method: str, params: Any) -> None:
-        """Deliver notification ``method`` about ``session_id`` to whoever listens."""
+    def emit(self, session_id: str, notification: Any) -> None:
+        """Deliver ``notification`` about ``session_id`` to whoever listens. It is the params
+        Struct of a notification in ``ctxd.protocol.methods`` (``SessionUpdated(...)``),
+        which names its method (:func:`~ctxd.protocol.methods.notification_method`)."""
 
 
 class Progress(Protocol):
@@ -25,21 +29,32 @@ class Progress(Protocol):
 
 
 class NullEvents:
-    def emit(self, session_id: str, method: str, params: Any) -> None:
-        return None
+    def emit(self, session_id: str, notification: Any) -> None:
+        notification_method(notification)  # (what any sink would refuse, refused here too)
 
 
 class CollectingEvents:
-    """Keeps every event, for tests and in-process use."""
+    """Keeps every event as ``(session_id, method, params)``, for tests and in-process use."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str, Any]] = []
 
-    def emit(self, session_id: str, method: str, params: Any) -> None:
-        self.events.append((session_id, method, params))
+    def emit(self, session_id: str, notification: Any) -> None:
+        self.events.append((session_id, notification_method(notification), notification))
 
-    def of(self, method: str) -> list[Any]:
-        return [p for _, m, p in self.events if m == method]
+    def of(self, kind: str | type, session_id: str | None = None) -> list[Any]:
+        """The params of every event of ``kind`` (a method, or a params Struct class), in order;
+        of one session's only, given ``session_id``."""
+        return [p for s, m, p in self.events
+                if (m == kind if isinstance(kind, str) else isinstance(p, kind))
+                and (session_id is None or s == session_id)]
+
+    def methods(self, session_id: str | None = None) -> list[str]:
+        """The methods of the events, in order (of one session's, given ``session_id``)."""
+        return [m for s, m, _ in self.events if session_id is None or s == session_id]
+
+    def clear(self) -> None:
+        self.events.clear()
 
 
 class NullProgress:

@@ -344,7 +344,7 @@ async def _adopt_derived(svc: Service, state: SessionState, derived: _Derived) -
                        context_tokens=state.row.context_tokens)
     if derived.watermark is not None:
         after = ctx.prompt_tokens
-        svc.events.emit(state.id, "context/compressed", CompressedNotification(
+        svc.events.emit(state.id, CompressedNotification(
             session_id=state.id, layers=["watermark"], before_tokens=before, after_tokens=after,
             freed_tokens=before - after, ratio=round(after / before, 4) if before else 1.0, checkpoint_ids=[],
             duration_ms=0.0, compression_number=ctx.state.compression_count, summarizer=None, trigger="auto"))

@@ -35,7 +35,7 @@ def after_change(svc: Service, state: SessionState, budget: Budget) -> None:
     if level != cstate.threshold_level:
         cstate.threshold_level = level
         if level is not None:
-            svc.events.emit(state.id, "context/threshold", ThresholdNotification(
+            svc.events.emit(state.id, ThresholdNotification(
                 session_id=state.id, level=level, prompt_tokens=budget.prompt_tokens,  # type: ignore[arg-type]
                 max_prompt_tokens=budget.max_prompt_tokens, used=budget.used, trigger_at=budget.trigger_at))
     rel = session_reliability(state, budget)
@@ -43,12 +43,12 @@ def after_change(svc: Service, state: SessionState, budget: Budget) -> None:
         previous = cstate.reliability_level
         cstate.reliability_level = rel.level
         if previous is not None or rel.level != "high":
-            svc.events.emit(state.id, "context/reliability", ReliabilityNotification(
+            svc.events.emit(state.id, ReliabilityNotification(
                 session_id=state.id, reliability=rel, previous_level=previous))  # type: ignore[arg-type]
 
 
 def updated(svc: Service, state: SessionState, reason: str, pushed: int = 0) -> None:
     row = state.row
-    svc.events.emit(state.id, "session/updated", notifications.SessionUpdated(
+    svc.events.emit(state.id, notifications.SessionUpdated(
         session_id=state.id, reason=reason, last_seq=row.last_seq, message_count=row.message_count,  # type: ignore[arg-type]
         token_count=row.token_count, context_tokens=row.context_tokens, pushed=pushed))

@@ -181,8 +181,7 @@ async def delete_session(svc: Service, session_id: str, *, reason: str = "reques
     async with state.compress_lock, state.lock:
         deleted = await svc.db.write(job)
         svc.cache.forget(session_id)
-    svc.events.emit(session_id, "session/deleted",
-                    notifications.SessionDeleted(session_id=session_id, reason=reason, detail=detail))  # type: ignore[arg-type]
+    svc.events.emit(session_id, notifications.SessionDeleted(session_id=session_id, reason=reason, detail=detail))  # type: ignore[arg-type]
     return SessionDeleteResult(session_id=session_id, deleted_messages=deleted)
 
 

@@ -89,13 +89,13 @@ async def _take(svc: Service, state: SessionState, trigger: str, label: str | No
     try:
         deleted = await svc.db.write(job)
     except CtxdError as exc:
-        svc.events.emit(state.id, "snapshot/error", SnapshotError(session_id=state.id, operation="create",
+        svc.events.emit(state.id, SnapshotError(session_id=state.id, operation="create",
                                                                   reason=exc.message))
         raise CtxdError(ErrorCode.SnapshotFailed, f"snapshot not written: {exc.message}") from exc
-    svc.events.emit(state.id, "snapshot/created", SnapshotCreated(session_id=state.id, snapshot=info))
+    svc.events.emit(state.id, SnapshotCreated(session_id=state.id, snapshot=info))
     deleted = [d for d in deleted if d != info.snapshot_id]
     if deleted:
-        svc.events.emit(state.id, "snapshot/deleted", SnapshotDeleted(session_id=state.id, snapshot_ids=deleted,
+        svc.events.emit(state.id, SnapshotDeleted(session_id=state.id, snapshot_ids=deleted,
                                                                       reason="rolling"))
     return info
 
@@ -181,7 +181,7 @@ async def delete(svc: Service, params: SnapshotRef) -> SnapshotDeleteResult:
     if not deleted:
         raise CtxdError(ErrorCode.SnapshotNotFound, f"no snapshot {params.snapshot_id!r} in session {state.id!r}",
                         {"field": "snapshotId", "snapshotId": params.snapshot_id})
-    svc.events.emit(state.id, "snapshot/deleted", SnapshotDeleted(session_id=state.id, snapshot_ids=deleted,
+    svc.events.emit(state.id, SnapshotDeleted(session_id=state.id, snapshot_ids=deleted,
                                                                   reason="request"))
     return SnapshotDeleteResult(session_id=state.id, deleted=deleted)
 
@@ -220,7 +220,7 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
         try:
             await svc.db.write(job)
         except CtxdError as exc:
-            svc.events.emit(state.id, "snapshot/error", SnapshotError(session_id=state.id, operation="restore",
+            svc.events.emit(state.id, SnapshotError(session_id=state.id, operation="restore",
                                                                       reason=exc.message))
             raise CtxdError(ErrorCode.SnapshotFailed, f"restore failed, nothing changed: {exc.message}") from exc
         state.stored = restored
@@ -230,7 +230,7 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
         await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
                            context_tokens=state.row.context_tokens)
         budget = svc.cache.budget(state)
-    svc.events.emit(state.id, "snapshot/restored", SnapshotRestored(
+    svc.events.emit(state.id, SnapshotRestored(
         session_id=state.id, snapshot_id=snap.info.snapshot_id, backup_snapshot_id=backup.snapshot_id,
         rolled_back_from=rolled[0] if rolled else None, rolled_back_to=rolled[1] if rolled else None))
     notify.updated(svc, state, "restored")
