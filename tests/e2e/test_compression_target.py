@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
+from collections.abc import AsyncIterator
 
 from tests.e2e.compression_helpers import (
     Conn,
@@ -43,16 +45,27 @@ def chat(seed: int, turns: int) -> list[Turn]:
     return out
 
 
+@contextlib.asynccontextmanager
+async def _daemon() -> AsyncIterator[Conn]:
+    """A daemon on a temp socket and one connection to it, both gone afterwards."""
+    root = short_root()
+    daemon = CtxdProc(root).start()
+    try:
+        conn = await daemon.connect()
+        yield conn
+        await conn.close()
+    finally:
+        daemon.stop()
+        remove_root(root)
+
+
 def _prefix_kept(prev: dict, new: dict) -> bool:
     a, b = prev["messages"], new["messages"]
     return len(b) >= len(a) and b[:len(a)] == a
 
 
 async def test_chat_keeps_its_prefix_uses_the_window_and_keeps_user_words():
-    root = short_root()
-    daemon = CtxdProc(root).start()
-    try:
-        conn = await daemon.connect()
+    async with _daemon() as conn:
         drive = await _session(conn, "chat", window=8192)
         user_cost = 0
         previous = None
@@ -85,19 +98,12 @@ async def test_chat_keeps_its_prefix_uses_the_window_and_keeps_user_words():
         assert changed <= len(drive.runs)
         assert kept / (kept + changed) >= 0.9, (kept, changed)
         assert statistics.median(fill_after_first) >= 0.6, statistics.median(fill_after_first)
-        await conn.close()
-    finally:
-        daemon.stop()
-        remove_root(root)
 
 
 async def test_a_large_window_keeps_most_of_the_conversation_verbatim():
     """At 32k an agent session of several times the window compresses only its oldest
     part: the prompt after every pass is still at least half the largest prompt."""
-    root = short_root()
-    daemon = CtxdProc(root).start()
-    try:
-        conn = await daemon.connect()
+    async with _daemon() as conn:
         drive = await _session(conn, "big", window=32768, model="llama3.1:70b")
         await drive.push_until(agent_session(seed=5, messages=1200), lambda d: len(d.runs) >= 4)
         assert len(drive.runs) >= 4
@@ -107,20 +113,13 @@ async def test_a_large_window_keeps_most_of_the_conversation_verbatim():
             assert run.used_before - run.used_after >= 0.1 * run.available
         prompt = await drive.prompt("openai")
         assert not check_prompt(prompt, 32768)
-        await conn.close()
-    finally:
-        daemon.stop()
-        remove_root(root)
 
 
 async def test_an_assistant_message_bigger_than_the_prompt_is_excerpted():
     """The newest assistant message alone is larger than the largest prompt (a long answer
     and a huge write_file call): the prompt carries excerpts of both with a notice, and
     history has them whole."""
-    root = short_root()
-    daemon = CtxdProc(root).start()
-    try:
-        conn = await daemon.connect()
+    async with _daemon() as conn:
         drive = await _session(conn, "huge", window=4096)
         rng = random.Random(2)
         await drive.push([{"role": "user", "content": "Write the whole module, please."}])
@@ -147,17 +146,10 @@ async def test_an_assistant_message_bigger_than_the_prompt_is_excerpted():
         stored = next(m for m in history["messages"] if m["message"]["role"] == "assistant")["message"]
         assert stored["content"] == answer
         assert json.loads(stored["toolCalls"][0]["function"]["arguments"])["content"] == content
-        await conn.close()
-    finally:
-        daemon.stop()
-        remove_root(root)
 
 
 async def test_only_a_newest_user_message_bigger_than_the_prompt_is_refused():
-    root = short_root()
-    daemon = CtxdProc(root).start()
-    try:
-        conn = await daemon.connect()
+    async with _daemon() as conn:
         drive = await _session(conn, "too-big", window=2048)
         await drive.push([{"role": "user", "content": "word " * 3000}])
         try:
@@ -167,19 +159,12 @@ async def test_only_a_newest_user_message_bigger_than_the_prompt_is_refused():
             assert exc.data["promptTokens"] > exc.data["maxPromptTokens"]  # type: ignore[attr-defined]
         else:
             raise AssertionError("a user message larger than the window was handed out")
-        await conn.close()
-    finally:
-        daemon.stop()
-        remove_root(root)
 
 
 async def test_a_huge_tool_result_beside_the_users_words_is_excerpted():
     """Claude Code sends tool results in a user message with a text block beside them:
     the results are excerpted, the user's words are not, and there is a prompt."""
-    root = short_root()
-    daemon = CtxdProc(root).start()
-    try:
-        conn = await daemon.connect()
+    async with _daemon() as conn:
         drive = await _session(conn, "cc", window=8192)
         rng = random.Random(4)
         await drive.push([{"role": "user", "content": "Read the log."}])
@@ -195,17 +180,10 @@ async def test_a_huge_tool_result_beside_the_users_words_is_excerpted():
             text = json.dumps(prompt)
             assert "<system-reminder>keep going</system-reminder>" in text
             assert "left out by ctxd to fit the context window" in text
-        await conn.close()
-    finally:
-        daemon.stop()
-        remove_root(root)
 
 
 async def test_a_user_message_bigger_than_any_prompt_changes_nothing():
-    root = short_root()
-    daemon = CtxdProc(root).start()
-    try:
-        conn = await daemon.connect()
+    async with _daemon() as conn:
         drive = await _session(conn, "keep", window=4096)
         await drive.push_until(agent_session(seed=3, messages=200), lambda d: len(d.runs) >= 2)
         before = (await conn.call("context/checkpoints", {"sessionId": "keep"}))["checkpoints"]
@@ -220,7 +198,3 @@ async def test_a_user_message_bigger_than_any_prompt_changes_nothing():
             raise AssertionError("a user message larger than the window was handed out")
         after = (await conn.call("context/checkpoints", {"sessionId": "keep"}))["checkpoints"]
         assert [c["id"] for c in after] == [c["id"] for c in before]  # nothing was compressed away
-        await conn.close()
-    finally:
-        daemon.stop()
-        remove_root(root)
