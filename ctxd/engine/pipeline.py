@@ -11,56 +11,29 @@ preparation and checkpoint creation:
     validation (90-100%)      the summary must be smaller than what it replaces, and
                               the prompt must fit
 
-Also here: when to compress at all (trigger and loop guard), truncation (the last
-resort when no summary can be had), and folding the user's words when even what may
-never be compressed no longer fits (the overflow policy).
+Also here: truncation (the last resort when no summary can be had), excerpts of
+recent messages too big for any prompt, and which messages hold the other half of a
+tool call. When to compress at all is ``engine/trigger.py``; folding the user's words
+when even what may never be compressed no longer fits (the overflow policy) is
+``engine/folding.py``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id, truncation_notice
-from ctxd.engine.clip import excerpt
-from ctxd.engine.context import ActiveContext, ClipEvent, CompressionState, Entry, never_compressed
+from ctxd.engine.context import ActiveContext, ClipEvent, Entry, never_compressed
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.protocol.compression import Checkpoint, ToolUse, merge_ranges, seq_ranges
 from ctxd.protocol.context import Budget
-from ctxd.protocol.message import Message, TextBlock
+from ctxd.protocol.message import Message
 
 STAGES = {
     "identification": 0, "preparation": 15, "summarization": 25, "checkpoint": 70,
     "update": 80, "aging": 85, "validation": 90,
 }
-
-
-# --- when -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Decision:
-    compress: bool
-    reason: str
-    skip_kind: str | None = None
-    """Set when the trigger was passed but compression may not run: worth telling clients."""
-
-
-def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy) -> Decision:
-    """Whether automatic compression should run now (seed 000: at 80% of available)."""
-    fits = budget.prompt_tokens <= budget.max_prompt_tokens
-    if budget.used <= budget.trigger_at and fits:
-        return Decision(False, "below the trigger")
-    if not policy.auto:
-        return Decision(False, "automatic compression is off for this session", "auto-off")
-    last = state.last_after_used
-    if fits and last is not None:
-        needed = last + math.ceil(policy.min_growth_fraction * budget.available)
-        if budget.used < needed:
-            return Decision(False, f"the conversation grew to {budget.used} tokens since the last compression "
-                                   f"left {last}; waiting for {needed} (no compaction loops)", "growth")
-    return Decision(True, "over the trigger" if fits else "the prompt no longer fits")
 
 
 # --- identification and preparation ---------------------------------------------------
@@ -357,199 +330,6 @@ def apply_clips(ctx: ActiveContext, seqs: list[int], max_tokens: int, at: str) -
 
 def fits(ctx: ActiveContext, budget: Budget) -> bool:
     return ctx.prompt_tokens <= budget.max_prompt_tokens
-
-
-# --- overflow: folding the user's words -------------------------------------------------
-
-
-def _user_text(entry: Entry) -> str:
-    content = entry.message.content
-    if isinstance(content, str):
-        return content
-    return "\n".join(b.text for b in content or () if isinstance(b, TextBlock))
-
-
-def _folded_line(entry: Entry) -> str:
-    """``[message N] words``; continuation lines are indented so entries stay separable."""
-    return f"[message {entry.seq}] " + _user_text(entry).replace("\n", "\n    ")
-
-
-def _folded_notice(dropped: int, ranges: str = "", checkpoint_id: str = "") -> str:
-    where = f" (messages {ranges})" if ranges else ""
-    how = (f"checkpoint/expand {checkpoint_id} or session/history returns them" if checkpoint_id
-           else "session/history returns them")
-    return (f"[{dropped} older user messages{where} are folded out of the prompt to fit the window; "
-            f"they are whole in history: {how}]")
-
-
-def _dropped_ranges(seqs: list[int], lines: list[str]) -> str:
-    """The folded messages whose words no longer fit the folded checkpoint, as ranges."""
-    shown = {int(line[len("[message "):line.index("]")]) for line in lines}
-    gone = sorted(set(seqs) - shown)
-    runs = seq_ranges(gone)
-    if len(runs) > 4:  # user messages alternate with replies: name the span, not every seq
-        return f"between {gone[0]} and {gone[-1]}"
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def _folded_lines(summary: str) -> list[str]:
-    out: list[str] = []
-    for line in summary.split("\n"):
-        if line.startswith("[message "):
-            out.append(line)
-        elif line.startswith("    ") and out:
-            out[-1] += "\n" + line
-    return out
-
-
-def user_entries(ctx: ActiveContext) -> list[Entry]:
-    """The user's messages sent verbatim (kept and recent), pinned ones aside."""
-    pinned = ctx.pinned_set
-    return [e for e in ctx.kept + ctx.recent if e.has_user_text and e.seq not in pinned]
-
-
-def user_tokens(ctx: ActiveContext) -> int:
-    """What the user's words cost in the prompt (their text and message overhead)."""
-    return sum(e.tokens.overhead + e.tokens.text for e in user_entries(ctx))
-
-
-def plan_fold_users(ctx: ActiveContext, max_user_tokens: int, hard_cap: int | None = None) -> list[Entry]:
-    """The oldest kept user messages to fold so that the user's verbatim words take at most
-    ``max_user_tokens`` (never the newest user message, nor pinned ones). The session's
-    first user message (an agent's task) is folded last, and only when the words would
-    otherwise stay above ``hard_cap`` (the share itself, above the goal)."""
-    pinned = ctx.pinned_set
-    users = [e for e in ctx.kept if e.role == "user" and e.has_user_text and e.seq not in pinned]
-    if not any(e.has_user_text for e in ctx.recent) and users:
-        users = users[:-1]
-    # The session's first user message is usually the task: it goes last, not first.
-    first = _first_user_seq(ctx)
-    users = [e for e in users if e.seq != first] + [e for e in users if e.seq == first]
-    total = user_tokens(ctx)
-    excess = total - max_user_tokens
-    chosen: list[Entry] = []
-    for entry in users:
-        if excess <= 0:
-            break
-        if entry.seq == first and hard_cap is not None and total - sum(
-                e.tokens.overhead + e.tokens.text for e in chosen) <= hard_cap:
-            break
-        chosen.append(entry)
-        excess -= entry.tokens.overhead + entry.tokens.text
-    return sorted(chosen, key=lambda e: e.seq)
-
-
-def _first_user_seq(ctx: ActiveContext) -> int | None:
-    """The session's first user message still anywhere in the context (verbatim or folded)."""
-    seqs = [e.seq for e in ctx.kept + ctx.recent if e.has_user_text]
-    folded = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
-    if folded is not None:
-        seqs += folded.message_seqs
-    return min(seqs) if seqs else None
-
-
-def plan_fold(ctx: ActiveContext, goal_tokens: int, allowance: int | None = None) -> list[Entry]:
-    """The oldest kept user messages to fold until the prompt is at ``goal_tokens``.
-
-    The newest user message is never folded, nor are pinned messages. Given the
-    ``allowance`` that :func:`fold` will get, the plan counts what folding really saves:
-    folded words stay in the prompt (in the folded checkpoint) up to the allowance, so
-    only what goes beyond it is freed. Without it, every folded token counts as freed."""
-    pinned = ctx.pinned_set
-    users = [e for e in ctx.kept if e.role == "user" and e.seq not in pinned]
-    if not any(e.role == "user" and e.has_user_text for e in ctx.recent) and users:
-        users = users[:-1]
-    first = _first_user_seq(ctx)  # (the task: last to go, as in plan_fold_users)
-    users = [e for e in users if e.seq != first] + [e for e in users if e.seq == first]
-    excess = ctx.prompt_tokens - goal_tokens
-    prior = next((cp.tokens for cp in ctx.checkpoints if cp.kind == "folded"), 0)
-    chosen: list[Entry] = []
-    moved = saved = 0
-    for entry in users:
-        if saved >= excess:
-            break
-        chosen.append(entry)
-        moved += entry.view_tokens
-        if allowance is None:
-            saved = moved
-        else:
-            saved = moved - max(0, min(allowance, prior + moved) - prior)
-    return sorted(chosen, key=lambda e: e.seq)
-
-
-def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, number: int,
-         count: Callable[[str], int]) -> Checkpoint:
-    """Move ``entries`` into the folded checkpoint (created or grown), keeping their words
-    verbatim, newest first, as far as ``allowance`` tokens allow."""
-    previous = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
-    lines = [_folded_line(e) for e in entries]
-    seqs = [e.seq for e in entries]
-    prior_lines: list[str] = []
-    if previous is not None:
-        prior_lines = _folded_lines(previous.summary)
-        seqs = previous.message_seqs + seqs
-    all_lines = prior_lines + lines
-    kept_lines: list[str] = []
-    used = 0
-    # The session's first user message (the task, for an agent) is kept first: whole when
-    # it fits in half the allowance, else as an excerpt of that size; then the newest.
-    first = _first_user_seq(ctx)
-    task = next((ln for ln in all_lines if first is not None and ln.startswith(f"[message {first}] ")), None)
-    if task is not None:
-        all_lines = [ln for ln in all_lines if ln is not task]
-        if count(task) + 1 > allowance // 2:
-            head, _, text = task.partition("] ")
-            text = excerpt(text.replace("\n    ", "\n"), allowance // 2 - 8, count)
-            task = f"{head}] " + text.replace("\n", "\n    ")
-        used = count(task) + 1
-    for line in reversed(all_lines):
-        cost = count(line) + 1
-        if used + cost > allowance:
-            break
-        kept_lines.append(line)
-        used += cost
-    kept_lines.reverse()
-    if task is not None and used <= allowance:
-        kept_lines.insert(0, task)
-    # Lines dropped by earlier folds are gone from the summary; the seqs are not.
-    dropped = len(set(seqs)) - len(kept_lines)
-    cp_id = previous.id if previous is not None else new_id()
-    parts = [_folded_notice(dropped, _dropped_ranges(seqs, kept_lines), cp_id)] if dropped else []
-    parts += kept_lines
-    cp = Checkpoint(
-        id=cp_id, kind="folded", level="compact",
-        seq_from=min(seqs), seq_to=max(seqs), message_ranges=seq_ranges(seqs), summary="\n".join(parts),
-        tokens=0, original_tokens=(previous.original_tokens if previous else 0) + sum(e.view_tokens for e in entries),
-        created_at=previous.created_at if previous else now, compressed_at=now, compression_number=number,
-        summarizer="fold", compression_count=(previous.compression_count + 1) if previous else 1,
-    )
-    measure(cp, count)
-    folded = {e.seq for e in entries}
-    ctx.kept = [e for e in ctx.kept if e.seq not in folded]
-    ctx.state.kept_seqs = [e.seq for e in ctx.kept]
-    ctx.checkpoints = [cp] + [c for c in ctx.checkpoints if c.kind != "folded"]
-    ctx.state.lossy = True
-    return cp
-
-
-def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
-    """Take message ``seq`` out of the folded checkpoint (it is being pinned, so it will be
-    sent verbatim and must not appear twice). True if it was folded."""
-    folded = next((cp for cp in ctx.checkpoints if cp.kind == "folded" and cp.covers(seq)), None)
-    if folded is None:
-        return False
-    lines = [line for line in _folded_lines(folded.summary) if not line.startswith(f"[message {seq}] ")]
-    seqs = [s for s in folded.message_seqs if s != seq]
-    if not seqs:
-        ctx.checkpoints = [c for c in ctx.checkpoints if c.id != folded.id]
-        return True
-    dropped = len(seqs) - len(lines)
-    head = [_folded_notice(dropped, _dropped_ranges(seqs, lines), folded.id)] if dropped else []
-    folded.summary = "\n".join(head + lines)
-    folded.message_ranges = seq_ranges(seqs)
-    folded.seq_from, folded.seq_to = min(seqs), max(seqs)
-    measure(folded, count)
-    return True
 
 
 def tool_partners(entries: list[Entry], seq: int) -> list[int]:

@@ -30,25 +30,22 @@ import msgspec
 
 from ctxd.engine import checkpoints as ckpts
 from ctxd.engine.context import ActiveContext, Entry
+from ctxd.engine.folding import fold, plan_fold, plan_fold_users, user_tokens
 from ctxd.engine.pipeline import (
     STAGES,
-    plan_fold_users,
-    user_tokens,
     Selection,
     advance,
     apply_clips,
     apply_selection,
-    decide,
     fits,
-    fold,
     identify,
     make_checkpoint,
     plan_clips,
-    plan_fold,
     prepare,
     summary_rejection,
     truncation_checkpoint,
 )
+from ctxd.engine.trigger import decide
 from ctxd.engine.policy import MIN_TARGET, CompressionPolicy
 from ctxd.protocol.context import Budget
 from ctxd.engine.prune import apply_prune, plan_prune

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from ctxd.engine.context import ActiveContext, Entry, never_compressed
-from ctxd.engine.pipeline import tool_partners, unfold
+from ctxd.engine.folding import unfold
+from ctxd.engine.pipeline import tool_partners
 from ctxd.engine.watermark import WatermarkMove, apply_watermark, plan_watermark
 from ctxd.protocol.compression import (
     CheckpointRef,

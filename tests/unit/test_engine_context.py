@@ -11,14 +11,13 @@ import msgspec
 
 from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState
+from ctxd.engine.folding import fold, plan_fold
 from ctxd.engine.pipeline import (
     apply_clips,
     apply_selection,
-    fold,
     identify,
     make_checkpoint,
     plan_clips,
-    plan_fold,
     prepare,
 )
 from ctxd.engine.policy import CompressionPolicy

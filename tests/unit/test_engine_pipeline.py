@@ -1,5 +1,6 @@
-"""Layer 3's stages (seed 001): decide, identify (safe cut), prepare, checkpoint, update,
-validation; truncation; and folding the user's words on overflow."""
+"""Layer 3's stages (seed 001): identify (safe cut), prepare, checkpoint, update,
+validation; truncation; with the trigger (``engine/trigger.py``: decide) and folding
+the user's words on overflow (``engine/folding.py``)."""
 
 from __future__ import annotations
 
@@ -12,23 +13,19 @@ import pytest
 
 from ctxd.engine.checkpoints import render_checkpoint, render_section
 from ctxd.engine.context import ActiveContext, CompressionState, PruneEvent
+from ctxd.engine.folding import _folded_lines, fold, plan_fold, plan_fold_users, user_tokens
 from ctxd.engine.pipeline import (
     Selection,
-    _folded_lines,
     _safe_cut,
     apply_selection,
-    decide,
     fits,
-    fold,
     identify,
     make_checkpoint,
-    plan_fold,
-    plan_fold_users,
     prepare,
     summary_rejection,
     truncation_checkpoint,
-    user_tokens,
 )
+from ctxd.engine.trigger import decide
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.render import render_anthropic, render_ollama, render_openai
