@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import msgspec
 from ctxd import __version__
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
@@ -42,6 +44,15 @@ class DaemonUnavailable(Exception):
     """No daemon could be reached (or started); the message says where and why."""
 
 
+def _brief(value: Any, limit: int = 2000) -> str:
+    """A value as JSON for the debug log, cut at ``limit`` characters."""
+    try:
+        text = _encode(value).decode("utf-8", "replace")
+    except (TypeError, msgspec.EncodeError):
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
+
+
 class Client:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  process: asyncio.subprocess.Process | None = None) -> None:
@@ -55,6 +66,10 @@ class Client:
         self._closed = False
         self.server_info: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
+        self.started_daemon: int | None = None
+        """The pid of the daemon :func:`start_daemon` started for this connection, if it did."""
+        self.daemon_log: Path | None = None
+        """Where that daemon logs."""
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     # --- connecting -----------------------------------------------------------------
@@ -65,6 +80,7 @@ class Client:
             reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 24)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise DaemonUnavailable(f"no ctxd daemon at {path} ({exc.strerror})") from None
+        log.info("connected to %s", path)
         return cls(reader, writer)
 
     @classmethod
@@ -73,6 +89,7 @@ class Client:
             reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
         except OSError as exc:
             raise DaemonUnavailable(f"no ctxd daemon at {host}:{port} ({exc.strerror})") from None
+        log.info("connected to %s:%d", host, port)
         return cls(reader, writer)
 
     @classmethod
@@ -108,6 +125,9 @@ class Client:
         if params is not None:
             message["params"] = params
         self._send(message)
+        started = time.monotonic()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("-> %s #%d %s", method, msg_id, _brief(params))
         try:
             # Shielded: cancelling the caller must leave the future pending, so the
             # daemon is told to stop (a cancelled future would look answered).
@@ -118,8 +138,14 @@ class Client:
                 if not self._closed:
                     self.notify("$/cancelRequest", {"id": msg_id})
             raise
+        except (RpcError, DaemonUnavailable) as exc:
+            log.info("<- %s #%d failed after %.1f ms: %s", method, msg_id, (time.monotonic() - started) * 1000, exc)
+            raise
         finally:
             self._pending.pop(msg_id, None)
+        log.info("<- %s #%d answered in %.1f ms", method, msg_id, (time.monotonic() - started) * 1000)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("<- %s #%d %s", method, msg_id, _brief(raw))
         return msgspec.convert(raw, result_type) if result_type is not None else raw
 
     def notify(self, method: str, params: Any = None) -> None:
@@ -235,12 +261,20 @@ class Client:
         await self.close()
 
 
+def daemon_log_path(socket_path: Path, log_file: str | Path | None = None) -> Path:
+    """Where a daemon started on ``socket_path`` logs: ``daemon.log_file`` when the
+    configuration sets one (the daemon writes there itself), else ``daemon.log`` beside
+    the socket (its stderr)."""
+    return Path(log_file).expanduser() if log_file else socket_path.with_name("daemon.log")
+
+
 def spawn_daemon(socket_path: Path, *, data_dir: str | None = None, config_file: str | None = None,
                  idle_exit: float | None = None, autostarted: bool = True,
                  log_path: Path | None = None) -> subprocess.Popen[bytes]:
     """Start a detached socket daemon (what ``ctxd-cli`` does when none answers). Without
     ``idle_exit`` it exits when idle as the configuration says:
-    ``daemon.autostart_idle_exit_seconds`` when ``autostarted``, else ``idle_exit_seconds``."""
+    ``daemon.autostart_idle_exit_seconds`` when ``autostarted``, else ``idle_exit_seconds``.
+    Its stderr goes to ``daemon.log`` beside the socket (or ``log_path``)."""
     args = [sys.executable, "-m", "ctxd", "--socket", str(socket_path)]
     if idle_exit is not None:
         args += ["--idle-exit", str(idle_exit)]
@@ -250,56 +284,104 @@ def spawn_daemon(socket_path: Path, *, data_dir: str | None = None, config_file:
         args += ["--data-dir", data_dir]
     if config_file:
         args += ["--config", config_file]
-    log_path = log_path or socket_path.with_name("daemon.log")
-    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    stderr_path = socket_path.with_name("daemon.log") if log_path is None else log_path
+    stderr_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # 0600 from its first byte, whatever the caller's umask (the log may name sessions).
-    log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600), "ab")
+    stderr = os.fdopen(os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600), "ab")
     try:
-        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                                 start_new_session=True, close_fds=True)
     finally:
-        log.close()
+        stderr.close()
+
+
+async def try_connect_unix(socket_path: Path) -> Client | None:
+    """A connection to the daemon on ``socket_path`` (not initialized), or None when none answers."""
+    try:
+        return await Client.connect_unix(socket_path)
+    except DaemonUnavailable:
+        return None
+    except OSError as exc:  # a permission problem, a path too long for a socket...
+        raise DaemonUnavailable(f"cannot connect to {socket_path}: {exc.strerror or exc}") from None
+
+
+async def wait_for_daemon(socket_path: Path, seconds: float, *, process: subprocess.Popen[bytes] | None = None,
+                          log_path: Path | None = None, log_offset: int = 0) -> Client | None:
+    """Poll the socket until a daemon answers (a connection, not initialized); None after ``seconds``.
+
+    ``process`` is the daemon we spawned: if it exits because another ctxd already holds
+    the socket (two clients autostarting at once), we keep waiting for that one; if it
+    fails for any other reason, DaemonUnavailable names the socket, its last log line and
+    the log.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        client = await try_connect_unix(socket_path)
+        if client is not None:
+            return client
+        if process is not None and process.poll() not in (None, 0):
+            process = None
+            reason = _log_tail(log_path, log_offset) if log_path else ""
+            if "already serving" not in reason:
+                await asyncio.sleep(0.2)  # a daemon that won the socket may have just begun listening
+                client = await try_connect_unix(socket_path)
+                if client is not None:
+                    return client
+                where = f" (log: {log_path})" if log_path else ""
+                raise DaemonUnavailable(f"ctxd could not start on {socket_path}: {reason or 'it exited'}{where}")
+            # Another ctxd holds the socket and is starting up: keep waiting for it.
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.05)
+
+
+async def start_daemon(socket_path: Path, *, data_dir: str | None = None, config_file: str | None = None,
+                       idle_exit: float | None = None, autostarted: bool = True, log_file: str | None = None,
+                       wait_seconds: float = 15.0) -> Client:
+    """Start a detached daemon on ``socket_path`` and connect to it (not initialized).
+    When another client starts one at the same moment, this connects to whichever won."""
+    log_path = daemon_log_path(socket_path, log_file)
+    stderr_path = socket_path.with_name("daemon.log")
+    # Startup errors are on stderr (they come before logging is set up): read that file.
+    offset = stderr_path.stat().st_size if stderr_path.exists() else 0
+    try:
+        process = spawn_daemon(socket_path, data_dir=data_dir, config_file=config_file, idle_exit=idle_exit,
+                               autostarted=autostarted, log_path=stderr_path)
+    except OSError as exc:
+        raise DaemonUnavailable(f"cannot start ctxd for {socket_path}: {exc.strerror or exc}") from None
+    log.info("started ctxd (pid %d) for %s; it logs to %s", process.pid, socket_path, log_path)
+    client = await wait_for_daemon(socket_path, wait_seconds, process=process, log_path=stderr_path,
+                                   log_offset=offset)
+    if client is None:
+        raise DaemonUnavailable(f"ctxd did not open {socket_path} within {wait_seconds:.0f} s (log: {log_path})")
+    client.started_daemon = process.pid if process.poll() is None else None
+    client.daemon_log = log_path
+    return client
 
 
 async def connect_or_start(socket_path: Path, *, autostart: bool = True, data_dir: str | None = None,
-                           config_file: str | None = None, client_name: str = "ctxd-cli",
-                           wait_seconds: float = 15.0) -> Client:
-    """Connect to the daemon on ``socket_path``, starting one when none answers
-    (like ``gopls -remote=auto``); returns an initialized client."""
-    try:
-        client = await Client.connect_unix(socket_path)
-    except DaemonUnavailable:
+                           config_file: str | None = None, client_name: str = "ctxd-client",
+                           wait_seconds: float = 15.0, log_file: str | None = None) -> Client:
+    """Connect to the daemon on ``socket_path``, starting one when none answers (like
+    ``gopls -remote=auto``; it exits after ``daemon.autostart_idle_exit_seconds`` idle);
+    returns an initialized client. ``client.started_daemon`` is the pid of the daemon this
+    call started (None when one was running), ``client.daemon_log`` where it logs."""
+    client = await try_connect_unix(socket_path)
+    if client is None:
         if not autostart:
-            raise
-        log_path = socket_path.with_name("daemon.log")
-        start_size = log_path.stat().st_size if log_path.exists() else 0
-        process = spawn_daemon(socket_path, data_dir=data_dir, config_file=config_file, log_path=log_path)
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            await asyncio.sleep(0.05)
-            try:
-                client = await Client.connect_unix(socket_path)
-                break
-            except DaemonUnavailable:
-                code = process.poll() if process is not None else None
-                if code is not None and code != 0:
-                    reason = _log_tail(log_path, start_size)
-                    if "already serving" not in reason:
-                        raise DaemonUnavailable(f"ctxd could not start: {reason} (log: {log_path})") from None
-                    # Another client's daemon won the socket and is still starting: wait for it.
-                    process = None
-                if time.monotonic() > deadline:
-                    raise DaemonUnavailable(f"ctxd did not open {socket_path} within {wait_seconds:.0f} s; "
-                                            f"see {log_path}") from None
+            raise DaemonUnavailable(f"no ctxd daemon is running on {socket_path}")
+        client = await start_daemon(socket_path, data_dir=data_dir, config_file=config_file, log_file=log_file,
+                                    wait_seconds=wait_seconds)
     await client.initialize(client_name=client_name, process_id=os.getpid())
     return client
 
 
 def _log_tail(path: Path, offset: int) -> str:
+    """The last non-blank line written to ``path`` after ``offset`` ("" when none)."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
     except OSError:
-        return f"see {path}"
-    return lines[-1] if lines else f"see {path}"
+        return ""
+    return lines[-1] if lines else ""

@@ -12,6 +12,13 @@ No LLM is involved: the assistant turns are scripted.
     python clients/python/agent_loop.py --turns 200 --window 4096
     python clients/python/agent_loop.py --ctxd "python -m ctxd" --data-dir /tmp/ctxd-demo
 
+``ctxd`` is on PATH once the package is installed in the environment you run this in:
+``pip install .`` in the repository, or ``. .venv/bin/activate`` after the README's
+``python3 -m venv .venv && .venv/bin/pip install .``. Without that, name it:
+``--ctxd .venv/bin/ctxd`` or ``--ctxd ".venv/bin/python -m ctxd"``.
+
+Without ``--data-dir`` the database goes to a new temporary directory, removed at the end.
+
 Port it to any language: the wire is LSP's base protocol (a ``Content-Length`` header,
 a blank line, a JSON-RPC 2.0 body); see protocol/methods.md for every method.
 """
@@ -22,6 +29,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,8 +41,13 @@ class Ctxd:
     """One stdio connection: requests in order, notifications collected as they come."""
 
     def __init__(self, command: list[str], data_dir: str) -> None:
-        self.proc = subprocess.Popen([*command, "--data-dir", data_dir], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
+        try:
+            self.proc = subprocess.Popen([*command, "--data-dir", data_dir], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE)
+        except FileNotFoundError:
+            raise SystemExit(f"agent_loop.py: {command[0]!r} is not on PATH. Install ctxd in this environment "
+                             "(pip install . in the repository, or activate its venv: . .venv/bin/activate), "
+                             "or name the command: --ctxd .venv/bin/ctxd") from None
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out: BinaryIO = self.proc.stdin
         self.inp: BinaryIO = self.proc.stdout
@@ -110,7 +123,17 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=8192)
     args = parser.parse_args()
 
-    data_dir = args.data_dir or tempfile.mkdtemp(prefix="ctxd-agent-")
+    if args.data_dir:
+        return run(args, args.data_dir)
+    data_dir = tempfile.mkdtemp(prefix="ctxd-agent-")
+    try:
+        return run(args, data_dir)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        print(f"removed {data_dir}")
+
+
+def run(args: argparse.Namespace, data_dir: str) -> int:
     ctxd = Ctxd(shlex.split(args.ctxd), data_dir)
     info = ctxd.request("initialize", {"processId": os.getpid(), "clientInfo": {"name": "agent_loop.py"}})
     ctxd.notify("initialized")

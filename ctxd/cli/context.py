@@ -19,6 +19,7 @@ from ctxd.cli.sessions import (
 )
 from ctxd.client import Client
 
+PREVIEW = 400  # characters of a message a table row starts from (the table cuts it to the width)
 STEP_STATUSES = {"pending": "pending", "in-progress": "in-progress", "in_progress": "in-progress",
                  "started": "in-progress", "completed": "completed", "done": "completed"}
 
@@ -186,11 +187,10 @@ def expand(ctx: click.Context, session_id: str, checkpoint_id: str, full: bool) 
                                       f"({render.num(m.get('tokens'))} tokens, {m.get('createdAt')})", "bold"))
             render.line(render.message_text(m["message"]) or "-")
         return
-    width = 100 if not render.is_terminal() else max(render.console().width - 30, 30)
     render.table([render.Column("SEQ", "right"), render.Column("ROLE"), render.Column("TOKENS", "right"),
-                  render.Column("MESSAGE")],
+                  render.Column("MESSAGE", flex=True)],
                  ([str(m["seq"]), str(m["message"].get("role")), render.num(m.get("tokens")),
-                   render.message_preview(m["message"], width)] for m in messages),
+                   render.message_preview(m["message"], PREVIEW)] for m in messages),
                  title=f"Original messages ({len(messages)}; --full prints them whole)")
 
 

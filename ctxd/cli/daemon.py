@@ -12,16 +12,18 @@ import click
 from ctxd.cli import render
 from ctxd.cli.main import (
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    START_WAIT_SECONDS,
     CliError,
     check_data_dir,
     initialize_client,
     json_option,
     request,
+    rpc_error,
     settings_of,
-    start_daemon,
     try_connect,
 )
-from ctxd.client import DaemonUnavailable
+from ctxd.client import DaemonUnavailable, RpcError, start_daemon
 
 STOP_WAIT_SECONDS = 10.0
 
@@ -81,14 +83,14 @@ def _process_gone(pid: int) -> bool:
 def stop(ctx: click.Context) -> None:
     """Stop the daemon and wait until it has exited (exit 0 also when none was running)."""
     settings = settings_of(ctx)
-    socket = settings.socket_path
+    socket = settings.endpoint
 
     async def work() -> int | None:
-        client = await try_connect(socket)
+        client = await try_connect(settings)
         if client is None:
             return None
         try:
-            await client.initialize(client_name="ctxd-cli", process_id=os.getpid())
+            await initialize_client(client, settings)
             pid = (await client.request("daemon/status"))["pid"]
             await client.request("daemon/stop")
         finally:
@@ -103,6 +105,8 @@ def stop(ctx: click.Context) -> None:
 
     try:
         pid = asyncio.run(work())
+    except RpcError as exc:
+        raise rpc_error(exc) from None
     except DaemonUnavailable as exc:
         raise CliError(str(exc), EXIT_UNAVAILABLE) from None
     except KeyboardInterrupt:
@@ -124,13 +128,20 @@ def stop(ctx: click.Context) -> None:
 def start(ctx: click.Context, idle_exit: float | None) -> None:
     """Start the daemon in the background unless one is running; print its socket and pid."""
     settings = settings_of(ctx)
+    if settings.tcp is not None:
+        raise CliError(f"ctxd-cli starts daemons on the Unix socket only; start one serving TCP with: "
+                       f"ctxd --tcp {settings.tcp}", EXIT_USAGE)
     socket = settings.socket_path
 
     async def work() -> tuple[dict[str, Any], bool]:
-        client = await try_connect(socket)
+        client = await try_connect(settings)
         started = client is None
-        client = await start_daemon(settings, idle_exit=idle_exit) if client is None else \
-            await initialize_client(client)
+        if client is None:
+            client = await start_daemon(socket, data_dir=settings.data_dir, config_file=settings.config_file,
+                                        idle_exit=idle_exit, autostarted=False,
+                                        log_file=settings.config.daemon.log_file or None,
+                                        wait_seconds=START_WAIT_SECONDS)
+        client = await initialize_client(client, settings)
         try:
             await check_data_dir(client, settings)
             return await client.request("daemon/status"), started
@@ -139,6 +150,8 @@ def start(ctx: click.Context, idle_exit: float | None) -> None:
 
     try:
         status, started = asyncio.run(work())
+    except RpcError as exc:
+        raise rpc_error(exc) from None
     except DaemonUnavailable as exc:
         raise CliError(str(exc), EXIT_UNAVAILABLE) from None
     except KeyboardInterrupt:
@@ -146,8 +159,8 @@ def start(ctx: click.Context, idle_exit: float | None) -> None:
     if settings.json:
         render.print_json({**status, "started": started, "socket": str(socket), "log": str(settings.log_path)})
         return
-    verb = "started" if started else "already running:"
-    render.line(f"{verb} ctxd (pid {status['pid']}) on {socket}")
+    verb = "started ctxd in the background" if started else "already running: ctxd"
+    render.line(f"{verb} (pid {status['pid']}) on {socket}")
     pairs = [("data dir", status["dataDir"])]
     if started:
         pairs.append(("log", str(settings.log_path)))

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import EXIT_REFUSED, CliError, json_option, run, settings_of
+from ctxd.cli.main import EXIT_REFUSED, CliError, json_option, run, session_option, settings_of
 from ctxd.cli.sessions import complete_session_id, session_argument, sessions
 from ctxd.client import Client, RpcError
 from ctxd.protocol.errors import ErrorCode
@@ -19,15 +19,37 @@ PAGE = 50
 MAX_PAGE = 1000
 
 
-def hit_session(hit: dict[str, Any]) -> str:
-    title = hit.get("title")
-    return f"{hit['sessionId']} ({render.shorten(title, 40)})" if title else hit["sessionId"]
+def show_hits(hits: list[dict[str, Any]]) -> None:
+    """One block per hit: a line with the session id in full (to paste into other
+    commands), seq, role, when and the session's title, then the matching text indented,
+    wrapped to the width (80 columns through a pipe)."""
+    import textwrap
+
+    terminal = render.is_terminal()
+    width = (render.console() if terminal else render.plain_console()).width
+    for hit in hits:
+        head = f"{hit['sessionId']}  seq {hit['seq']}  {hit['role']}  {render.ago(hit.get('createdAt'))}"
+        title = hit.get("title")
+        if title:
+            room = width - len(render.safe(head)) - 2
+            if room >= 12:
+                head += f"  ({render.shorten(title, room - 2)})"
+        snippet = " ".join(hit["snippet"].split())
+        if terminal:
+            from rich.padding import Padding
+
+            render.console().print(render.rich_cell(render.Styled(head, "bold")))
+            render.console().print(Padding(render.rich_cell(render.Marked(snippet)), (0, 0, 0, 2)))
+        else:
+            click.echo(render.safe(head))
+            click.echo(textwrap.fill(render.safe(snippet), width=max(width, 20), initial_indent="  ",
+                                     subsequent_indent="  ", break_on_hyphens=False))
 
 
 @click.command("search")
 @click.argument("query", metavar="QUERY")
-@click.option("--session", "session_id", metavar="ID", shell_complete=complete_session_id,
-              help="Search only this session.")
+@session_option("--session", "session_id", metavar="ID", shell_complete=complete_session_id,
+                help="Search only this session (an id, a unique prefix of one, or last).")
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True, metavar="N",
               help="At most N hits, best first.")
 @click.option("--role", type=click.Choice(ROLES), help="Only messages of this role.")
@@ -65,12 +87,7 @@ def search(ctx: click.Context, query: str, session_id: str | None, limit: int, r
         render.print_json(result)
         return
     hits = result["hits"]
-    if hits:
-        render.table(
-            [render.Column("SESSION"), render.Column("SEQ", "right"), render.Column("ROLE"),
-             render.Column("WHEN"), render.Column("MATCH")],
-            ([hit_session(h), str(h["seq"]), h["role"], render.ago(h.get("createdAt")),
-              render.Marked(" ".join(h["snippet"].split()))] for h in hits))
+    show_hits(hits)
     where = f" in session {session_id}" if session_id else ""
     more = " (the limit; --limit N for more)" if len(hits) == limit else ""
     render.note(f"{render.count(len(hits), 'hit')}{where}{more}: searched in {result.get('tookMs', 0):.1f} ms "
@@ -80,17 +97,17 @@ def search(ctx: click.Context, query: str, session_id: str | None, limit: int, r
 sessions.alias("search", search)  # seed 003 says ``sessions search``
 
 
-def _marker(record: dict[str, Any]) -> list[Any]:
+def _marker(record: dict[str, Any]) -> "render.Rule":
     layers = "+".join(record.get("layers") or [])
     checkpoints = record.get("checkpointIds") or []
     text = (f"-- compression #{record.get('number')} ({record.get('trigger')}): "
             f"{render.num(record.get('beforeTokens'))} -> {render.num(record.get('afterTokens'))} tokens, {layers}"
             + (f", checkpoint {', '.join(checkpoints)}" if checkpoints else "")
-            + (f", {record['summarizer']}" if record.get("summarizer") else "") + " --")
-    return ["", render.Styled(render.ago(record.get("at")), "dim"), "", "", "", render.Styled(text, "bold yellow")]
+            + (f", {record['summarizer']}" if record.get("summarizer") else "") + " --")  # (then when)
+    return render.Rule(f"{text} {render.ago(record.get('at'))}", "bold yellow")
 
 
-def _event_marker(event: dict[str, Any]) -> list[Any]:
+def _event_marker(event: dict[str, Any]) -> "render.Rule":
     detail = event.get("detail") or {}
     kind = str(event.get("kind"))
     if kind == "restore":
@@ -107,18 +124,17 @@ def _event_marker(event: dict[str, Any]) -> list[Any]:
             flat += [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in items]
         text = f"-- {kind}" + (" changed" if kind == "settings" else "") + \
             (": " + render.shorten(", ".join(flat), 100) if flat else "")
-    return ["", render.Styled(render.ago(event.get("at")), "dim"), "", "", "",
-            render.Styled(f"{text} --", "bold cyan")]
+    return render.Rule(f"{text} -- {render.ago(event.get('at'))}", "bold cyan")
 
 
 def history_rows(messages: list[dict[str, Any]], compressions: list[dict[str, Any]],
-                 events: list[dict[str, Any]], width: int) -> list[list[Any]]:
+                 events: list[dict[str, Any]], width: int) -> list[Any]:
     """Messages in order, with a marker line after the message each compression and each
     event (restores, settings changes) happened at."""
     pending = sorted(compressions, key=lambda c: (int(c.get("lastSeq", 0)), c.get("number", 0)))
     first_seq = messages[0]["seq"] if messages else 0
     by_seq: dict[int, list[dict[str, Any]]] = {}
-    rows: list[list[Any]] = []
+    rows: list[Any] = []
     for event in events:
         seq = int(event.get("lastSeq", 0))
         if seq < first_seq:
@@ -197,13 +213,13 @@ def history(ctx: click.Context, session_id: str, from_seq: int, limit: int, all_
 
         compressions = [c for c in compressions if here(int(c.get("lastSeq", 0)))]
         events = [e for e in events if here(int(e.get("lastSeq", 0)))]
-    width = 100 if not render.is_terminal() else max(render.console().width - 50, 30)
-    rows = history_rows(messages, compressions, events, width)
+    rows = history_rows(messages, compressions, events, 400)
     if not rows:
         render.note(f"session {session_id} has no messages" + (f" from seq {from_seq}" if from_seq > 1 else ""))
         return
     render.table([render.Column("SEQ", "right"), render.Column("WHEN"), render.Column("ROLE"),
-                  render.Column("TOKENS", "right"), render.Column("STATUS"), render.Column("MESSAGE")], rows)
+                  render.Column("TOKENS", "right"), render.Column("STATUS"), render.Column("MESSAGE", flex=True)],
+                 rows)
     counts: dict[str, int] = {}
     for m in messages:
         counts[m.get("status", "?")] = counts.get(m.get("status", "?"), 0) + 1

@@ -12,25 +12,30 @@ Exit codes (also in ``ctxd-cli --help``):
     3  the daemon is unreachable or could not be started (the line names the socket or log)
     4  bad input file (a transcript or JSON the command could not read)
 
-Errors are one ``error: ...`` line on stderr, never a traceback. With ``--json``
-stdout carries nothing but the JSON result.
+Errors are one ``error: ...`` line on stderr, never a traceback (``--debug`` adds
+it). With ``--json`` stdout carries nothing but the JSON result, or, on failure,
+``{"error": {"message", "exitCode", "code", "data"}}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import json
+import logging
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Awaitable, Callable, TypeVar
 
 import click
 
-from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start, spawn_daemon
+from ctxd.client import Client, DaemonUnavailable, RpcError, daemon_log_path, start_daemon, try_connect_unix
 from ctxd.config import Config, ConfigError, load_config
+from ctxd.protocol.errors import ErrorCode
+
+log = logging.getLogger("ctxd.cli")
 
 T = TypeVar("T")
 
@@ -42,6 +47,7 @@ EXIT_BAD_INPUT = 4
 
 CLIENT_NAME = "ctxd-cli"
 START_WAIT_SECONDS = 15.0
+LAST = "last"
 
 EPILOG = """\b
 Exit codes:
@@ -52,18 +58,23 @@ Exit codes:
   4  bad input file (transcript or JSON)
 
 \b
-The socket and data directory default to the configuration (CTXD_DAEMON_SOCKET,
-CTXD_DAEMON_DATA_DIR, ~/.config/ctxd/config.toml). Shell completion:
-eval "$(ctxd-cli completion bash)"."""
+SESSION is a session id, a unique prefix of one, or "last" (the most
+recently active session). Where the socket, data, log and token file
+are: ctxd-cli paths; every setting and where it comes from: ctxd-cli
+config. Budget figures (prompt, used, max prompt): ctxd-cli stats --help.
+Shell completion: eval "$(ctxd-cli completion bash)"."""
 
 
 class CliError(click.ClickException):
-    """A failure with its exit code, shown as one ``error:`` line on stderr."""
+    """A failure with its exit code, shown as one ``error:`` line on stderr (and, under
+    ``--json``, as ``{"error": ...}`` on stdout). ``code``/``data``: the daemon's error."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: int, *, code: int | None = None, data: Any = None) -> None:
         super().__init__(message)
         # click declares exit_code on the class and reads it from the instance.
         self.exit_code = exit_code  # type: ignore[misc]
+        self.code = code
+        self.data = data
 
     def show(self, file: IO[Any] | None = None) -> None:
         from ctxd.cli.render import safe  # the message may quote stored content (a session id)
@@ -112,20 +123,26 @@ class Settings:
     socket: str | None = None
     data_dir: str | None = None
     config_file: str | None = None
+    tcp: int | None = None
+    token_file: str | None = None
     autostart: bool = True
     json: bool = False
+    verbose: int = 0
     _config: Config | None = field(default=None, repr=False)
+
+    def overrides(self) -> dict[str, Any]:
+        """What the flags set, as configuration keys (``ctxd-cli config`` shows them as "flag")."""
+        out: dict[str, Any] = {}
+        for key, value in (("socket", self.socket), ("data_dir", self.data_dir), ("token_file", self.token_file)):
+            if value:
+                out.setdefault("daemon", {})[key] = value
+        return out
 
     @property
     def config(self) -> Config:
         if self._config is None:
-            overrides: dict[str, Any] = {}
-            if self.socket:
-                overrides.setdefault("daemon", {})["socket"] = self.socket
-            if self.data_dir:
-                overrides.setdefault("daemon", {})["data_dir"] = self.data_dir
             try:
-                self._config = load_config(self.config_file, overrides=overrides)
+                self._config = load_config(self.config_file, overrides=self.overrides())
             except ConfigError as exc:
                 raise CliError(f"configuration: {exc}", EXIT_USAGE) from None
         return self._config
@@ -136,8 +153,22 @@ class Settings:
 
     @property
     def log_path(self) -> Path:
-        """Where a daemon started by ctxd-cli logs (next to its socket, as ``spawn_daemon`` puts it)."""
-        return self.socket_path.with_name("daemon.log")
+        """Where a daemon started by ctxd-cli logs: ``daemon.log_file``, else ``daemon.log``
+        next to its socket (as ``spawn_daemon`` puts it)."""
+        return daemon_log_path(self.socket_path, self.config.daemon.log_file or None)
+
+    @property
+    def token_path(self) -> Path:
+        return self.config.token_path
+
+    @property
+    def endpoint(self) -> str:
+        """What ctxd-cli talks to, for messages: the socket, or 127.0.0.1:PORT."""
+        return f"127.0.0.1:{self.tcp}" if self.tcp is not None else str(self.socket_path)
+
+
+_json_requested = False
+"""Whether --json was given, for errors raised before (or after) a command's Settings."""
 
 
 def settings_of(ctx: click.Context) -> Settings:
@@ -148,8 +179,10 @@ def settings_of(ctx: click.Context) -> Settings:
 
 
 def _set_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    global _json_requested
     if value:
         settings_of(ctx).json = True
+        _json_requested = True
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -161,104 +194,84 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 # --- connecting --------------------------------------------------------------------
 
 
-async def initialize_client(client: Client) -> Client:
-    await client.initialize(client_name=CLIENT_NAME, process_id=os.getpid())
+async def initialize_client(client: Client, settings: Settings | None = None) -> Client:
+    """``initialize`` on a new connection; over TCP with the token from the token file."""
+    token = read_token(settings) if settings is not None and settings.tcp is not None else None
+    try:
+        await client.initialize(client_name=CLIENT_NAME, process_id=os.getpid(), token=token)
+    except RpcError as exc:
+        await client.close(shutdown=False)
+        if exc.code == ErrorCode.Unauthorized and settings is not None:
+            raise CliError(f"{exc.message} ({exc.code}); ctxd-cli sent the token in {settings.token_path} "
+                           f"(daemon.token_file, or --token-file), not the one the daemon on {settings.endpoint} "
+                           "reads from its own daemon.token_file", EXIT_REFUSED, code=exc.code, data=exc.data) from None
+        raise
     return client
 
 
-async def try_connect(socket: Path) -> Client | None:
+def read_token(settings: Settings) -> str:
+    path = settings.token_path
     try:
-        return await Client.connect_unix(socket)
-    except DaemonUnavailable:
-        return None
-    except OSError as exc:  # a permission problem, a path too long for a socket...
-        raise DaemonUnavailable(f"cannot connect to {socket}: {exc.strerror or exc}") from None
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise CliError(f"no TCP token file at {path}: a daemon started with --tcp creates it (its "
+                       "daemon.token_file); give that file with --token-file", EXIT_UNAVAILABLE) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read the TCP token file {path}: {getattr(exc, 'strerror', None) or exc}",
+                       EXIT_UNAVAILABLE) from None
+    if not token:
+        raise CliError(f"the TCP token file {path} is empty", EXIT_UNAVAILABLE)
+    return token
 
 
-def _log_tail(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
-
-
-async def wait_for_daemon(socket: Path, seconds: float, *, process: Any = None,
-                          log_path: Path | None = None, log_offset: int = 0) -> Client | None:
-    """Poll the socket until a daemon answers; None after ``seconds``.
-
-    ``process`` is the daemon we spawned: if it exits because another ctxd already
-    holds the socket (two ctxd-cli autostarting at once), we keep waiting for that
-    one; if it fails for any other reason, its last log line is raised.
-    """
-    deadline = time.monotonic() + seconds
-    while True:
-        client = await try_connect(socket)
-        if client is not None:
-            return await initialize_client(client)
-        if process is not None and process.poll() not in (None, 0):
-            process = None
-            reason = _log_tail(log_path, log_offset) if log_path else ""
-            if "already serving" not in reason:
-                await asyncio.sleep(0.2)  # a daemon that won the socket may have just begun listening
-                client = await try_connect(socket)
-                if client is not None:
-                    return await initialize_client(client)
-                where = f" (log: {log_path})" if log_path else ""
-                raise DaemonUnavailable(f"ctxd could not start on {socket}: {reason or 'it exited'}{where}")
-            # Another ctxd holds the socket and is starting up: keep waiting for it.
-        if time.monotonic() > deadline:
+async def try_connect(settings: Settings) -> Client | None:
+    """A connection (not initialized) to the daemon ctxd-cli talks to, or None when none answers."""
+    if settings.tcp is not None:
+        try:
+            return await Client.connect_tcp(settings.tcp)
+        except DaemonUnavailable:
             return None
-        await asyncio.sleep(0.05)
+    return await try_connect_unix(settings.socket_path)
 
 
-async def start_daemon(settings: Settings, *, idle_exit: float | None = None) -> Client:
-    """Start a detached daemon on the configured socket (``ctxd-cli daemon start``: it
-    stays up as the configuration says, unless ``idle_exit``) and connect to it."""
-    socket, log_path = settings.socket_path, settings.log_path
-    offset = log_path.stat().st_size if log_path.exists() else 0
-    try:
-        process = spawn_daemon(socket, data_dir=settings.data_dir, config_file=settings.config_file,
-                               log_path=log_path, idle_exit=idle_exit, autostarted=False)
-    except OSError as exc:
-        raise DaemonUnavailable(f"cannot start ctxd for {socket}: {exc}") from None
-    client = await wait_for_daemon(socket, START_WAIT_SECONDS, process=process,
-                                   log_path=log_path, log_offset=offset)
-    if client is None:
-        raise DaemonUnavailable(f"ctxd did not open {socket} within {START_WAIT_SECONDS:.0f} s (log: {log_path})")
-    return client
-
-
-async def _autostart(settings: Settings) -> Client:
-    socket = settings.socket_path
-    try:
-        return await connect_or_start(socket, autostart=True, data_dir=settings.data_dir,
-                                      config_file=settings.config_file, client_name=CLIENT_NAME,
-                                      wait_seconds=START_WAIT_SECONDS)
-    except DaemonUnavailable as exc:
-        # connect_or_start gives up when the daemon it spawned exits, which is what
-        # the loser of two simultaneous autostarts does; the winner is then starting.
-        message = str(exc)
-        patience = START_WAIT_SECONDS if "already serving" in message else 1.0
-        client = await wait_for_daemon(socket, patience)
-        if client is not None:
-            return client
-        if str(settings.log_path) not in message:
-            message += f" (log: {settings.log_path})"
-        raise DaemonUnavailable(message) from None
+def _idle_phrase(seconds: float) -> str:
+    if not seconds:
+        return "it keeps running until stopped (ctxd-cli daemon stop)"
+    minutes = seconds / 60
+    span = f"{minutes:g} min" if minutes >= 1 else f"{seconds:g} s"
+    return f"it exits after {span} without clients (daemon.autostart_idle_exit_seconds)"
 
 
 async def connect(settings: Settings, *, autostart: bool | None = None) -> tuple[Client, bool]:
     """An initialized client, and whether a daemon had to be started for it."""
-    socket = settings.socket_path
-    client = await try_connect(socket)
+    log.info("configuration: %s", _config_source(settings))
+    log.info("daemon: %s", settings.endpoint)
+    client = await try_connect(settings)
     if client is not None:
-        return await initialize_client(client), False
+        return await initialize_client(client, settings), False
+    if settings.tcp is not None:
+        raise DaemonUnavailable(f"no ctxd daemon answers on {settings.endpoint} (ctxd-cli starts daemons on the "
+                                f"Unix socket only; start one with: ctxd --tcp {settings.tcp})")
     if not (settings.autostart if autostart is None else autostart):
-        raise DaemonUnavailable(f"no ctxd daemon is running on {socket} (start one with: ctxd-cli daemon start)")
-    return await _autostart(settings), True
+        raise DaemonUnavailable(f"no ctxd daemon is running on {settings.socket_path} "
+                                "(start one with: ctxd-cli daemon start)")
+    config = settings.config
+    client = await start_daemon(settings.socket_path, data_dir=settings.data_dir, config_file=settings.config_file,
+                                log_file=config.daemon.log_file or None, wait_seconds=START_WAIT_SECONDS)
+    if client.started_daemon is not None:
+        from ctxd.cli.render import note
+
+        note(f"started ctxd in the background (pid {client.started_daemon}) on {settings.socket_path}; "
+             f"it logs to {settings.log_path}; {_idle_phrase(config.daemon.autostart_idle_exit_seconds)}")
+    return await initialize_client(client, settings), client.started_daemon is not None
+
+
+def _config_source(settings: Settings) -> str:
+    from ctxd.config import default_config_file
+
+    explicit = settings.config_file or os.environ.get("CTXD_CONFIG")
+    path = Path(explicit).expanduser() if explicit else default_config_file()
+    return f"{path}" + ("" if path.exists() else " (not found: defaults)")
 
 
 async def check_data_dir(client: Client, settings: Settings) -> None:
@@ -269,8 +282,9 @@ async def check_data_dir(client: Client, settings: Settings) -> None:
     served = Path(status["dataDir"]).expanduser().resolve()
     wanted = settings.config.data_dir.resolve()
     if served != wanted:
-        raise CliError(f"the ctxd daemon on {settings.socket_path} serves {served}, not {wanted}; "
-                       "give another --socket, or stop it with: ctxd-cli daemon stop", EXIT_UNAVAILABLE)
+        other = "--tcp PORT" if settings.tcp is not None else "--socket"
+        raise CliError(f"the ctxd daemon on {settings.endpoint} serves {served}, not {wanted}; "
+                       f"give another {other}, or stop it with: ctxd-cli daemon stop", EXIT_UNAVAILABLE)
 
 
 def request(settings: Settings, method: str, params: Any = None, *, autostart: bool | None = None,
@@ -283,17 +297,17 @@ def request(settings: Settings, method: str, params: Any = None, *, autostart: b
     return run(settings, work, autostart=autostart, verify_data_dir=verify_data_dir)
 
 
+def rpc_error(exc: RpcError) -> CliError:
+    return CliError(f"{exc.message} ({exc.code})", EXIT_REFUSED, code=exc.code, data=exc.data)
+
+
 def run(settings: Settings, work: Callable[[Client], Awaitable[T]], *, autostart: bool | None = None,
         interrupt_code: int = 130, verify_data_dir: bool = True) -> T:
     """Run ``work`` with a connected client; map failures to exit codes and one-line errors."""
 
     async def go() -> T:
-        client, started = await connect(settings, autostart=autostart)
+        client, _ = await connect(settings, autostart=autostart)
         try:
-            if started and sys.stderr.isatty() and not settings.json:
-                from ctxd.cli.render import note
-
-                note(f"started ctxd on {settings.socket_path} (log: {settings.log_path})")
             if verify_data_dir:
                 await check_data_dir(client, settings)
             return await work(client)
@@ -303,12 +317,84 @@ def run(settings: Settings, work: Callable[[Client], Awaitable[T]], *, autostart
     try:
         return asyncio.run(go())
     except RpcError as exc:
-        raise CliError(f"{exc.message} ({exc.code})", EXIT_REFUSED) from None
+        raise rpc_error(exc) from None
     except DaemonUnavailable as exc:
         raise CliError(str(exc), EXIT_UNAVAILABLE) from None
     except KeyboardInterrupt:
         click.echo("", err=True)
         raise click.exceptions.Exit(interrupt_code) from None
+
+
+# --- session arguments ---------------------------------------------------------------
+
+
+def uuid_like(session_id: str) -> bool:
+    """Whether an id is one ctxd made up (a UUID): those are shown shortened, as a unique prefix."""
+    return len(session_id) == 36 and session_id.count("-") == 4 and \
+        all(c in "0123456789abcdef-" for c in session_id)
+
+
+def short_ids(ids: list[str], minimum: int = 8) -> dict[str, str]:
+    """Each id as shown in tables: UUIDs as their shortest prefix (of at least ``minimum``
+    characters) that no other id starts with; other ids whole."""
+    out: dict[str, str] = {}
+    for sid in ids:
+        if not uuid_like(sid):
+            out[sid] = sid
+            continue
+        length = minimum
+        while length < len(sid) and any(o != sid and o.startswith(sid[:length]) for o in ids):
+            length += 1
+        out[sid] = sid[:length]
+    return out
+
+
+async def resolve_session_id(client: Client, given: str) -> str:
+    """``given`` as a session id: the session of that id if there is one, else ``last``
+    (the most recently active session) or the one session whose id starts with it; when
+    nothing matches, ``given`` itself (the daemon then says it does not exist)."""
+    try:
+        await client.request("session/get", {"sessionId": given})
+        return given
+    except RpcError as exc:
+        if exc.code != ErrorCode.SessionNotFound:
+            return given
+    sessions = (await client.request("session/list"))["sessions"]
+    if given == LAST:
+        if not sessions:
+            raise CliError("there are no sessions, so \"last\" names none", EXIT_REFUSED)
+        latest = max(sessions, key=lambda s: s.get("lastActivity") or "")
+        log.info("session %r is %s (the most recently active)", given, latest["sessionId"])
+        return str(latest["sessionId"])
+    matches = sorted(s["sessionId"] for s in sessions if s["sessionId"].startswith(given))
+    if len(matches) > 1:
+        shown = ", ".join(matches[:5]) + (f" and {len(matches) - 5} more" if len(matches) > 5 else "")
+        raise CliError(f"{given!r} is the start of {len(matches)} session ids ({shown}); give more of it",
+                       EXIT_USAGE)
+    if matches:
+        log.info("session %r is %s (the only id starting so)", given, matches[0])
+        return matches[0]
+    return given
+
+
+def resolve_session(settings: Settings, given: str) -> str:
+    """:func:`resolve_session_id` over its own connection."""
+
+    async def work(client: Client) -> str:
+        return await resolve_session_id(client, given)
+
+    return run(settings, work, verify_data_dir=False)
+
+
+def resolve_session_callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is None or ctx.resilient_parsing:
+        return value
+    return resolve_session(settings_of(ctx), value)
+
+
+def session_option(*names: str, **kwargs: Any) -> Callable[..., Any]:
+    """An option naming an existing session (prefixes and ``last`` resolved)."""
+    return click.option(*names, callback=resolve_session_callback, **kwargs)
 
 
 # --- the group ---------------------------------------------------------------------
@@ -360,44 +446,110 @@ class AliasGroup(click.Group):
         return super().get_command(ctx, cmd_name) or self.aliases.get(cmd_name)
 
 
+def setup_logging(verbose: int) -> None:
+    """``-v``: what ctxd-cli does (configuration, daemon, each request and its time) on
+    stderr; ``-vv``/``--debug``: every request and answer too, and tracebacks."""
+    if verbose <= 0:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("ctxd-cli: %(message)s"))
+    for name in ("ctxd.cli", "ctxd.client"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+        logger.propagate = False
+
+
+def _port(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 65535:
+        raise click.BadParameter(f"{value} is not a port number (1-65535)")
+    return value
+
+
 @click.group(cls=CtxdGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--socket", metavar="PATH", help="The daemon's Unix socket (default: from the configuration).")
+@click.option("--tcp", type=int, metavar="PORT", callback=_port,
+              help="Talk to a daemon serving TCP on 127.0.0.1:PORT (ctxd --tcp PORT) instead, with the token in "
+                   "daemon.token_file; never starts one.")
+@click.option("--token-file", metavar="FILE", help="The TCP token file (default: daemon.token_file).")
 @click.option("--data-dir", metavar="DIR", help="Data directory for a daemon ctxd-cli starts (and the one expected).")
 @click.option("--config", "config_file", metavar="FILE", help="Configuration file (default ~/.config/ctxd/config.toml).")
 @click.option("--no-autostart", is_flag=True, help="Fail (exit 3) instead of starting a daemon when none answers.")
-@click.option("--json", "json_", is_flag=True, help="Print machine-readable JSON (and nothing else) on stdout.")
+@click.option("--json", "json_", is_flag=True, help="Print machine-readable JSON (and nothing else) on stdout; "
+              "errors too, as {\"error\": ...}.")
+@click.option("-v", "--verbose", count=True, help="Say what ctxd-cli does on stderr: configuration, daemon, "
+              "each request and its time (-vv: the requests and answers too).")
+@click.option("--debug", is_flag=True, help="The same as -vv, and a traceback with an unexpected error.")
 @click.version_option(package_name="ctxd", prog_name="ctxd-cli", message="%(prog)s %(version)s")
 @click.pass_context
-def cli(ctx: click.Context, socket: str | None, data_dir: str | None, config_file: str | None,
-        no_autostart: bool, json_: bool) -> None:
+def cli(ctx: click.Context, socket: str | None, tcp: int | None, token_file: str | None, data_dir: str | None,
+        config_file: str | None, no_autostart: bool, json_: bool, verbose: int, debug: bool) -> None:
     """Talk to the ctxd context daemon: sessions, history, search, compression,
     snapshots, goals, live watching; and check its database (doctor)."""
+    global _json_requested
     settings = settings_of(ctx)
     settings.socket = socket
+    settings.tcp = tcp
+    settings.token_file = token_file
     settings.data_dir = data_dir
     settings.config_file = config_file
     settings.autostart = not no_autostart
     settings.json = settings.json or json_
+    settings.verbose = 2 if debug else verbose
+    _json_requested = _json_requested or json_
+    setup_logging(settings.verbose)
+
+
+def _json_error(exc: click.ClickException) -> dict[str, Any]:
+    error: dict[str, Any] = {"message": exc.format_message(), "exitCode": exc.exit_code}
+    if isinstance(exc, CliError):
+        if exc.code is not None:
+            error["code"] = exc.code
+        if exc.data is not None:
+            error["data"] = exc.data
+    return {"error": error}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
+    global _json_requested
     os.umask(0o077)  # exports (and a daemon's log, when it starts one) are for this user only
+    args = list(sys.argv[1:] if argv is None else argv)
+    _json_requested = False
     try:
-        cli.main(args=argv, prog_name="ctxd-cli", complete_var="_CTXD_CLI_COMPLETE", standalone_mode=True)
-    except SystemExit as exc:
+        result = cli.main(args=args, prog_name="ctxd-cli", complete_var="_CTXD_CLI_COMPLETE",
+                          standalone_mode=False)
+    except SystemExit as exc:  # shell completion exits by itself
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return EXIT_OK
+    except click.ClickException as exc:
+        if _json_requested or "--json" in args:
+            click.echo(json.dumps(_json_error(exc), ensure_ascii=False))
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        return 1
+    except Exception as exc:  # a bug: still one line, unless --debug asks for the traceback
+        if "--debug" in args or "-vv" in args:
+            import traceback
+
+            traceback.print_exc()
+        if _json_requested or "--json" in args:
+            click.echo(json.dumps({"error": {"message": f"unexpected {type(exc).__name__}: {exc}",
+                                             "exitCode": EXIT_REFUSED}}))
+        click.echo(f"error: unexpected {type(exc).__name__}: {exc} (ctxd-cli --debug shows where)", err=True)
+        return EXIT_REFUSED
+    return result if isinstance(result, int) else EXIT_OK
 
 
 def _register() -> None:
-    from ctxd.cli import (context, daemon, doctor, history, prompt, push, replay, sessions, snapshots, stats,
+    from ctxd.cli import (context, daemon, doctor, history, info, prompt, push, replay, sessions, snapshots, stats,
                           transfer, watch)
 
     for command in (sessions.sessions, push.push, prompt.prompt, stats.stats, history.history, history.search,
                     context.compress, context.checkpoints, context.expand, context.pin, context.goal,
                     snapshots.snapshot, transfer.export, transfer.import_, replay.replay, watch.watch,
-                    doctor.doctor, daemon.daemon, daemon.completion):
+                    doctor.doctor, daemon.daemon, info.config, info.paths, daemon.completion):
         cli.add_command(command)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import EXIT_USAGE, CliError, bad_input, json_option, run, settings_of
+from ctxd.cli.main import EXIT_USAGE, CliError, bad_input, json_option, resolve_session_id, run, settings_of
 from ctxd.cli.sessions import session_argument
 from ctxd.client import Client, RpcError
 from ctxd.protocol.errors import ErrorCode
@@ -64,7 +64,7 @@ async def push_messages(client: Client, session_id: str, messages: list[dict[str
 
 
 @click.command("push")
-@session_argument
+@session_argument(resolve=False)
 @click.option("--role", type=click.Choice(["user", "assistant", "system", "tool"]),
               help="Role of the message (default: user).")
 @click.option("--content", metavar="TEXT", help="Message text; without it the text is read from stdin "
@@ -80,6 +80,9 @@ async def push_messages(client: Client, session_id: str, messages: list[dict[str
 def push(ctx: click.Context, session_id: str, role: str | None, content: str | None, tool_call_id: str | None,
          idempotency_key: str | None, message_json: bool, create: bool, model: str | None) -> None:
     """Append a message to SESSION and print its sequence number and tokens.
+
+    SESSION is an id, a unique prefix of one, or last; with --create, the exact id of
+    the session to create when there is none of that id.
 
     \b
       ctxd-cli push s1 --content "hello"
@@ -111,6 +114,9 @@ def push(ctx: click.Context, session_id: str, role: str | None, content: str | N
         messages = [message]
 
     async def work(client: Client) -> tuple[Any, bool]:
+        nonlocal session_id
+        if not create:  # (--create names the session exactly: a prefix of another id is a new session)
+            session_id = await resolve_session_id(client, session_id)
         return await push_messages(client, session_id, messages, create=create, model=model)
 
     result, created = run(settings, work)
@@ -126,5 +132,5 @@ def push(ctx: click.Context, session_id: str, role: str | None, content: str | N
             parts.append(render.Styled("(duplicate: already stored, nothing added)", "yellow"))
         render.line(*parts, sep="  ")
     render.line(f"session {result['sessionId']}: {render.count(result['messageCount'], 'message')}, "
-                f"{render.num(result['tokenCount'])} history tokens, context",
-                render.window_use(result["contextTokens"], result["budget"]["contextWindow"]))
+                f"{render.num(result['tokenCount'])} history tokens; prompt",
+                render.budget_use(result["budget"], result["contextTokens"]))

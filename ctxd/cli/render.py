@@ -63,6 +63,8 @@ class Styled:
 
     text: str
     style: str = ""
+    wrap: bool = False
+    """In a flex column: continue on the next lines instead of ending in an ellipsis."""
 
     def __str__(self) -> str:
         return self.text
@@ -103,10 +105,25 @@ def rich_cell(cell: "str | Styled | Marked") -> "Text":
 
 
 @dataclass(frozen=True)
+class Rule:
+    """A row of its own across the whole table (history's compression and restore
+    markers): printed at the full width, wrapped when longer, between the rows around it."""
+
+    text: str
+    style: str = ""
+
+
+@dataclass(frozen=True)
 class Column:
+    """A table column. Cells stay on one line and are never cut, except in ``flex``
+    columns: those share what is left of the width and end in an ellipsis when too long
+    (or, with ``wrap``, continue on the next lines)."""
+
     header: str
     justify: str = "left"  # "left" | "right"
-    no_wrap: bool = False
+    no_wrap: bool = False  # (every column but a flex one is kept on one line)
+    flex: bool = False
+    wrap: bool = False
 
 
 def is_terminal() -> bool:
@@ -122,6 +139,15 @@ def console() -> "Console":
     from rich.console import Console
 
     return Console(highlight=False, soft_wrap=False)
+
+
+@lru_cache(maxsize=1)
+def plain_console() -> "Console":
+    """Tables through a pipe: 80 columns (or ``$COLUMNS``), no colour, no terminal codes."""
+    from rich.console import Console
+
+    return Console(color_system=None, force_terminal=False, force_interactive=False, highlight=False,
+                   soft_wrap=False, emoji=False, markup=False)
 
 
 @lru_cache(maxsize=1)
@@ -166,34 +192,93 @@ def note(message: str, *, style: str = "dim") -> None:
         click.echo(safe(message), err=True)
 
 
-def table(columns: Sequence[Column], rows: Iterable[Sequence["str | Styled | Marked"]], *,
-          title: str | None = None) -> None:
-    rows = [list(r) for r in rows]
-    if is_terminal():
-        from rich.table import Table
+def _cell(cell: "str | Styled | Marked", terminal: bool) -> "Text":
+    if terminal:
+        return rich_cell(cell)
+    from rich.text import Text
 
-        t = Table(title=safe(title) if title else None, title_justify="left", title_style="bold",
-                  header_style="bold")
-        for col in columns:
-            t.add_column(col.header, justify=col.justify, no_wrap=col.no_wrap,  # type: ignore[arg-type]
-                         overflow="fold" if col.no_wrap else "ellipsis")
-        for row in rows:
-            t.add_row(*(rich_cell(c) for c in row))
-        console().print(t)
-        return
-    if title:
+    return Text(safe(str(cell)))  # plain: no styles; search markers stay as [brackets]
+
+
+def table(columns: Sequence[Column], rows: Iterable["Sequence[str | Styled | Marked] | Rule"], *,
+          title: str | None = None) -> None:
+    """Rows under a header, as wide as the output: the terminal's width, or 80 columns
+    (``$COLUMNS``) through a pipe. Only flex columns give way (ellipsis or wrapping);
+    through a pipe there are no colours, no rules, and no trailing spaces. A :class:`Rule`
+    is a line of its own, across the table."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    terminal = is_terminal()
+    out = console() if terminal else plain_console()
+    items = [r if isinstance(r, Rule) else list(r) for r in rows]
+    plain_rows = [r for r in items if not isinstance(r, Rule)]
+    cells = {id(r): [_cell(c, terminal) for c in r] for r in plain_rows}
+    gap = 3 if terminal else 2  # padding on both sides, plus the (blank) divider on a terminal
+
+    def longest(text: "Text") -> int:
+        return max((Text(line).cell_len for line in text.plain.split("\n")), default=0)
+
+    natural = [max([Text(col.header).cell_len] + [longest(cells[id(r)][i]) for r in plain_rows])
+               for i, col in enumerate(columns)]
+    flexible = [i for i, col in enumerate(columns) if col.flex]
+    room = out.width - gap * (len(columns) - 1) - sum(w for i, w in enumerate(natural) if i not in flexible)
+    widths = list(natural)
+    if flexible:
+        wanted = sum(natural[i] for i in flexible)
+        for i in flexible:
+            widths[i] = min(natural[i], max(8, room * natural[i] // max(wanted, 1)))
+
+    def new_table(header: bool) -> Table:
+        t = Table(title=Text(safe(title)) if title and terminal and header else None, title_justify="left",
+                  title_style="bold", header_style="bold" if terminal else "", show_header=header,
+                  box=box.SIMPLE_HEAD if terminal else None, show_edge=False, pad_edge=False, padding=(0, 1))
+        for i, col in enumerate(columns):
+            wraps = col.flex and col.wrap
+            t.add_column(Text(col.header), justify=col.justify, width=widths[i],  # type: ignore[arg-type]
+                         no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+        return t
+
+    def row_cells(row: list[Any]) -> list["Text"]:
+        out_cells = cells[id(row)]
+        for j, col in enumerate(columns):
+            cell = out_cells[j]
+            if col.flex and isinstance(row[j], Styled) and row[j].wrap:
+                cell.no_wrap, cell.overflow = False, "fold"
+            elif col.flex and not col.wrap:
+                cell.no_wrap, cell.overflow = True, "ellipsis"
+                if "\n" in cell.plain:  # each line of a multi-line cell cut on its own
+                    lines = cell.split("\n")
+                    for line_ in lines:
+                        line_.truncate(widths[j], overflow="ellipsis")
+                    out_cells[j] = Text("\n").join(lines)
+        return out_cells
+
+    def emit(renderable: Any) -> None:
+        if terminal:
+            out.print(renderable)
+            return
+        with out.capture() as captured:
+            out.print(renderable)
+        for text_line in captured.get().splitlines():
+            click.echo(text_line.rstrip())
+
+    if title and not terminal:
         click.echo(safe(title))
-    cells = [[c.header for c in columns]] + [[safe(str(c)) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    for r in cells:
-        out = []
-        for i, (value, col) in enumerate(zip(r, columns)):
-            last = i == len(columns) - 1
-            if col.justify == "right":
-                out.append(value.rjust(widths[i]))
-            else:
-                out.append(value if last else value.ljust(widths[i]))
-        click.echo("  ".join(out).rstrip())
+    current = new_table(header=True)
+    header_shown = False
+    for item in items:
+        if isinstance(item, Rule):
+            if current.row_count or not header_shown:
+                emit(current)
+                header_shown = True
+            current = new_table(header=False)
+            emit(Text(safe(item.text), style=item.style if terminal else ""))
+            continue
+        current.add_row(*row_cells(item))
+    if current.row_count or not header_shown:
+        emit(current)
 
 
 def fields(pairs: Sequence[tuple[str, "str | Styled | Marked"]], *, title: str | None = None) -> None:
@@ -245,10 +330,21 @@ def ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def window_use(context_tokens: int, window: int) -> "str | Styled":
-    """``1,234 / 8,192 (15%)``, red when over the window."""
-    text = f"{num(context_tokens)} / {num(window)} ({percent(context_tokens, window)})"
-    return Styled(text, "bold red") if window and context_tokens > window else text
+def prompt_use(prompt_tokens: int | None, max_prompt: int | None, window: int | None = None) -> "str | Styled":
+    """The one denominator: the prompt against the largest prompt that may be sent
+    (``maxPromptTokens``), with the window beside it: ``2,914 / 4,311 (68%), window 8,192``;
+    red when the prompt does not fit."""
+    text = f"{num(prompt_tokens)} / {num(max_prompt)} ({percent(prompt_tokens or 0, max_prompt or 0)})"
+    if window:
+        text += f", window {num(window)}"
+    return Styled(text, "bold red") if max_prompt and (prompt_tokens or 0) > max_prompt else text
+
+
+def budget_use(budget: dict[str, Any] | None, prompt_tokens: int | None = None) -> "str | Styled":
+    """:func:`prompt_use` from a Budget (``prompt_tokens`` when known better, e.g. a push result's)."""
+    budget = budget or {}
+    prompt = budget.get("promptTokens") if prompt_tokens is None else prompt_tokens
+    return prompt_use(prompt, budget.get("maxPromptTokens"), budget.get("contextWindow"))
 
 
 def parse_time(iso: str) -> datetime | None:
@@ -295,26 +391,28 @@ def duration(seconds: float) -> str:
 
 
 def budget_pairs(budget: dict[str, Any]) -> list[tuple[str, "str | Styled"]]:
-    """The budget figures everyone asks about, in the order they are derived."""
+    """The budget figures everyone asks about, in the order they are derived. ``prompt``
+    is everything sent (system part, pinned messages, checkpoints and the conversation),
+    against ``max prompt``; ``used`` is the conversation alone, which compression
+    watches: it compresses once ``used`` passes ``trigger``."""
     free = budget.get("free", 0)
     used = budget.get("used", 0)
     trigger = budget.get("triggerAt", 0)
     free_cell: "str | Styled" = num(free)
     if free < 0:
         free_cell = Styled(f"{num(free)} (over budget)", "bold red")
-    used_cell: "str | Styled" = num(used)
+    used_cell: "str | Styled" = f"{num(used)} / trigger {num(trigger)}"
     if trigger and used > trigger:
-        used_cell = Styled(f"{num(used)} (past the compression trigger)", "yellow")
+        used_cell = Styled(f"{num(used)} / trigger {num(trigger)} (past it: compression is due)", "yellow")
     return [
         ("window", num(budget.get("contextWindow"))),
         ("max prompt", (f"{num(budget.get('maxPromptTokens'))} (usable {num(budget.get('usable'))}"
                         f" - reserved output {num(budget.get('reservedOutput'))})")),
+        ("prompt", prompt_use(budget.get("promptTokens"), budget.get("maxPromptTokens"))),
+        ("used", used_cell),
         ("available", (f"{num(budget.get('available'))} (after system {num(budget.get('systemTokens'))}, "
                        f"pinned {num(budget.get('pinnedTokens'))}, checkpoints {num(budget.get('checkpointTokens'))}, "
                        f"margin {num(budget.get('safetyMargin'))})")),
-        ("trigger at", num(trigger)),
-        ("used", used_cell),
-        ("prompt", num(budget.get("promptTokens"))),
         ("free", free_cell),
     ]
 

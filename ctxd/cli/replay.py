@@ -260,7 +260,7 @@ def compression_text(summary: dict[str, Any], budget: dict[str, Any]) -> Any:
         if checkpoints:
             how += f", {checkpoints} checkpoint" + ("s" if checkpoints != 1 else "")
         if passes == 1:
-            parts.append(f"1 pass: context {render.num(summary.get('beforeTokens'))} -> "
+            parts.append(f"1 pass: prompt {render.num(summary.get('beforeTokens'))} -> "
                          f"{render.num(summary.get('afterTokens'))} tokens ({how})")
         else:
             parts.append(f"{passes} passes freed {render.num(summary.get('freedTokens'))} tokens ({how})")
@@ -294,7 +294,6 @@ def summarize(outcome: Outcome, source: str) -> None:
         ("compression", compression_text(outcome.compression, budget)),
         ("history", f"{render.count(result.get('messageCount'), 'message')}, {render.count(result.get('tokenCount'), 'token')}"
                     + (" (estimated)" if result.get("tokensEstimated") else "")),
-        ("context", render.window_use(result.get("contextTokens", 0), budget.get("contextWindow", 0))),
     ]
     pairs += render.budget_pairs(budget)
     if t.warnings:

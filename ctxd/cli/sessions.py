@@ -9,7 +9,18 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import AliasGroup, Settings, confirm, json_option, require_terminal, request, run, settings_of
+from ctxd.cli.main import (
+    AliasGroup,
+    Settings,
+    resolve_session_callback,
+    confirm,
+    json_option,
+    require_terminal,
+    request,
+    run,
+    settings_of,
+    short_ids,
+)
 from ctxd.client import Client
 
 
@@ -18,18 +29,19 @@ def completion_request(ctx: click.Context, method: str, params: dict[str, Any]) 
     prints an error into the user's shell (None on any failure)."""
     import asyncio
 
-    from ctxd.cli.main import try_connect
+    from ctxd.cli.main import read_token, try_connect
 
     root = ctx.find_root().params
-    settings = Settings(socket=root.get("socket"), data_dir=root.get("data_dir"),
-                        config_file=root.get("config_file"), autostart=False)
+    settings = Settings(socket=root.get("socket"), data_dir=root.get("data_dir"), tcp=root.get("tcp"),
+                        token_file=root.get("token_file"), config_file=root.get("config_file"), autostart=False)
 
     async def fetch() -> Any:
-        client = await try_connect(settings.socket_path)
+        client = await try_connect(settings)
         if client is None:
             return None
         try:
-            await client.initialize(client_name="ctxd-cli-completion")
+            token = read_token(settings) if settings.tcp is not None else None
+            await client.initialize(client_name="ctxd-cli-completion", token=token)
             return await client.request(method, params, timeout=2)
         finally:
             await client.close()
@@ -50,8 +62,15 @@ def complete_session_id(ctx: click.Context, param: click.Parameter, incomplete: 
             for s in sessions if s["sessionId"].startswith(incomplete)]
 
 
-def session_argument(fn: Any) -> Any:
-    return click.argument("session_id", metavar="SESSION", shell_complete=complete_session_id)(fn)
+def session_argument(fn: Any = None, *, resolve: bool = True) -> Any:
+    """The SESSION argument: an id, a unique prefix of one, or ``last`` (resolved before
+    the command runs, unless ``resolve`` is false: the command resolves it itself)."""
+
+    def decorate(f: Any) -> Any:
+        return click.argument("session_id", metavar="SESSION", shell_complete=complete_session_id,
+                              callback=resolve_session_callback if resolve else None)(f)
+
+    return decorate(fn) if fn is not None else decorate
 
 
 @click.group("sessions", cls=AliasGroup)
@@ -65,7 +84,12 @@ def sessions() -> None:
 @json_option
 @click.pass_context
 def list_sessions(ctx: click.Context, limit: int | None, tag: str | None) -> None:
-    """Sessions, most recently active first."""
+    """Sessions, most recently active first.
+
+    IDs that ctxd made up are shown as their shortest unique prefix (8 characters or
+    more), which every command accepts, as it accepts "last"; --json has them whole.
+    PROMPT / MAX is the prompt to send next against the largest that may be sent.
+    """
     settings = settings_of(ctx)
     params: dict[str, Any] = {}
     if limit is not None:
@@ -73,23 +97,46 @@ def list_sessions(ctx: click.Context, limit: int | None, tag: str | None) -> Non
     if tag is not None:
         params["tag"] = tag
 
-    result = request(settings, "session/list", params)
+    async def work(client: Client) -> tuple[Any, list[str], dict[str, Any]]:
+        import asyncio
+
+        result = await client.request("session/list", params)
+        if settings.json:
+            return result, [], {}
+        every = (await client.request("session/list"))["sessions"] if params else result["sessions"]
+        budgets = await asyncio.gather(*(client.request("context/stats", {"sessionId": s["sessionId"]})
+                                         for s in result["sessions"]), return_exceptions=True)
+        return result, [s["sessionId"] for s in every], {
+            s["sessionId"]: b.get("budget") for s, b in zip(result["sessions"], budgets) if isinstance(b, dict)}
+
+    result, every, budgets = run(settings, work)
     if settings.json:
         render.print_json(result)
         return
     rows = sorted(result["sessions"], key=lambda s: s.get("lastActivity") or "", reverse=True)
     footer = retention_footer(result.get("retention"))
     if not rows:
-        render.note("no sessions" + (f" tagged {tag!r}" if tag else ""))
+        if tag:
+            render.line(f"no sessions tagged {tag!r}")
+        else:
+            render.line("no sessions yet (ctxd-cli push ID --create --content TEXT makes one; "
+                        "ctxd-cli replay --example replays a real agent run)")
         if footer:
             render.line(footer)
         return
+    shown = short_ids(every + [s["sessionId"] for s in rows])
+
+    def prompt_cell(s: dict[str, Any]) -> Any:
+        budget = budgets.get(s["sessionId"])
+        if budget is None:  # (deleted meanwhile)
+            return f"{render.num(s['contextTokens'])} / -"
+        return render.prompt_use(budget["promptTokens"], budget["maxPromptTokens"])
+
     render.table(
-        [render.Column("ID", no_wrap=True), render.Column("TITLE / MODEL"),
-         render.Column("MESSAGES", "right"), render.Column("TOKENS", "right"),
-         render.Column("CONTEXT / WINDOW", "right"), render.Column("LAST ACTIVITY")],
-        ([s["sessionId"], render.session_label(s), render.num(s["messageCount"]), render.num(s["tokenCount"]),
-          render.window_use(s["contextTokens"], s["contextWindow"]), render.ago(s.get("lastActivity"))]
+        [render.Column("ID"), render.Column("TITLE (MODEL)", flex=True), render.Column("MSGS", "right"),
+         render.Column("PROMPT / MAX", "right"), render.Column("WINDOW", "right"), render.Column("ACTIVE")],
+        ([shown[s["sessionId"]], render.session_label(s), render.num(s["messageCount"]), prompt_cell(s),
+          render.num(s["contextWindow"]), render.ago(s.get("lastActivity"))]
          for s in rows))
     if footer:
         render.line(footer)
@@ -133,7 +180,8 @@ def session_pairs(info: dict[str, Any]) -> list[tuple[str, Any]]:
         ("last activity", f"{info.get('lastActivity')} ({render.ago(info.get('lastActivity'))})"),
         ("messages", f"{render.num(info['messageCount'])} (last seq {info.get('lastSeq', 0)})"),
         ("history tokens", render.num(info["tokenCount"])),
-        ("context", render.window_use(info["contextTokens"], info["contextWindow"])),
+        ("prompt / max", render.budget_use(info.get("budget"), info["contextTokens"]) if info.get("budget")
+         else render.prompt_use(info["contextTokens"], None, info["contextWindow"])),
         ("system prompt", f"{render.num(info.get('systemPromptTokens', 0))} tokens"
                           + (f": {_first_line(info['systemPrompt'])}" if info.get("systemPrompt") else "")),
         ("encoding", encoding),
@@ -202,7 +250,8 @@ def snapshot_rows(snapshots: list[dict[str, Any]]) -> list[list[Any]]:
 
 
 SNAPSHOT_COLUMNS = [render.Column("ID", no_wrap=True), render.Column("CREATED"), render.Column("TRIGGER"),
-                    render.Column("LAST SEQ", "right"), render.Column("CONTEXT", "right"), render.Column("LABEL")]
+                    render.Column("LAST SEQ", "right"), render.Column("PROMPT", "right"),
+                    render.Column("LABEL", flex=True)]
 
 
 def goal_pairs(goal: dict[str, Any], tokens: int | None = None) -> list[tuple[str, Any]]:
@@ -358,9 +407,13 @@ def update(ctx: click.Context, session_id: str, title: str | None, tags: tuple[s
             params["contextWindow"] = context_window
         if system_prompt is not None:
             params["systemPrompt"] = system_prompt
-        return await client.request("session/update", params)
+        info = await client.request("session/update", params)
+        if context_window is not None or system_prompt is not None:
+            stats = await client.request("context/stats", {"sessionId": session_id})
+            return info, stats.get("budget")
+        return info, None
 
-    info = run(settings, work)
+    info, budget = run(settings, work)
     if settings.json:
         render.print_json(info)
         return
@@ -373,7 +426,7 @@ def update(ctx: click.Context, session_id: str, title: str | None, tags: tuple[s
     if auto_compress is not None:
         changed.append(("auto-compress", "on" if (info.get("settings") or {}).get("autoCompress") else "off"))
     if context_window is not None or system_prompt is not None:
-        changed.append(("context", render.window_use(info["contextTokens"], info["contextWindow"])))
+        changed.append(("prompt / max", render.budget_use(budget, info["contextTokens"])))
     if system_prompt is not None:
         changed.append(("system prompt", f"{render.num(info.get('systemPromptTokens', 0))} tokens"))
     render.fields(changed)

@@ -60,7 +60,8 @@ def info_pairs(info: dict[str, Any]) -> list[tuple[str, Any]]:
         ("label", info.get("label") or "-"),
         ("history", f"{render.count(info.get('messageCount'), 'message')} (last seq {info.get('lastSeq')}), "
                     f"{render.num(info.get('tokenCount'))} tokens"),
-        ("context", render.window_use(info.get("contextTokens", 0), info.get("contextWindow", 0))),
+        ("prompt then", f"{render.num(info.get('contextTokens', 0))} tokens, window "
+                        f"{render.num(info.get('contextWindow', 0))}"),
         ("compression", f"{render.count(info.get('compressionCount'), 'compression')}, "
                         f"{render.count(info.get('checkpointCount'), 'checkpoint')}, "
                         f"ratio {render.ratio(info.get('compressionRatio'))}"),
@@ -149,13 +150,13 @@ def show(ctx: click.Context, session_id: str, snapshot_id: str, all_messages: bo
         render.line("")
         limit = None if all_messages else USER_MESSAGES_SHOWN
         rows = [[render.num(m.get("seq")), str(m.get("message", {}).get("role", "?")), render.num(m.get("tokens")),
-                 "yes" if m.get("inContext") else "no", render.message_preview(m.get("message") or {}, 90)]
+                 "yes" if m.get("inContext") else "no", render.message_preview(m.get("message") or {}, 400)]
                 for m in shown[-limit if limit else 0:]]
         title = "Messages" if all_messages else "User messages"
         if limit and len(shown) > limit:
             title += f" (the last {limit} of {len(shown)}; --json has them all)"
         render.table([render.Column("SEQ", "right"), render.Column("ROLE"), render.Column("TOKENS", "right"),
-                      render.Column("IN CONTEXT"), render.Column("TEXT")], rows, title=title)
+                      render.Column("IN CONTEXT"), render.Column("TEXT", flex=True)], rows, title=title)
     if content.get("checkpoints"):
         render.line("")
         render.table(CHECKPOINT_COLUMNS, checkpoint_rows(content["checkpoints"]), title="Checkpoints")

@@ -24,7 +24,21 @@ def drift_cell(value: float | None) -> Any:
 @json_option
 @click.pass_context
 def stats(ctx: click.Context, session_id: str) -> None:
-    """Counts and tokens by role and kind, counted-vs-reported drift, and the budget."""
+    """Counts and tokens by role and kind, counted-vs-reported drift, and the budget.
+
+    \b
+    The budget, in ctxd's own token count:
+      window      the model's context window
+      max prompt  the largest prompt that may be sent: the usable share of the
+                  window less the tokens reserved for the reply
+      prompt      everything sent next (system part with the goal, pinned
+                  messages, checkpoints, the conversation), against max prompt
+      used        the conversation alone (messages since the compression
+                  boundary); compression starts once it passes trigger
+      available   max prompt less the system part, pins, checkpoints and margin:
+                  the room for the conversation (trigger is a share of it)
+      free        max prompt less prompt
+    """
     settings = settings_of(ctx)
 
     result = request(settings, "context/stats", {"sessionId": session_id})
@@ -36,7 +50,7 @@ def stats(ctx: click.Context, session_id: str) -> None:
         ("session", result["sessionId"]),
         ("messages", render.num(result["messageCount"])),
         ("history tokens", render.num(total)),
-        ("context", render.window_use(result["contextTokens"], result["budget"]["contextWindow"])),
+        ("prompt / max", render.budget_use(result["budget"], result["contextTokens"])),
         ("encoding", result["encoding"] + (" (estimated: not the model's own tokenizer)"
                                            if result.get("tokensEstimated") else "")),
     ])

@@ -161,7 +161,7 @@ def read_document(file: str) -> tuple[str, str]:
 @click.argument("file", metavar="FILE")
 @click.option("--format", "fmt", type=click.Choice(IMPORT_FORMATS),
               help="ctxd's own exports (json, jsonl, markdown) or a transcript format. Default: markdown for a "
-                   ".md file, else decided from the content (auto).")
+                   ".md file (but aider's chat history), else decided from the content (auto).")
 @click.option("--session", "session_id", metavar="ID", help="Id of the new session (default: the exported "
               "one's, or a new id; a file with several conversations gets new ids).")
 @click.option("--title", metavar="T", help="Title of the new session.")
@@ -169,15 +169,20 @@ def read_document(file: str) -> tuple[str, str]:
 @click.pass_context
 def import_(ctx: click.Context, file: str, fmt: str | None, session_id: str | None, title: str | None) -> None:
     """Create a session from FILE (or - for stdin): a ctxd export, or any transcript
-    ctxd reads (Claude Code JSONL, OpenAI chat, mini-swe-agent, SWE-agent, OpenHands,
-    LoCoMo). All or nothing: a file that cannot be read stores nothing (exit 4).
+    ctxd reads (Claude Code JSONL, aider's .aider.chat.history.md, OpenAI chat,
+    mini-swe-agent, SWE-agent, OpenHands, LoCoMo). All or nothing: a file that cannot be
+    read stores nothing (exit 4).
     """
     settings = settings_of(ctx)
-    if fmt is None:
-        fmt = "markdown" if Path(file).suffix.lower() in (".md", ".markdown") else "auto"
     document, source = read_document(file)
     if not document.strip():
         raise bad_input(f"{source}: the file is empty")
+    if fmt is None:
+        from ctxd.importers.aider import looks_like_aider
+
+        markdown = Path(file).suffix.lower() in (".md", ".markdown")
+        # (aider's .aider.chat.history.md is Markdown too: the daemon tells it from the content)
+        fmt = "markdown" if markdown and not looks_like_aider(document[:65536].encode()) else "auto"
     params: dict[str, Any] = {"document": document, "format": fmt}
     if session_id is not None:
         params["sessionId"] = session_id

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import EXIT_UNAVAILABLE, CliError, json_option, run, settings_of
+from ctxd.cli.main import resolve_session_callback, initialize_client, json_option, run, settings_of, try_connect
 from ctxd.cli.sessions import complete_session_id
-from ctxd.client import Client
+from ctxd.client import Client, DaemonUnavailable, RpcError
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -37,12 +37,20 @@ def _n(value: Any) -> str:
     return render.num(value) if isinstance(value, (int, float)) else str(value if value is not None else "-")
 
 
-def _figures(method: str, p: dict[str, Any]) -> list[Any]:
-    """The key figures of the notifications ctxd sends, one short phrase each."""
+def _prompt_figure(prompt: Any, limits: tuple[int, int] | None) -> Any:
+    if limits is None:
+        return f"prompt {_n(prompt)}"
+    return render.Styled(f"prompt {render.prompt_use(prompt, limits[0], limits[1])}",
+                         "bold red" if isinstance(prompt, int) and prompt > limits[0] else "")
+
+
+def _figures(method: str, p: dict[str, Any], limits: tuple[int, int] | None = None) -> list[Any]:
+    """The key figures of the notifications ctxd sends, one short phrase each; ``limits``:
+    the session's (max prompt, window), when known."""
     if method == "session/updated":
         reason = str(p.get("reason", "?")) + (f" +{p.get('pushed', 0)}" if p.get("reason") == "push" else "")
         return [render.Styled(reason, "cyan"), f"seq {_n(p.get('lastSeq'))}", f"messages {_n(p.get('messageCount'))}",
-                f"tokens {_n(p.get('tokenCount'))}", f"context {_n(p.get('contextTokens'))}"]
+                f"history {_n(p.get('tokenCount'))} tokens", _prompt_figure(p.get("contextTokens"), limits)]
     if method == "session/deleted":
         reason = p.get("reason")
         return [render.Styled("deleted", "red")] + ([f"by {reason}: {p.get('detail') or ''}".rstrip(": ")]
@@ -89,11 +97,12 @@ def _figures(method: str, p: dict[str, Any]) -> list[Any]:
     return [rest if len(rest) <= MAX_OTHER else rest[: MAX_OTHER - 3] + "..."]
 
 
-def describe(method: str, params: Any) -> list[Any]:
+def describe(method: str, params: Any, maxima: dict[str, tuple[int, int]] | None = None) -> list[Any]:
     """The session and key figures of one notification, for a one-line display."""
     if not isinstance(params, dict):
         return [json.dumps(params)]
-    return [str(params.get("sessionId", "-")), *(f for f in _figures(method, params) if f != "")]
+    limits = (maxima or {}).get(str(params.get("sessionId")))
+    return [str(params.get("sessionId", "-")), *(f for f in _figures(method, params, limits) if f != "")]
 
 
 # --- the live view -------------------------------------------------------------------
@@ -247,10 +256,9 @@ def usage_style(fraction: float) -> str:
 
 
 def context_line(state: LiveState) -> str:
-    """``Context: 5,234/6,800  77%  (2 compressions)``."""
-    share = render.percent(state.prompt_tokens, state.max_prompt_tokens)
-    return (f"Context: {render.num(state.prompt_tokens)}/{render.num(state.max_prompt_tokens)}  {share}  "
-            f"({render.count(state.compressions, 'compression')})")
+    """``Prompt: 5,234 / 6,800 (77%), window 8,192``: the prompt against the largest that
+    may be sent, as every view shows it."""
+    return f"Prompt: {render.prompt_use(state.prompt_tokens, state.max_prompt_tokens, state.context_window)}"
 
 
 def render_live(state: LiveState) -> "RenderableType":
@@ -264,10 +272,10 @@ def render_live(state: LiveState) -> "RenderableType":
     fraction = state.prompt_tokens / state.max_prompt_tokens if state.max_prompt_tokens else 0.0
     top = Table.grid(padding=(0, 2))
     top.add_column(no_wrap=True)
-    top.add_column(width=32)
+    top.add_column(width=26)
     top.add_row(Text(context_line(state), style="bold"),
                 ProgressBar(total=max(state.max_prompt_tokens, 1), completed=min(state.prompt_tokens,
-                            max(state.max_prompt_tokens, 1)), width=30, complete_style=usage_style(fraction),
+                            max(state.max_prompt_tokens, 1)), width=24, complete_style=usage_style(fraction),
                             finished_style="bold red"))
     rel = state.reliability or {}
     level = str(rel.get("level", "-"))
@@ -275,11 +283,12 @@ def render_live(state: LiveState) -> "RenderableType":
     reliability.append(level, style=render.RELIABILITY_STYLES.get(level, "") + " bold")
     if isinstance(rel.get("score"), (int, float)):
         reliability.append(f" (score {rel['score']:.2f})")
+    reliability.append(f"  ·  {render.count(state.compressions, 'compression')}")
     top.add_row(reliability, Text(""))
     if state.compressing is not None:
         stage, percentage = state.compressing
         top.add_row(Text(f"Compressing: {stage} {percentage}%", style="magenta"),
-                    ProgressBar(total=100, completed=percentage, width=30, complete_style="magenta"))
+                    ProgressBar(total=100, completed=percentage, width=24, complete_style="magenta"))
     events = Table.grid(padding=(0, 2))
     events.add_column(style="dim", no_wrap=True)
     events.add_column(no_wrap=True)
@@ -300,13 +309,26 @@ def render_live(state: LiveState) -> "RenderableType":
                  subtitle="Ctrl-C to stop" if not state.deleted else "session deleted", subtitle_align="right")
 
 
-async def live_view(client: Client, session_id: str, stream: Any, pending: "asyncio.Future[Any]",
-                    closed: Any) -> None:
-    """Run the live view until Ctrl-C or the session's deletion."""
+class ConnectionLost(Exception):
+    """The daemon closed the connection (stopped, restarted, crashed)."""
+
+
+async def next_notification(stream: Any,
+                            pending: "asyncio.Future[Any]") -> tuple[tuple[str, Any], "asyncio.Future[Any]"]:
+    """The next notification, and the future of the one after it."""
+    try:
+        item = await pending
+    except StopAsyncIteration:
+        raise ConnectionLost() from None
+    return item, asyncio.ensure_future(anext(stream))
+
+
+async def live_view(client: Client, state: LiveState, stream: Any, pending: "asyncio.Future[Any]") -> None:
+    """Run the live view until Ctrl-C, the session's deletion, or the connection's end
+    (ConnectionLost; ``state`` is kept for the next connection)."""
     from rich.live import Live
 
-    state = LiveState(session_id)
-    ref = {"sessionId": session_id}
+    ref = {"sessionId": state.session_id}
     info, stats = await asyncio.gather(client.request("session/get", ref), client.request("context/stats", ref))
     state.load(info, stats)
     refresh: asyncio.Task[None] | None = None
@@ -322,11 +344,7 @@ async def live_view(client: Client, session_id: str, stream: Any, pending: "asyn
         with Live(get_renderable=lambda: render_live(state), console=render.console(), refresh_per_second=4,
                   transient=False, redirect_stdout=False, redirect_stderr=False):
             while not state.deleted:
-                try:
-                    method, params = await pending
-                except StopAsyncIteration:
-                    closed()
-                pending = asyncio.ensure_future(anext(stream))
+                (method, params), pending = await next_notification(stream, pending)
                 now = datetime.now(timezone.utc).astimezone().strftime("%H:%M:%S")
                 try:
                     changed = state.apply(method, params, now)
@@ -340,11 +358,16 @@ async def live_view(client: Client, session_id: str, stream: Any, pending: "asyn
             refresh.cancel()
 
 
+RECONNECT_POLL_SECONDS = 0.25
+BUDGET_CHANGES = ("updated", "restored", "compressed", "pin", "goal", "watermark")
+
+
 # --- the command -----------------------------------------------------------------------
 
 
 @click.command("watch")
-@click.argument("session_id", required=False, metavar="SESSION", shell_complete=complete_session_id)
+@click.argument("session_id", required=False, metavar="SESSION", shell_complete=complete_session_id,
+                callback=resolve_session_callback)
 @click.option("--all", "all_sessions", is_flag=True, help="Watch every session (one line per notification).")
 @click.option("--plain", is_flag=True, help="One line per notification even on a terminal (no live view).")
 @json_option
@@ -352,11 +375,12 @@ async def live_view(client: Client, session_id: str, stream: Any, pending: "asyn
 def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain: bool) -> None:
     """Watch SESSION (or every session, with --all) as notifications arrive.
 
-    On a terminal: a live view of the context (tokens against the maximum prompt,
-    compressions, reliability), the last events and a progress bar while a
-    compression runs. Otherwise (or with --plain) one line each: time, method,
-    session and figures; with --json one JSON object per line: {"time", "method",
-    "params"}. Stops with Ctrl-C, or when the watched session is deleted.
+    On a terminal: a live view of the prompt (against the largest prompt that may be
+    sent, the window beside it), compressions, reliability, the last events and a
+    progress bar while a compression runs. Otherwise (or with --plain) one line each:
+    time, method, session and figures; with --json one JSON object per line: {"time",
+    "method", "params"}. When the daemon stops or restarts, watch waits for it and
+    carries on. Stops with Ctrl-C, or when the watched session is deleted.
     """
     settings = settings_of(ctx)
     if all_sessions == (session_id is not None):
@@ -364,11 +388,21 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain:
     target = WILDCARD if all_sessions else session_id
     assert target is not None
     live = render.is_terminal() and not settings.json and not plain and not all_sessions
+    state = LiveState(session_id) if live and session_id is not None else None
+    maxima: dict[str, tuple[int, int]] = {}  # session -> (max prompt, window), for the plain lines
+    announced: list[bool] = []
+    reconnecting: list[bool] = []
 
-    def closed() -> None:
-        raise CliError(f"the daemon on {settings.socket_path} closed the connection", EXIT_UNAVAILABLE)
+    async def budget_of(client: Client, sid: str) -> None:
+        try:
+            budget = (await client.request("context/stats", {"sessionId": sid}))["budget"]
+        except RpcError:  # deleted meanwhile
+            return
+        maxima[sid] = (budget["maxPromptTokens"], budget["contextWindow"])
 
-    async def work(client: Client) -> None:
+    async def follow(client: Client) -> bool:
+        """Subscribe and show notifications until the watched session is deleted (True)
+        or the connection ends (ConnectionLost)."""
         stream = client.notifications()
         # Start the iterator before subscribing: it registers its queue when it first
         # runs, and a notification may follow the subscribe answer in the same read.
@@ -376,24 +410,67 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain:
         await asyncio.sleep(0)
         try:
             await client.request("session/subscribe", {"sessionId": target})
-            if live:
-                assert session_id is not None
-                await live_view(client, session_id, stream, pending, closed)
-                return
-            render.note(f"watching {'all sessions' if target == WILDCARD else 'session ' + target}; Ctrl-C to stop")
+            if reconnecting:
+                reconnecting.clear()
+                render.note(f"reconnected to the daemon on {settings.endpoint}; watching again")
+                if state is not None:
+                    state.add(datetime.now(timezone.utc).astimezone().strftime("%H:%M:%S"), "daemon", "reconnected",
+                              "green")
+            elif state is None and not announced:
+                announced.append(True)
+                render.note(f"watching {'all sessions' if target == WILDCARD else 'session ' + target}; "
+                            "Ctrl-C to stop")
+            if state is not None:
+                await live_view(client, state, stream, pending)
+                return True
+            if target != WILDCARD and not settings.json:
+                await budget_of(client, target)
             while True:
-                try:
-                    method, params = await pending
-                except StopAsyncIteration:
-                    closed()
-                pending = asyncio.ensure_future(anext(stream))
+                (method, params), pending = await next_notification(stream, pending)
+                sid = params.get("sessionId") if isinstance(params, dict) else None
+                if not settings.json and isinstance(sid, str) and method == "session/updated" and (
+                        sid not in maxima or params.get("reason") in BUDGET_CHANGES):
+                    await budget_of(client, sid)
                 show(method, params)
-                if (method == "session/deleted" and target != WILDCARD and isinstance(params, dict)
-                        and params.get("sessionId") == target):
+                if method == "session/deleted" and target != WILDCARD and sid == target:
                     render.note(f"session {target} was deleted; nothing more to watch")
-                    return
+                    return True
+        except DaemonUnavailable:  # the connection ended during a request
+            raise ConnectionLost() from None
         finally:
             pending.cancel()
+
+    async def reconnect() -> Client:
+        render.note(f"the daemon on {settings.endpoint} closed the connection; waiting for it to come back "
+                    "(Ctrl-C to stop)")
+        if state is not None:
+            state.add(datetime.now(timezone.utc).astimezone().strftime("%H:%M:%S"), "daemon",
+                      "connection lost; waiting for the daemon", "yellow")
+        while True:
+            await asyncio.sleep(RECONNECT_POLL_SECONDS)
+            try:
+                client = await try_connect(settings)
+            except DaemonUnavailable:
+                continue
+            if client is None:
+                continue
+            try:
+                client = await initialize_client(client, settings)
+            except (DaemonUnavailable, RpcError):  # a daemon still starting, or stopping
+                await client.close(shutdown=False)
+                continue
+            reconnecting.append(True)  # (said once subscribed again: notifications flow from then on)
+            return client
+
+    async def work(client: Client) -> None:
+        while True:
+            try:
+                if await follow(client):
+                    return
+            except ConnectionLost:
+                pass
+            await client.close(shutdown=False)
+            client = await reconnect()
 
     def show(method: str, params: Any) -> None:
         now = datetime.now(timezone.utc).astimezone()
@@ -402,6 +479,6 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain:
                               compact=True)
         else:
             render.line(render.Styled(now.strftime("%H:%M:%S"), "dim"), render.Styled(method, "bold"),
-                        *describe(method, params), sep="  ")
+                        *describe(method, params, maxima), sep="  ")
 
     run(settings, work, interrupt_code=0)

@@ -1,4 +1,4 @@
-"""JSONL export: one OpenAI chat message per line.
+"""JSONL export: one OpenAI chat message per line, and nothing else.
 
 Each history message becomes the OpenAI chat message(s) a provider would accept
 (``role``, ``content``, ``tool_calls``, ``tool_call_id``, ``name``) plus a ``ctxd`` key
@@ -6,6 +6,12 @@ with its sequence number and time. When the OpenAI shape cannot hold the message
 was (Anthropic content blocks, thinking, usage, metadata, timestamps), ``ctxd.message``
 carries the original, and the extra OpenAI lines it needs are marked ``ctxd.part``;
 an importer that does not know ctxd still reads a valid chat log.
+
+The session's own fields (title, model, window, goal...) ride on the first line, as
+``ctxd.session`` beside that message's ``seq``: every line is a chat message, so tools
+that read OpenAI chat JSONL take the file as it is. (A session without messages has
+nothing to carry them: its export is the one line ``{"ctxd": {"session": ...}}``, the
+form every export had before; import reads both.)
 """
 
 from __future__ import annotations
@@ -73,7 +79,10 @@ def _openai_lines(m: Message) -> list[dict[str, Any]]:
 
 
 def export_jsonl(doc: SessionDocument) -> str:
-    out = [json.dumps({"ctxd": {"session": header(doc)}}, ensure_ascii=False)]
+    session = header(doc)
+    if not doc.messages:
+        return json.dumps({"ctxd": {"session": session}}, ensure_ascii=False) + "\n"
+    out = []
     for item in doc.messages:
         lines = _openai_lines(item.message)
         for part, line in enumerate(lines):
@@ -82,6 +91,8 @@ def export_jsonl(doc: SessionDocument) -> str:
                 meta["part"] = part
             elif not _is_plain(item.message):
                 meta["message"] = _to_builtins(item.message)
+            if not out:
+                meta["session"] = session
             line["ctxd"] = meta
             out.append(json.dumps(line, ensure_ascii=False))
     return "\n".join(out) + "\n"
@@ -107,18 +118,23 @@ def is_ctxd_jsonl(text: str) -> bool:
 
 
 def import_jsonl(text: str) -> SessionDocument:
+    """A ctxd JSONL export: the session's fields on the first line (beside its first
+    message, or, as exports used to have it, on a line of their own), then messages."""
     lines = [ln for ln in text.split("\n") if ln.strip()]
     if not lines:
         raise DocumentError("the document is empty")
     try:
-        head = json.loads(lines[0])["ctxd"]["session"]
+        first = json.loads(lines[0])
+        head = first["ctxd"]["session"]
     except (ValueError, KeyError, TypeError):
-        raise DocumentError("line 1: not a ctxd JSONL export header") from None
+        raise DocumentError("line 1: no ctxd.session (the session's fields): not a ctxd JSONL export") from None
+    start = 1 if "role" in first else 2  # the first line is a message too, unless it is the old header
     messages: list[ExportedMessage] = []
-    for number, raw in enumerate(lines[1:], start=2):
+    for number, raw in enumerate(lines[start - 1:], start=start):
         try:
             line = json.loads(raw)
             meta = line.pop("ctxd")
+            meta.pop("session", None)
             if meta.get("part"):
                 continue
             if "message" in meta:

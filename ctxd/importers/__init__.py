@@ -5,10 +5,11 @@
 ...     print(transcript.title, len(transcript.messages), transcript.warnings)
 
 One module per format (``openai_chat``, ``claude_code``, ``mini_swe_agent``,
-``swe_agent``, ``openhands``, ``locomo``); each module's docstring states how that
-format maps onto :class:`~ctxd.protocol.message.Message`. Shared rules:
+``swe_agent``, ``openhands``, ``locomo``, ``aider``); each module's docstring states how
+that format maps onto :class:`~ctxd.protocol.message.Message`. Shared rules:
 
-* The format is decided from the content (keys, first JSONL records), never the file name.
+* The format is decided from the content (keys, first JSONL records, aider's run
+  headers), never the file name.
 * Messages are kept in the tool-call style the source used (OpenAI ``tool_calls`` +
   ``role: tool``, or Anthropic ``tool_use``/``tool_result`` blocks).
 * Whatever the source had that ``Message`` has no field for goes to ``metadata``;
@@ -24,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from . import claude_code, locomo, mini_swe_agent, openai_chat, openhands, swe_agent
+from . import aider, claude_code, locomo, mini_swe_agent, openai_chat, openhands, swe_agent
 from ._base import Document, Transcript, TranscriptError, decode_document
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
 # Detection order matters: specific shapes first, plain OpenAI chat last.
 _FORMATS: list[tuple[str, str, Callable[[Document], bool],
                      Callable[[Document], list[Transcript]]]] = [
+    (aider.NAME, aider.DESCRIPTION, aider.detect, aider.parse),
     (claude_code.NAME, claude_code.DESCRIPTION, claude_code.detect, claude_code.parse),
     (locomo.NAME, locomo.DESCRIPTION, locomo.detect, locomo.parse),
     (mini_swe_agent.NAME, mini_swe_agent.DESCRIPTION, mini_swe_agent.detect,
@@ -50,7 +52,7 @@ _FORMATS: list[tuple[str, str, Callable[[Document], bool],
     (openai_chat.NAME, openai_chat.DESCRIPTION, openai_chat.detect, openai_chat.parse),
 ]
 
-_DISPLAY_ORDER = ("openai_chat", "claude_code", "mini_swe_agent", "swe_agent", "openhands",
+_DISPLAY_ORDER = ("openai_chat", "claude_code", "aider", "mini_swe_agent", "swe_agent", "openhands",
                   "openhands_events", "locomo")
 
 #: Format name -> one-line description (for ``--format`` help and the README).
@@ -60,12 +62,16 @@ FORMATS: dict[str, str] = dict(sorted(
 
 _BY_NAME = {name: (detect, parse) for name, _, detect, parse in _FORMATS}
 
-_EXPECTED = ("expected one of: OpenAI chat messages, a Claude Code JSONL log, a "
-             "mini-swe-agent or SWE-agent trajectory, an OpenHands completion log or "
-             "event stream, or LoCoMo samples")
+_EXPECTED = ("expected one of: OpenAI chat messages, a Claude Code JSONL log, aider's "
+             ".aider.chat.history.md, a mini-swe-agent or SWE-agent trajectory, an OpenHands "
+             "completion log or event stream, or LoCoMo samples")
 
 
 def _detect(doc: Document) -> str:
+    if doc.text is not None:  # a text transcript: only the text formats apply
+        if aider.detect(doc):
+            return aider.NAME
+        raise TranscriptError(f"{doc.name}: not a recognised transcript ({_EXPECTED}); found {doc.describe()}")
     for name, _, detect, _ in _FORMATS:
         if detect(doc):
             return name
@@ -113,7 +119,7 @@ def load_transcripts_from_bytes(data: bytes, format: str = "auto",
     doc = decode_document(bytes(data), label)
     if format == "auto":
         format = _detect(doc)
-    elif not _BY_NAME[format][0](doc):
+    elif (doc.text is not None) != (format == aider.NAME) or not _BY_NAME[format][0](doc):
         raise TranscriptError(
             f"{label}: does not look like {format} ({FORMATS[format]}); found {doc.describe()}")
     try:
@@ -127,7 +133,7 @@ def load_transcripts_from_bytes(data: bytes, format: str = "auto",
         raise TranscriptError(f"{label}: no conversations found in this {format} file")
     if name is not None:
         stem = Path(name).name
-        for suffix in (".jsonl", ".json", ".traj"):
+        for suffix in (".jsonl", ".json", ".traj", ".md"):
             stem = stem.removesuffix(suffix)
         for transcript in transcripts:
             transcript.metadata.setdefault("sourceFile", name)

@@ -67,12 +67,14 @@ class Document:
     """A decoded file: ``value`` for a JSON document, ``records`` for JSONL.
 
     ``records`` holds ``(line_number, value)`` pairs (1-based, blank lines skipped).
-    Exactly one of the two is set.
+    Exactly one of the two is set (or ``text``, for a text transcript).
     """
 
     name: str
     value: Any = None
     records: list[tuple[int, Any]] | None = None
+    text: str | None = None
+    """A text (not JSON) transcript: aider's Markdown chat history."""
 
     @property
     def is_jsonl(self) -> bool:
@@ -80,6 +82,9 @@ class Document:
 
     def describe(self) -> str:
         """A short description of the top-level shape, for error messages."""
+        if self.text is not None:
+            first = next((line for line in self.text.splitlines() if line.strip()), "")
+            return f"text starting {first[:40]!r}"
         if self.records is not None:
             first = self.records[0][1] if self.records else None
             return f"JSONL with {len(self.records)} records, the first {_shape(first)}"
@@ -120,9 +125,16 @@ def decode_document(data: bytes, name: str) -> Document:
     if not stripped:
         raise TranscriptError(f"{name}: the file is empty")
     if stripped[:1] not in (b"{", b"["):
+        from ctxd.importers.aider import looks_like_aider  # (the one text format)
+
+        if looks_like_aider(stripped[:65536]):
+            try:
+                return Document(name=name, text=data.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise TranscriptError(f"{name}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         raise TranscriptError(
             f"{name}: not JSON or JSONL (starts with {stripped[:20]!r}); "
-            "expected a JSON transcript or one JSON record per line"
+            "expected a JSON transcript, one JSON record per line, or aider's .aider.chat.history.md"
         )
     try:
         return Document(name=name, value=_decoder.decode(stripped))
@@ -252,6 +264,24 @@ def usage_from(raw: Any) -> Usage | None:
     if usage == Usage():
         return None
     return usage
+
+
+TITLE_WIDTH = 60
+
+
+def title_from_text(text: str, width: int = TITLE_WIDTH) -> str | None:
+    """A session title from what the user wrote: its first non-blank line, whitespace
+    collapsed, cut at a word before ``width`` characters (with "..."); None for no words."""
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    words = " ".join(line.split()).rstrip(" ,;:")
+    if not words:
+        return None
+    if len(words) <= width:
+        return words
+    cut = words[: width - 3]
+    if " " in cut[width // 2:]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,.;:-") + "..."
 
 
 def text_of(value: Any) -> str:

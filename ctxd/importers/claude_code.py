@@ -3,8 +3,11 @@
 One JSON record per line. Records of ``type`` ``user``/``assistant`` carry ``message``,
 an Anthropic Messages object (``text``, ``tool_use``, ``tool_result``, ``thinking``
 blocks). Everything else (``queue-operation``, ``summary``, ``file-history-snapshot``,
-``system``...) is not a chat message and is skipped with one warning per type; the first
-``summary`` record's text becomes the transcript title.
+``system``...) is not a chat message and is skipped with one warning per type.
+
+* Title: the last ``custom-title`` record's (``/rename``), else the first ``summary``
+  record's text, else the last ``ai-title``, else the first words the user typed (not
+  a slash command's wrapper, a hook's feedback or an interruption notice).
 
 * Order: records are put in ``parentUuid`` order (a child after its parent), otherwise
   keeping file order, which is also timestamp order in the logs Claude Code writes.
@@ -29,7 +32,7 @@ from typing import Any
 
 from ctxd.protocol.message import Message, TextBlock
 
-from ._base import Builder, Document, Transcript, convert_content, usage_from
+from ._base import Builder, Document, Transcript, convert_content, title_from_text, usage_from
 
 NAME = "claude_code"
 DESCRIPTION = "Claude Code session log (JSONL, one user/assistant/... record per line)"
@@ -37,8 +40,11 @@ DESCRIPTION = "Claude Code session log (JSONL, one user/assistant/... record per
 _MESSAGE_TYPES = ("user", "assistant")
 _OTHER_TYPES = frozenset({
     "summary", "queue-operation", "file-history-snapshot", "system", "progress",
-    "custom-title", "tag",
+    "custom-title", "ai-title", "agent-name", "tag",
 })
+# What Claude Code writes as a user message that the user did not type.
+_NOT_TYPED = ("<command-", "<local-command-", "<system-reminder>", "<bash-", "<user-prompt-submit-hook>",
+              "Caveat: ", "[Request interrupted")
 _NOT_METADATA = frozenset({"type", "message", "timestamp", "toolUseResult"})
 
 
@@ -106,6 +112,8 @@ def parse(doc: Document) -> list[Transcript]:
     skipped: Counter[str] = Counter()
     skipped_lines: dict[str, list[int]] = {}
     title: str | None = None
+    custom_title: str | None = None
+    ai_title: str | None = None
     messages: list[tuple[int, dict[str, Any]]] = []
     seen_uuids: set[str] = set()
     duplicates: list[int] = []
@@ -122,6 +130,10 @@ def parse(doc: Document) -> list[Transcript]:
             continue
         if kind == "summary" and title is None and isinstance(record.get("summary"), str):
             title = record["summary"]
+        elif kind == "custom-title" and isinstance(record.get("customTitle"), str) and record["customTitle"].strip():
+            custom_title = record["customTitle"].strip()
+        elif kind == "ai-title" and isinstance(record.get("aiTitle"), str) and record["aiTitle"].strip():
+            ai_title = record["aiTitle"].strip()
         label = kind if isinstance(kind, str) else "non-record"
         skipped[label] += 1
         skipped_lines.setdefault(label, []).append(line)
@@ -206,5 +218,20 @@ def parse(doc: Document) -> list[Transcript]:
     if len(models) > 1:
         metadata["models"] = models
     model = models[0] if models else None
+    title = custom_title or title or ai_title or _first_words(b.messages)
     return [b.finish(title=title, model=model,
                      provider="anthropic", metadata=metadata)]
+
+
+def _first_words(messages: list[Message]) -> str | None:
+    """A title from the first thing the user typed."""
+    for message in messages:
+        if message.role != "user" or (message.metadata or {}).get("isMeta"):
+            continue
+        content = message.content
+        texts = [content] if isinstance(content, str) else [
+            block.text for block in content or () if isinstance(block, TextBlock)]
+        for text in texts:
+            if text.strip() and not text.lstrip().startswith(_NOT_TYPED):
+                return title_from_text(text)
+    return None

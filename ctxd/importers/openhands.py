@@ -7,7 +7,10 @@ of ``{type: "text", text}`` parts, assistant ``tool_calls``, ``tool`` messages w
 is ``response.choices[0].message``; it is appended, with ``response.usage`` as its
 usage and the log's ``timestamp`` (Unix time → ISO 8601 UTC). The model is
 ``response.model``. ``kwargs.tools`` and ``cost`` go to the transcript metadata;
-``cache_control`` markers on parts go to the message metadata.
+``cache_control`` markers on parts go to the message metadata. Title: the instance id,
+from the log's place in an evaluation's output (``llm_completions/<instance id>/``),
+else the repository OpenHands was given (``<uploaded_files>/workspace/<repo>``), else
+the first words of the task.
 
 ``openhands_events`` - an event stream: a JSON list of events (or ``{"history": [...]}``
 / ``{"events": [...]}``, or JSONL with one event per line, or JSONL with one
@@ -30,16 +33,20 @@ usage and the log's ``timestamp`` (Unix time → ISO 8601 UTC). The model is
   event message has the event ``id`` and ``source``, actions their ``action``.
 * ``agent_state_changed``/``null`` observations and ``change_agent_state`` actions are
   not messages and are skipped with a warning.
+* Title: the run's ``instance_id`` (an evaluation's output.jsonl), else the first words
+  of the user's first message.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from pathlib import PurePath
 from typing import Any
 
 import msgspec
 
-from ctxd.protocol.message import FunctionCall, Message, ToolCall
+from ctxd.protocol.message import FunctionCall, Message, TextBlock, ToolCall
 
 from ._base import (
     IMAGE_PLACEHOLDER,
@@ -51,6 +58,7 @@ from ._base import (
     guess_provider,
     looks_like_openai_messages,
     text_of,
+    title_from_text,
     usage_from,
 )
 
@@ -114,7 +122,48 @@ def parse(doc: Document) -> list[Transcript]:
     for key in ("cost", "timestamp"):
         if value.get(key) is not None:
             metadata[key] = value[key]
-    return [b.finish(model=model, provider=guess_provider(model), metadata=metadata)]
+    instance = _instance_from_path(doc.name)
+    if instance:
+        metadata["instance_id"] = instance
+    title = instance or _workspace_repo(b.messages) or _first_user_words(b.messages)
+    return [b.finish(title=title, model=model, provider=guess_provider(model), metadata=metadata)]
+
+
+def _instance_from_path(name: str) -> str | None:
+    """``.../llm_completions/<instance id>/<model>-<time>.json``: where OpenHands'
+    evaluations write each instance's completion logs."""
+    path = PurePath(name)
+    if len(path.parts) >= 3 and path.parent.parent.name == "llm_completions" and path.parent.name:
+        return path.parent.name
+    return None
+
+
+_UPLOADED = re.compile(r"<uploaded_files>\s*(\S+?)/*\s*</uploaded_files>")
+
+
+def _message_text(message: Message) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    return "\n".join(block.text for block in content or () if isinstance(block, TextBlock))
+
+
+def _workspace_repo(messages: list[Message]) -> str | None:
+    """The repository OpenHands' SWE-bench prompt names: ``<uploaded_files>/workspace/x``."""
+    for message in messages:
+        if message.role == "user":
+            found = _UPLOADED.search(_message_text(message)[:2000])
+            return PurePath(found.group(1)).name or None if found else None
+    return None
+
+
+def _first_user_words(messages: list[Message]) -> str | None:
+    for message in messages:
+        if message.role == "user" and not (message.metadata or {}).get("observation"):
+            title = title_from_text(_message_text(message))
+            if title:
+                return title
+    return None
 
 
 # --------------------------------------------------------------------------- event stream
@@ -310,7 +359,8 @@ def _events_transcript(events: list[Any], labels: list[str] | None, extra: dict[
         metadata["models"] = models
     model = models[0] if models else None
     title = extra.get("instance_id") if isinstance(extra.get("instance_id"), str) else None
-    return b.finish(title=title, model=model, provider=guess_provider(model), metadata=metadata)
+    return b.finish(title=title or _first_user_words(b.messages), model=model, provider=guess_provider(model),
+                    metadata=metadata)
 
 
 def _original_arguments(response: dict[str, Any], call_id: str) -> str | None:

@@ -33,9 +33,11 @@ class Result:
         return json.loads(self.stdout)
 
     def error_line(self) -> str:
-        """The single ``error: ...`` line an exit code 1/3/4 must come with."""
+        """The single ``error: ...`` line an exit code 1/3/4 must come with (besides the
+        note that a daemon was started in the background, when the command started one)."""
         assert "Traceback" not in self.stderr, self.stderr
-        lines = self.stderr.strip().splitlines()
+        lines = [line for line in self.stderr.strip().splitlines()
+                 if not line.startswith("started ctxd in the background")]
         assert len(lines) == 1, self.stderr
         assert lines[0].startswith("error: "), self.stderr
         return lines[0]

@@ -33,7 +33,7 @@ def test_list_says_what_retention_removed(cli: Cli) -> None:
     # Every session gone: the count is still there, under "no sessions".
     cli("sessions", "clear", "--all", "--yes")
     empty = cli("sessions", "list")
-    assert "no sessions" in empty.stderr and "1 session removed by retention" in empty.stdout
+    assert "no sessions" in empty.stdout and "1 session removed by retention" in empty.stdout
 
 
 def test_doctor_reports_disk_use(cli: Cli) -> None:

@@ -80,9 +80,10 @@ def styles_of(console: Console, renderable: object, text: str) -> list[str]:
 def test_live_view_rendering() -> None:
     state = LiveState("s1", title="refactor", model="llama3.2:3b", prompt_tokens=5234, max_prompt_tokens=6800,
                       compressions=2, reliability={"level": "high", "score": 0.9}, message_count=40, last_seq=40)
-    assert context_line(state) == "Context: 5,234/6,800  77%  (2 compressions)"
-    text, console = rendered(state)
-    assert "Context: 5,234/6,800  77%  (2 compressions)" in text
+    state.context_window = 8192
+    assert context_line(state) == "Prompt: 5,234 / 6,800 (77%), window 8,192"
+    text, console = rendered(state, width=80)
+    assert "Prompt: 5,234 / 6,800 (77%), window 8,192" in text and "2 compressions" in text
     assert "s1 · refactor · llama3.2:3b" in text and "Reliability: high" in text
     assert "no compression, checkpoint or snapshot events yet" in text and "Compressing" not in text
     assert any("green" in s for s in styles_of(console, render_live(state), "high"))
@@ -111,7 +112,7 @@ def test_live_view_rendering() -> None:
         state.apply(method, {"sessionId": "s1", **params}, "12:00:03")
     text, console = rendered(state)
     assert "Compressing" not in text  # the bar is gone once the pass ended
-    assert "Context: 3,100/6,800  46%  (3 compressions)" in text
+    assert "Prompt: 3,100 / 6,800 (46%), window 8,192" in text and "3 compressions" in text
     assert "6,100 → 3,000 tokens (freed 3,100) prune+summarize, #3, auto" in text
     for words in ("ckpt_1 summary/detailed seq 1-30: 2,900 → 200 tokens", "snap_9 (auto) before",
                   "threshold critical", "fold: folded 3 messages", "low → critical", "last update 12:00:03 push +2",

@@ -64,7 +64,7 @@ def roles(transcript: Transcript) -> list[str]:
 
 
 def test_formats_listed() -> None:
-    assert set(FORMATS) == {"openai_chat", "claude_code", "mini_swe_agent", "swe_agent",
+    assert set(FORMATS) == {"openai_chat", "claude_code", "aider", "mini_swe_agent", "swe_agent",
                             "openhands", "openhands_events", "locomo"}
     assert all(isinstance(d, str) and d and "\n" not in d for d in FORMATS.values())
 
