@@ -404,10 +404,17 @@ def budget_pairs(budget: dict[str, Any]) -> list[tuple[str, "str | Styled"]]:
     used_cell: "str | Styled" = f"{num(used)} / trigger {num(trigger)}"
     if trigger and used > trigger:
         used_cell = Styled(f"{num(used)} / trigger {num(trigger)} (past it: compression is due)", "yellow")
+    room = f"usable {num(budget.get('usable'))} - reserved output {num(budget.get('reservedOutput'))}"
+    ratio, overhead = budget.get("tokenRatio", 1.0), budget.get("tokenOverhead", 0)
+    if ratio != 1.0 or overhead:
+        # Learned from the usage replies carried: the window is the provider's count.
+        room = f"{num(budget.get('usable'))} usable - {num(budget.get('reservedOutput'))} reserved"
+        if overhead:
+            room += f" - {num(overhead)} added"
+        room = f"({room}) / {ratio:.2f} provider ratio"
     return [
         ("window", num(budget.get("contextWindow"))),
-        ("max prompt", (f"{num(budget.get('maxPromptTokens'))} (usable {num(budget.get('usable'))}"
-                        f" - reserved output {num(budget.get('reservedOutput'))})")),
+        ("max prompt", f"{num(budget.get('maxPromptTokens'))} ({room})"),
         ("prompt", prompt_use(budget.get("promptTokens"), budget.get("maxPromptTokens"))),
         ("used", used_cell),
         ("available", (f"{num(budget.get('available'))} (after system {num(budget.get('systemTokens'))}, "
