@@ -183,7 +183,7 @@ def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recov
     1 problems found (with --recover: nothing could be recovered),
     2 no database there / bad options.
     """
-    from ctxd.store import doctor as store_doctor
+    from ctxd import doctor as store_doctor
 
     settings = settings_of(ctx)
     if database and data_dir:

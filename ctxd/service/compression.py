@@ -68,9 +68,10 @@ from ctxd.service import notify, snapshots
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.events import NullProgress, Progress
-from ctxd.service.state import SessionState, decode_stored
+from ctxd.service.state import SessionState
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import sessions as session_store
+from ctxd.store.state import decode_stored
 
 log = logging.getLogger(__name__)
 

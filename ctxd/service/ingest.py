@@ -28,11 +28,12 @@ from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service import compression, notify, snapshots
-from ctxd.service.state import Figures, SessionState, StoredState
+from ctxd.service.state import SessionState
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.messages import NewMessage, StoredMessage
 from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionStats
+from ctxd.store.state import Figures, StoredState
 from ctxd.tokens import PROMPT_PRIMING, MessageTokens, TokenCounter
 
 MAX_KEY_LENGTH = 200

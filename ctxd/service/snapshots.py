@@ -33,12 +33,13 @@ from ctxd.protocol.snapshot import (
 from ctxd.service import notify
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
-from ctxd.service.state import SessionState, decode_stored
+from ctxd.service.state import SessionState
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store import snapshots as store
 from ctxd.store.snapshots import SnapshotRow
+from ctxd.store.state import decode_stored
 
 
 def _new_id() -> str:

@@ -32,37 +32,10 @@ from ctxd.store import sessions as session_store
 from ctxd.store.db import Database
 from ctxd.store.messages import StoredMessage
 from ctxd.store.sessions import SessionRow
+from ctxd.store.state import Figures, StoredState, decode_stored
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
 
 _encode = msgspec.json.Encoder().encode
-
-
-class Figures(msgspec.Struct, rename="camel"):
-    """The budget's inputs, kept on the row so no request needs the context loaded."""
-
-    system: int = 0
-    checkpoints: int = 0
-    pinned: int = 0
-    used: int = 0
-    checkpoint_count: int = 0
-
-    @property
-    def prompt(self) -> int:
-        return PROMPT_PRIMING + self.system + self.checkpoints + self.pinned + self.used
-
-
-class StoredState(msgspec.Struct, rename="camel", omit_defaults=True):
-    """``sessions.context_state``: the engine's state plus the figures."""
-
-    compression: CompressionState = msgspec.field(default_factory=CompressionState)
-    figures: Figures = msgspec.field(default_factory=Figures)
-
-
-_stored_decoder = msgspec.json.Decoder(StoredState)
-
-
-def decode_stored(data: bytes | None) -> StoredState:
-    return _stored_decoder.decode(data or b"{}")
 
 
 @dataclass(eq=False)

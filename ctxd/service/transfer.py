@@ -25,13 +25,13 @@ from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.ingest import THREAD_COUNT_BYTES, _add_stats, _title_of, check_message
 from ctxd.service.sessions import MIN_WINDOW, enforce_retention
-from ctxd.service.state import Figures, StoredState
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store import snapshots as snapshot_store
 from ctxd.store.messages import NewMessage
 from ctxd.store.sessions import SessionRow, SessionStats
+from ctxd.store.state import Figures, StoredState
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
 
 MEDIA = {"json": "application/json", "jsonl": "application/jsonl", "markdown": "text/markdown"}

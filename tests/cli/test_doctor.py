@@ -13,7 +13,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from ctxd.store import doctor
+from ctxd import doctor
 from tests.cli.conftest import Cli
 
 PAGE = 4096
