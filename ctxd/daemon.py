@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ctxd.config import Config
 from ctxd.llm.settings import SettingsError
@@ -48,7 +48,7 @@ class Daemon:
         self.unix = unix
         self.tcp_port = tcp_port
         self.hub = Hub()
-        self.app = App(self)
+        self.app = App(config, self.hub, control=self)
         self.service: Service = None  # type: ignore[assignment]  (set in run)
         self.tcp_token = ""
         self.started_at = now_iso()
@@ -62,20 +62,17 @@ class Daemon:
         """Per socket transport, the connections whose ``initialize`` has not succeeded yet."""
         self._turned_away: dict[str, int] = {}
 
-    # --- helpers used by handlers -------------------------------------------------------
+    # --- what handlers may ask (server.app.DaemonControl) --------------------------------
 
-    def loop_later(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` after the current response has been written."""
-        asyncio.get_running_loop().call_soon(fn)
+    def stop_later(self) -> None:
+        """Stop after the current response has been written."""
+        asyncio.get_running_loop().call_soon(self.stop)
 
     def stop(self) -> None:
         self._stop.set()
 
     def transport_names(self) -> list[str]:
         return [f"{kind}:{where}" for kind, where in self.bound.items()]
-
-    def summarizer_name(self) -> str:
-        return self.service.summarizers.name if self.service is not None else "none"
 
     def watch_parent(self, pid: int) -> None:
         """Exit when the process that spawned us over stdio goes away."""
@@ -165,6 +162,7 @@ class Daemon:
                 self.service = await Service.open(self.config, events=self.hub)
             except SettingsError as exc:
                 raise StartupError(f"configuration error: [summarizer] {exc}") from None
+            self.app.service = self.service
             await enforce_retention(self.service)
             if self.unix:
                 path = self.config.socket_path
@@ -232,4 +230,5 @@ class Daemon:
         if self.service is not None:
             await self.service.close()
             self.service = None  # type: ignore[assignment]
+            self.app.service = None
         self._servers.clear()

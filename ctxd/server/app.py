@@ -11,7 +11,7 @@ import re
 import sqlite3
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import msgspec
 
@@ -23,7 +23,6 @@ from ctxd.server.connection import Connection
 from ctxd.server.handlers import HANDLERS
 
 if TYPE_CHECKING:
-    from ctxd.daemon import Daemon
     from ctxd.service.core import Service
     from ctxd.server.subscriptions import Hub
 
@@ -31,25 +30,39 @@ _AT = re.compile(r" - at `\$\.?(.*)`$")
 _MISSING = re.compile(r"^Object missing required field `([^`]+)`")
 
 
+class DaemonControl(Protocol):
+    """What a handler may ask of the daemon process itself (``initialize``,
+    ``daemon/status``, ``daemon/stop``); ``ctxd.daemon.Daemon`` provides it. Handlers get
+    this, never the Daemon."""
+
+    @property
+    def started_at(self) -> str: ...
+
+    @property
+    def tcp_token(self) -> str:
+        """The token a TCP client's ``initialize`` must carry."""
+        ...
+
+    def transport_names(self) -> list[str]: ...
+
+    def watch_parent(self, pid: int) -> None:
+        """Exit when process ``pid`` (the stdio client that spawned the daemon) is gone."""
+
+    def stop_later(self) -> None:
+        """Stop the daemon once the current answer has been written."""
+
+
 @dataclass(slots=True)
 class Request:
-    """What a handler gets besides its params: the connection and the daemon's parts."""
+    """What a handler gets besides its params: its connection, and only the parts of the
+    daemon handlers use."""
 
     conn: Connection
-    app: "App"
+    service: "Service"
+    hub: "Hub"
+    config: Config
+    control: DaemonControl
     msg_id: Any = None
-
-    @property
-    def service(self) -> "Service":
-        return self.app.daemon.service
-
-    @property
-    def hub(self) -> "Hub":
-        return self.app.daemon.hub
-
-    @property
-    def daemon(self) -> "Daemon":
-        return self.app.daemon
 
 
 OUT_OF_ORDER = frozenset({"context/compress", "session/import"})
@@ -109,12 +122,23 @@ def damaged_storage(config: Config, session_id: str | None, exc: BaseException) 
 
 
 class App:
-    def __init__(self, daemon: "Daemon") -> None:
-        self.daemon = daemon
-        self.config: Config = daemon.config
+    """Dispatches a connection's requests to the handlers, with what they need."""
+
+    def __init__(self, config: Config, hub: "Hub", control: DaemonControl) -> None:
+        self.config = config
+        self.hub = hub
+        self.control = control
+        self.service: "Service | None" = None
+        """Set once storage is open (before any connection is accepted)."""
         missing = set(METHODS) - set(HANDLERS)
         if missing:
             raise RuntimeError(f"methods without a handler: {sorted(missing)}")
+
+    def _request(self, conn: Connection) -> Request:
+        service = self.service
+        if service is None:
+            raise CtxdError(ErrorCode.InternalError, "the daemon's storage is not open")
+        return Request(conn, service, self.hub, self.config, self.control)
 
     def handlers_for(self, conn: Connection) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         """Every method's handler for requests of ``conn`` (raw params in, result out)."""
@@ -123,7 +147,7 @@ class App:
     async def dispatch(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
                        raw: Any) -> Any:
         if spec.name == "initialize":  # (the connection wakes what waits for it when it ends)
-            return await handler(Request(conn, self), decode_params(spec, raw))
+            return await handler(self._request(conn), decode_params(spec, raw))
         before, done = conn.order(spec.name not in OUT_OF_ORDER)
         try:
             await conn.ready(spec.name)
@@ -140,7 +164,7 @@ class App:
                    raw: Any) -> Any:
         params = decode_params(spec, raw)
         try:
-            return await handler(Request(conn, self), params)
+            return await handler(self._request(conn), params)
         except sqlite3.OperationalError as exc:  # busy, locked, out of disk: not damage
             raise CtxdError(ErrorCode.StorageError, f"the database could not be used: {exc}",
                             {"database": str(self.config.database_path)}) from exc

@@ -24,7 +24,8 @@ ALLOWED: dict[str, set[str]] = {
 # layer -> what it must never import (the layers above it, and the front ends)
 FORBIDDEN: dict[str, set[str]] = {
     "service": {"server", "daemon", "doctor", "cli", "client", "mcp", "proxy", "__main__"},
-    "server": {"cli", "client", "mcp", "proxy", "doctor", "__main__"},
+    # Handlers get a Request (service, hub, config, DaemonControl), never the Daemon.
+    "server": {"daemon", "cli", "client", "mcp", "proxy", "doctor", "__main__"},
 }
 
 

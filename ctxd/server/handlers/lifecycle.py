@@ -32,8 +32,8 @@ async def initialize(req: "Request", params: InitializeParams) -> InitializeResu
     conn = req.conn
     if conn.requires_token:
         given = (params.initialization_options.token if params.initialization_options else None) or ""
-        if not hmac.compare_digest(given.encode(), req.daemon.tcp_token.encode()):
-            # Not loop_later(conn.close): that would run before this error is written.
+        if not hmac.compare_digest(given.encode(), req.control.tcp_token.encode()):
+            # Not call_soon(conn.close): that would run before this error is written.
             conn.close_after_reply = True
             raise CtxdError(ErrorCode.Unauthorized,
                             "initializationOptions.token is missing or wrong; read it from the daemon's token file",
@@ -41,7 +41,7 @@ async def initialize(req: "Request", params: InitializeParams) -> InitializeResu
     conn.initialized = True
     conn.client_name = params.client_info.name if params.client_info else None
     if params.process_id is not None and conn.transport == "stdio":
-        req.daemon.watch_parent(params.process_id)
+        req.control.watch_parent(params.process_id)
     return InitializeResult(
         server_info=ServerInfo(name="ctxd", version=__version__),
         capabilities=ServerCapabilities(
@@ -61,20 +61,19 @@ async def shutdown(req: "Request", params: Empty) -> None:
 
 @handles("daemon/status")
 async def status(req: "Request", params: Empty) -> DaemonStatusResult:
-    daemon = req.daemon
-    svc = daemon.service
+    svc, config, control = req.service, req.config, req.control
     return DaemonStatusResult(
-        pid=os.getpid(), version=__version__, started_at=daemon.started_at,
-        uptime_seconds=round(time.time() - svc.started, 3), data_dir=str(daemon.config.data_dir),
-        database=str(daemon.config.database_path), transports=daemon.transport_names(),
-        connections=len(daemon.hub.connections), sessions=await svc.db.read(count_sessions),
-        durability=daemon.config.storage.durability, summarizer=daemon.summarizer_name(),
+        pid=os.getpid(), version=__version__, started_at=control.started_at,
+        uptime_seconds=round(time.time() - svc.started, 3), data_dir=str(config.data_dir),
+        database=str(config.database_path), transports=control.transport_names(),
+        connections=len(req.hub.connections), sessions=await svc.db.read(count_sessions),
+        durability=config.storage.durability, summarizer=svc.summarizers.name,
     )
 
 
 @handles("daemon/stop")
 async def stop(req: "Request", params: Empty) -> None:
-    req.daemon.loop_later(req.daemon.stop)
+    req.control.stop_later()
     return None
 
 
