@@ -1,0 +1,36 @@
+"""In-process fixtures: a :class:`~ctxd.service.core.Service` on a temporary database
+with a collecting event sink, no daemon process and no transport (see
+``tests/unit/service_helpers.py`` for building params and waiting for background work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from ctxd.config import Config, DaemonConfig
+from ctxd.service.core import Service
+from ctxd.service.events import CollectingEvents
+
+
+@pytest.fixture
+def service_config(tmp_path: Path) -> Config:
+    """The defaults (extractive summarizer: no network), data under ``tmp_path``."""
+    return Config(daemon=DaemonConfig(data_dir=str(tmp_path / "data")))
+
+
+@pytest.fixture
+def events() -> CollectingEvents:
+    return CollectingEvents()
+
+
+@pytest_asyncio.fixture
+async def service(service_config: Config, events: CollectingEvents) -> AsyncIterator[Service]:
+    """An open Service whose notifications go to ``events``; closed after the test."""
+    svc = await Service.open(service_config, events=events)
+    try:
+        yield svc
+    finally:
+        await svc.close()

@@ -1,0 +1,232 @@
+"""The service layer in process: a Service on a temporary database with a collecting
+event sink (``conftest.py``), driven as the handlers drive it. A failure here is the
+service's or storage's; the same scenarios over a transport are in ``tests/e2e/``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+import pytest
+
+from ctxd.config import Config
+from ctxd.engine.pipeline import STAGES
+from ctxd.protocol.compression import (
+    CheckpointCreatedNotification,
+    CompressedNotification,
+    CompressingNotification,
+    ThresholdNotification,
+)
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.notifications import SessionDeleted, SessionUpdated
+from ctxd.protocol.snapshot import SnapshotCreated, SnapshotRestored
+from ctxd.service import controls, ingest, prompt, sessions, snapshots, stats
+from ctxd.service.core import Service
+from ctxd.service.events import CollectingEvents
+
+from .service_helpers import chat, params, settle
+
+SID = "s1"
+
+
+async def _create(svc: Service, session_id: str = SID, window: int = 4096, **extra: Any) -> None:
+    await sessions.create_session(svc, params("session/create", sessionId=session_id, model="gpt-4o",
+                                              contextWindow=window, **extra))
+
+
+async def _push(svc: Service, messages: list[dict[str, Any]], session_id: str = SID) -> Any:
+    return await ingest.push(svc, params("session/push", sessionId=session_id, messages=messages))
+
+
+async def _prompt(svc: Service, session_id: str = SID) -> Any:
+    return await prompt.prompt(svc, params("context/prompt", sessionId=session_id, format="openai"))
+
+
+def _texts(result: Any) -> list[str]:
+    return [m["content"] if isinstance(m, dict) else m.content for m in result.messages]
+
+
+async def test_a_push_is_stored_counted_and_announced(service: Service, events: CollectingEvents) -> None:
+    await _create(service)
+    result = await _push(service, chat(0, 2))
+    assert [m.seq for m in result.messages] == [1, 2, 3, 4]
+    assert result.message_count == 4 and result.token_count == sum(m.tokens for m in result.messages)
+    assert [u.reason for u in events.of(SessionUpdated, SID)] == ["push"]
+    update = events.of(SessionUpdated, SID)[0]
+    assert (update.last_seq, update.message_count, update.pushed) == (4, 4, 2 * 2)
+    assert update.token_count == result.token_count and update.context_tokens == result.context_tokens
+    # Below the trigger: nothing else happens, nothing runs in the background.
+    assert events.methods(SID) == ["session/updated"]
+    assert not service.tasks
+    info = await sessions.get_session(service, SID)
+    assert (info.message_count, info.token_count) == (4, result.token_count)
+
+
+async def test_the_prompt_is_every_message_verbatim_while_it_fits(service: Service) -> None:
+    await _create(service)
+    pushed = chat(0, 3)
+    await _push(service, pushed)
+    result = await _prompt(service)
+    assert _texts(result) == [m["content"] for m in pushed]
+    assert result.last_seq == 6 and result.tokens <= result.budget.max_prompt_tokens
+    assert result.compression_count == 0 and result.checkpoint_count == 0
+
+
+async def test_over_the_trigger_a_push_starts_a_pass_announced_stage_by_stage(
+        service: Service, events: CollectingEvents) -> None:
+    await _create(service)
+    first = await _push(service, chat(0, 12, answer_words=60))
+    assert first.budget.used > first.budget.trigger_at  # the push passed the trigger
+    await settle(service)
+
+    methods = events.methods(SID)
+    assert events.of(SessionUpdated, SID)[0].reason == "push"
+    threshold = events.of(ThresholdNotification, SID)[0]  # passing the trigger is announced with the figures
+    assert threshold.level in ("warning", "critical") and threshold.used == first.budget.used
+    stages = [c.stage for c in events.of(CompressingNotification, SID)]
+    assert stages[0] == "identification"
+    assert [STAGES[s] for s in stages] == sorted(STAGES[s] for s in stages)  # in seed 001's order
+    assert methods.index("snapshot/created") < methods.index("checkpoint/created")  # the restore point first
+    (done,) = events.of(CompressedNotification, SID)
+    (created,) = events.of(CheckpointCreatedNotification, SID)
+    assert done.trigger == "auto" and done.checkpoint_ids == [created.checkpoint.id]
+    assert done.after_tokens < done.before_tokens
+    assert events.of(SessionUpdated, SID)[-1].reason == "compressed"
+
+    # The user's words stay verbatim in the prompt; the checkpoint is in the system part.
+    result = await _prompt(service)
+    texts = _texts(result)
+    assert result.checkpoint_count == 1 and result.tokens <= result.budget.max_prompt_tokens
+    assert created.checkpoint.id in texts[0] or created.checkpoint.summary[:40] in texts[0]
+    for message in chat(0, 12, answer_words=60):
+        if message["role"] == "user":
+            assert message["content"] in texts
+
+
+async def test_a_requested_compression(service: Service, events: CollectingEvents) -> None:
+    await _create(service)
+    await _push(service, chat(0, 6))
+    before = await _prompt(service)
+    events.clear()
+    result = await controls.compress(service, params("context/compress", sessionId=SID), None)
+    assert result.compressed and result.summarizer == "extractive" and len(result.checkpoint_ids) == 1
+    assert result.after_tokens < result.before_tokens == before.tokens
+    (done,) = events.of(CompressedNotification, SID)
+    assert done.trigger == "request" and done.checkpoint_ids == result.checkpoint_ids
+    assert (done.before_tokens, done.after_tokens) == (result.before_tokens, result.after_tokens)
+    assert [c.checkpoint.id for c in events.of(CheckpointCreatedNotification, SID)] == result.checkpoint_ids
+    listed = await controls.checkpoints(service, SID)
+    assert [c.id for c in listed.checkpoints] == result.checkpoint_ids
+    # What the checkpoint stands for is still in history, whole.
+    expanded = await controls.expand(service, params("checkpoint/expand", sessionId=SID,
+                                                      checkpointId=result.checkpoint_ids[0]))
+    assert expanded.messages and all(m.message.content for m in expanded.messages)
+
+
+async def test_snapshot_and_restore(service: Service, events: CollectingEvents) -> None:
+    await _create(service)
+    await _push(service, chat(0, 3))
+    before = await _prompt(service)
+    snap = await snapshots.create(service, params("snapshot/create", sessionId=SID, label="before more"))
+    (created,) = events.of(SnapshotCreated, SID)
+    assert created.snapshot.snapshot_id == snap.snapshot_id and created.snapshot.trigger == "manual"
+    assert created.snapshot.last_seq == 6
+
+    await _push(service, chat(3, 2))
+    assert (await _prompt(service)).last_seq == 10
+    events.clear()
+    restored = await snapshots.restore(service, params("snapshot/restore", sessionId=SID,
+                                                        snapshotId=snap.snapshot_id))
+    assert (restored.rolled_back_from, restored.rolled_back_to) == (7, 10)
+    # The current context is snapshotted first, then restored, then the session is updated.
+    assert events.methods(SID) == ["snapshot/created", "snapshot/restored", "session/updated"]
+    backup = events.of(SnapshotCreated, SID)[0].snapshot
+    assert backup.trigger == "restore" and backup.snapshot_id == restored.backup_snapshot_id
+    (note,) = events.of(SnapshotRestored, SID)
+    assert (note.snapshot_id, note.backup_snapshot_id) == (snap.snapshot_id, restored.backup_snapshot_id)
+    assert events.of(SessionUpdated, SID)[0].reason == "restored"
+    after = await _prompt(service)
+    assert _texts(after) == _texts(before)
+    # History keeps everything.
+    assert (await sessions.get_session(service, SID)).message_count == 10
+
+
+async def test_state_survives_a_restart(service_config: Config) -> None:
+    events = CollectingEvents()
+    svc = await Service.open(service_config, events=events)
+    try:
+        await _create(svc)
+        await _push(svc, chat(0, 12, answer_words=60))
+        await settle(svc)
+        before = await _prompt(svc)
+        assert before.compression_count >= 1
+    finally:
+        await svc.close()
+    again = await Service.open(service_config, events=CollectingEvents())
+    try:
+        after = await _prompt(again)
+        assert msgspec.json.encode(after.messages) == msgspec.json.encode(before.messages)
+        assert (after.tokens, after.checkpoint_count) == (before.tokens, before.checkpoint_count)
+    finally:
+        await again.close()
+
+
+async def test_stats_and_delete(service: Service, events: CollectingEvents) -> None:
+    await _create(service)
+    pushed = await _push(service, chat(0, 2))
+    result = await stats.stats(service, SID)
+    assert result.message_count == 4 and result.token_count == pushed.token_count
+    deleted = await sessions.delete_session(service, SID)
+    assert deleted.deleted_messages == 4
+    (gone,) = events.of(SessionDeleted, SID)
+    assert gone.reason == "request"
+    with pytest.raises(CtxdError) as info:
+        await _prompt(service)
+    assert info.value.code == ErrorCode.SessionNotFound
+
+
+async def test_sessions_do_not_hear_each_other(service: Service, events: CollectingEvents) -> None:
+    await _create(service, "a")
+    await _create(service, "b")
+    await _push(service, chat(0, 1), "a")
+    assert events.methods("a") == ["session/updated"] and events.methods("b") == []
+
+
+# --- handlers get narrow dependencies -------------------------------------------------
+
+
+class _Control:
+    """A DaemonControl without a daemon."""
+
+    started_at = "2026-01-01T00:00:00.000Z"
+    tcp_token = "secret"
+
+    def __init__(self) -> None:
+        self.stops = 0
+        self.watched: list[int] = []
+
+    def transport_names(self) -> list[str]:
+        return ["unix:/tmp/x.sock"]
+
+    def watch_parent(self, pid: int) -> None:
+        self.watched.append(pid)
+
+    def stop_later(self) -> None:
+        self.stops += 1
+
+
+async def test_daemon_status_and_stop_need_no_daemon(service: Service, service_config: Config) -> None:
+    from ctxd.protocol.common import Empty
+    from ctxd.server.app import Request
+    from ctxd.server.handlers import lifecycle
+    from ctxd.server.subscriptions import Hub
+
+    await _create(service)
+    control = _Control()
+    req = Request(conn=None, service=service, hub=Hub(), config=service_config, control=control)  # type: ignore[arg-type]
+    status = await lifecycle.status(req, Empty())
+    assert status.pid == os.getpid() and status.sessions == 1 and status.connections == 0
+    assert status.started_at == control.started_at and status.transports == ["unix:/tmp/x.sock"]
+    assert status.database == str(service_config.database_path) and status.summarizer == "extractive"
+    assert await lifecycle.stop(req, Empty()) is None and control.stops == 1
