@@ -62,7 +62,23 @@ def page(header: str, items: list[Item], *, offset: int, total: int | None, max_
     """``items`` are those from ``offset`` on (maybe not all the remaining ones: ``more``
     says whether others follow them; ``total`` is the count of all, when known; ``span``
     words the footer's "[items 1-5 of 9]" given the first and last shown, 1-based)."""
-    budget = max_tokens - count(header) - FOOTER_RESERVE
+    reserve = FOOTER_RESERVE
+    for _ in range(4):
+        # Parts counted apart do not add up exactly (tokens merge across the joins, a
+        # footer with long ids is longer than its reserve): check the whole, retry smaller.
+        text = _page(header, items, offset=offset, total=total, max_tokens=max_tokens, next_hint=next_hint,
+                     noun=noun, more=more, span=span, reserve=reserve)
+        over = count(text) - max_tokens
+        if over <= 0:
+            return text
+        reserve += over + 16
+    return text
+
+
+def _page(header: str, items: list[Item], *, offset: int, total: int | None, max_tokens: int,
+          next_hint: Callable[[int], str], noun: str, more: bool | None,
+          span: Callable[[int, int], str] | None, reserve: int) -> str:
+    budget = max_tokens - count(header) - reserve
     shown: list[str] = []
     cut_note = ""
     for item in items:
