@@ -67,15 +67,10 @@ class Proxy:
 
     async def chat(self, request: Request, api: Api) -> Response:
         raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        read = self._read(request, api, raw)
+        if read is None:
             return await self.passthrough(request, api, body=raw)
-        parts = apis.split(api, body)
-        conv = conversation(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
-                            window=self._window(api, request, body))
+        body, parts, conv = read
         try:
             tracked = await self.sessions.sync(conv)
             chain_then = list(tracked.chain)
@@ -114,6 +109,20 @@ class Proxy:
         return StreamingResponse(self._relay(api, conv, tracked, chain_then, response),
                                  status_code=response.status_code,
                                  headers=self.back_headers(response, decoded=True))
+
+    def _read(self, request: Request, api: Api, raw: bytes) -> tuple[dict[str, Any], Any, Conversation] | None:
+        """The request's body, its parts and the conversation it belongs to; None for a body
+        that is not a chat (it passes through as it is)."""
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return None
+        parts = apis.split(api, body)
+        conv = conversation(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
+                            window=self._window(api, request, body))
+        return body, parts, conv
 
     def _window(self, api: Api, request: Request, body: dict[str, Any]) -> int | None:
         header = request.headers.get(WINDOW_HEADER)
@@ -194,15 +203,10 @@ class Proxy:
         the client's messages it does not hold yet (nothing is pushed or created)."""
         api: Api = "anthropic"
         raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        read = self._read(request, api, raw)
+        if read is None:
             return await self.passthrough(request, api, body=raw)
-        parts = apis.split(api, body)
-        conv = conversation(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
-                            window=self._window(api, request, body))
+        body, parts, conv = read
         out = body
         try:
             tracked, held = await self.sessions.peek(conv)
