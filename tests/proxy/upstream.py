@@ -75,7 +75,8 @@ class FakeUpstream:
     # --- lifecycle -------------------------------------------------------------------
 
     def __enter__(self) -> "FakeUpstream":
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto IPPROTO_TCP: asyncio then turns Nagle off on each connection (ctxd/proxy/main.py)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
         sock.listen(256)
         self.port = sock.getsockname()[1]
