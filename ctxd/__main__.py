@@ -3,6 +3,8 @@
     ctxd                      serve one client over stdio (how editors and agents spawn it)
     ctxd --socket [PATH]      serve many clients on a Unix socket
     ctxd --tcp PORT           serve many clients on 127.0.0.1:PORT (token required)
+    ctxd --remote auto        relay stdio to the shared daemon, starting it if needed
+                              (also unix:PATH, tcp:HOST:PORT; see ctxd/remote.py)
     ctxd proxy [--port PORT]  an OpenAI/Anthropic/Ollama API proxy on 127.0.0.1 (docs/proxy.md)
     ctxd mcp                  an MCP server over stdio for agents (docs/mcp.md)
 
@@ -42,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve a Unix socket (default path: see docs/configuration.md)")
     p.add_argument("--tcp", type=_port, default=None, metavar="PORT",
                    help="serve TCP on 127.0.0.1:PORT (0: any free port); clients send the token file's token")
+    p.add_argument("--remote", metavar="TARGET",
+                   help="serve nothing: relay stdio frames to a daemon (auto: the user's socket, started when none "
+                        "runs; unix:PATH; tcp:HOST:PORT)")
     p.add_argument("--config", metavar="FILE", help="configuration file (default ~/.config/ctxd/config.toml)")
     p.add_argument("--data-dir", metavar="DIR", help="where the database lives (daemon.data_dir)")
     p.add_argument("--durability", choices=["normal", "full"], help="storage.durability")
@@ -115,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"ctxd: cannot open the log file {config.daemon.log_file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    if args.remote is not None:
+        return _remote(args, config)
     if args.autostarted and args.idle_exit is None:
         config.daemon.idle_exit_seconds = config.daemon.autostart_idle_exit_seconds
 
@@ -130,6 +137,28 @@ def main(argv: list[str] | None = None) -> int:
     except (StoreOpenError, TransportError, StartupError) as exc:
         print(f"ctxd: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _remote(args: argparse.Namespace, config: Any) -> int:
+    """``--remote``: the stdio forwarder (it serves nothing itself, so no transport flag)."""
+    from ctxd.remote import TargetError, forward, parse_target
+
+    clash = [flag for flag, given in (("--stdio", args.stdio), ("--socket", args.socket is not None),
+                                      ("--tcp", args.tcp is not None)) if given]
+    if clash:
+        print(f"ctxd: --remote relays to a daemon and cannot be combined with {', '.join(clash)} "
+              "(give a socket as --remote unix:PATH, or --set daemon.socket=PATH with --remote auto)",
+              file=sys.stderr)
+        return 2
+    try:
+        target = parse_target(args.remote, config)
+    except TargetError as exc:
+        print(f"ctxd: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(forward(target, config, config_file=args.config, data_dir=args.data_dir))
     except KeyboardInterrupt:
         return 130
 
