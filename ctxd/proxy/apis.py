@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxd.proxy.convert import Api, canonical_json, projection
+from ctxd.proxy.convert import Api, canonical_json, chain_part, projection, responses_item_as_chat
 
 EPHEMERAL = {"type": "ephemeral"}
 MAX_BREAKPOINTS = 4
@@ -27,7 +27,26 @@ class Split:
     system_role: str = "system"
 
 
+def messages_of(api: Api, body: dict[str, Any]) -> list[Any] | None:
+    """The request's conversation as the client sent it, or None when the request is not
+    one the proxy can put through a session (it is passed through unchanged). A Responses
+    API request that continues a stored response (``previous_response_id``) or a
+    server-side ``conversation`` sends only the newest items: the rest is on OpenAI's
+    side, out of ctxd's reach."""
+    if api != "responses":
+        messages = body.get("messages")
+        return messages if isinstance(messages, list) else None
+    if body.get("previous_response_id") or body.get("conversation"):
+        return None
+    items = body.get("input")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    return items if isinstance(items, list) else None
+
+
 def split(api: Api, body: dict[str, Any]) -> Split:
+    if api == "responses":
+        return _split_responses(body)
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     if api == "anthropic":
         system = body.get("system")
@@ -55,6 +74,26 @@ def split(api: Api, body: dict[str, Any]) -> Split:
     return Split("\n\n".join(t for t in texts if t), leading, messages[len(leading):], role)
 
 
+def _split_responses(body: dict[str, Any]) -> Split:
+    """A Responses API request: its system part is ``instructions`` followed by the input's
+    leading ``system``/``developer`` items (``system_raw`` holds those items)."""
+    items = [m for m in messages_of("responses", body) or [] if isinstance(m, dict)]
+    leading: list[dict[str, Any]] = []
+    for item in items:
+        if item.get("type") in (None, "message") and item.get("role") in ("system", "developer"):
+            leading.append(item)
+        else:
+            break
+    texts = [body["instructions"]] if isinstance(body.get("instructions"), str) else []
+    for item in leading:
+        content = responses_item_as_chat(item).get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.append("\n".join(p.get("text", "") for p in content if isinstance(p, dict)))
+    return Split("\n\n".join(t for t in texts if t), leading, items[len(leading):])
+
+
 def is_streaming(api: Api, body: dict[str, Any]) -> bool:
     if api == "ollama":
         return body.get("stream") is not False  # Ollama streams unless told not to
@@ -65,6 +104,8 @@ def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]
     """ctxd's rendered conversation, with each message of its tail that ctxd renders as the
     client sent it replaced by the client's own message (byte for byte: unmodelled blocks,
     thinking signatures, ``cache_control`` included). Stops at the first difference."""
+    if api == "responses":
+        return _align_items(rendered, client)
     out: list[Any] = list(rendered)
     j = 1
     while j <= len(rendered) and j <= len(client):
@@ -73,6 +114,25 @@ def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]
         out[-j] = client[-j]
         j += 1
     return out
+
+
+def _align_items(rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -> list[Any]:
+    """``_align`` for Responses API items: items ctxd leaves out (reasoning) that sit
+    before an item taken from the client are taken with it, in place, as they belong to it."""
+    tail: list[Any] = []
+    r, c = len(rendered) - 1, len(client) - 1
+    while r >= 0 and c >= 0:
+        if chain_part("responses", client[c]) is None:
+            break  # a skipped item not directly before an aligned one
+        if projection("responses", rendered[r]) != projection("responses", client[c]):
+            break
+        tail.append(client[c])
+        c -= 1
+        while c >= 0 and chain_part("responses", client[c]) is None:
+            tail.append(client[c])
+            c -= 1
+        r -= 1
+    return list(rendered[:r + 1]) + tail[::-1]
 
 
 def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str, Any] | None) -> dict[str, Any]:
@@ -106,6 +166,8 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
             out["system"] = new_system
         out["messages"] = _anthropic_breakpoints(out, messages, ctxd_system_breakpoint=added)
         return out
+    if api == "responses":
+        return _responses_body(out, parts, prompt)
     rendered = list(prompt["messages"])
     system_msgs: list[Any] = []
     if rendered and rendered[0].get("role") == "system":
@@ -117,6 +179,55 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
     elif system_msgs and parts.system_role != "system":
         system_msgs = [dict(system_msgs[0], role=parts.system_role)]
     out["messages"] = system_msgs + conversation
+    return out
+
+
+def chat_to_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """One message of ctxd's OpenAI-format prompt as Responses API input items."""
+    role = message.get("role")
+    if role == "tool":
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return [{"type": "function_call_output", "call_id": message.get("tool_call_id"),
+                 "output": content if isinstance(content, str) else ""}]
+    items: list[dict[str, Any]] = []
+    content = message.get("content")
+    if isinstance(content, list):
+        kind = "output_text" if role == "assistant" else "input_text"
+        content = [dict(p, type=kind) if isinstance(p, dict) and p.get("type") == "text" else p for p in content]
+    if content:
+        items.append({"role": role, "content": content})
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        items.append({"type": "function_call", "call_id": call.get("id"), "name": function.get("name"),
+                      "arguments": function.get("arguments") or "{}"})
+    if not items:
+        items.append({"role": role, "content": ""})
+    return items
+
+
+def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any]) -> dict[str, Any]:
+    """ctxd's prompt as a Responses API request: its system text as ``instructions`` (the
+    client's own ``instructions`` and leading system items when ctxd's system text is the
+    client's), the conversation as input items, aligned with the client's."""
+    rendered = list(prompt["messages"])
+    system_text = ""
+    if rendered and rendered[0].get("role") == "system":
+        content = rendered.pop(0).get("content")
+        system_text = content if isinstance(content, str) else \
+            "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+    items = [item for message in rendered for item in chat_to_items(message)]
+    conversation = _align("responses", items, parts.conversation)
+    if system_text == parts.system_text:
+        leading = list(parts.system_raw)
+    else:
+        leading = []
+        if system_text:
+            out["instructions"] = system_text
+        else:
+            out.pop("instructions", None)
+    out["input"] = leading + conversation
     return out
 
 
@@ -180,6 +291,11 @@ class Reply:
     usage: dict[str, int] = field(default_factory=dict)
     complete: bool = False
     error: str | None = None
+    more: list[dict[str, Any]] = field(default_factory=list)  # Responses API: the output items after the first
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return ([self.message] if self.message is not None else []) + self.more
 
 
 def _ints(pairs: dict[str, Any]) -> dict[str, int]:
@@ -195,6 +311,11 @@ def usage_of(api: Api, usage: Any) -> dict[str, int]:
         return _ints({"inputTokens": usage.get("input_tokens"), "outputTokens": usage.get("output_tokens"),
                       "cacheReadTokens": usage.get("cache_read_input_tokens"),
                       "cacheWriteTokens": usage.get("cache_creation_input_tokens")})
+    if api == "responses":
+        details = usage.get("output_tokens_details") or {}
+        return _ints({"inputTokens": usage.get("input_tokens"), "outputTokens": usage.get("output_tokens"),
+                      "totalTokens": usage.get("total_tokens"),
+                      "reasoningTokens": details.get("reasoning_tokens") if isinstance(details, dict) else None})
     if api == "openai":
         details = usage.get("completion_tokens_details") or {}
         return _ints({"inputTokens": usage.get("prompt_tokens"), "outputTokens": usage.get("completion_tokens"),
@@ -207,6 +328,16 @@ def reply_of(api: Api, data: Any) -> Reply:
     """The reply of a whole (non-streamed) answer."""
     if not isinstance(data, dict):
         return Reply(error="the answer is not a JSON object")
+    if api == "responses":
+        output = data.get("output")
+        if not isinstance(output, list):
+            return Reply(error="the answer has no output")
+        if data.get("status") == "failed" or data.get("error"):
+            return Reply(error=canonical_json(data.get("error")))
+        items = [item for item in output if isinstance(item, dict)]
+        if not items:
+            return Reply(error="the answer's output is empty")
+        return Reply(items[0], usage_of(api, data.get("usage")), True, more=items[1:])
     if api == "openai":
         choices = data.get("choices") or []
         message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
@@ -296,6 +427,8 @@ class Assembler:
             for event, data in self._sse.feed(chunk):
                 if self.api == "openai":
                     self._openai(data)
+                elif self.api == "responses":
+                    self._responses(data)
                 else:
                     self._anthropic(event, data)
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
@@ -374,6 +507,21 @@ class Assembler:
         elif kind == "error":
             self.reply.error = canonical_json(payload.get("error"))
 
+    # Responses API: typed events; response.completed (or .incomplete) carries the whole response
+    def _responses(self, data: str) -> None:
+        event = json.loads(data)
+        kind = event.get("type")
+        if kind in ("response.completed", "response.incomplete"):
+            reply = reply_of("responses", event.get("response"))
+            if reply.error:
+                self.reply.error = reply.error
+                return
+            self.reply = reply
+        elif kind == "response.failed":
+            self.reply.error = canonical_json((event.get("response") or {}).get("error"))
+        elif kind == "error" or "error" in event and kind is None:
+            self.reply.error = canonical_json(event.get("error") or event.get("message"))
+
     # Ollama: one JSON object per line, the last with done: true
     def _ollama(self, event: dict[str, Any]) -> None:
         if "error" in event:
@@ -420,6 +568,10 @@ def stream_error(api: Api, message: str) -> bytes:
     if api == "ollama":
         return (json.dumps({"error": message}) + "\n").encode()
     body = error_body(api, 500, message)
+    if api == "responses":
+        # The SDK raises an event whose data has an "error" key.
+        event = dict(body, type="error", code="server_error", message=message, param=None)
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     if api == "anthropic":
         return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
     return b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -1,4 +1,5 @@
-"""The Starlette application: the three chat endpoints, count_tokens, and pass-through.
+"""The Starlette application: the chat endpoints (OpenAI Chat Completions and Responses,
+Anthropic Messages, Ollama chat), count_tokens, and pass-through.
 
 Nothing here parses HTTP: Starlette/uvicorn serve the client, httpx talks to the
 upstream. Request headers are forwarded as the client sent them (credentials included)
@@ -42,7 +43,7 @@ class Proxy:
     # --- upstream addresses and headers ----------------------------------------------
 
     def upstream_url(self, api: Api, path: str) -> str:
-        if api == "openai":
+        if api in ("openai", "responses"):
             base = self.config.openai_base_url.rstrip("/")
             tail = path[3:] if path.startswith("/v1/") or path == "/v1" else path
             return base + tail
@@ -82,7 +83,8 @@ class Proxy:
                                 status_code=503)
         out = apis.upstream_body(api, body, parts, prompt)
         log.debug("session %s: %d messages from the client, %d sent upstream (%d tokens)", tracked.id,
-                  len(parts.conversation), len(out.get("messages") or []), prompt.get("tokens", 0))
+                  len(parts.conversation), len(out.get("input" if api == "responses" else "messages") or []),
+                  prompt.get("tokens", 0))
         upstream = self.http.build_request("POST", self.upstream_url(api, request.url.path),
                                            headers=self.forward_headers(request, json_body=True),
                                            params=request.query_params, content=json.dumps(out).encode())
@@ -117,7 +119,10 @@ class Proxy:
             body = json.loads(raw)
         except ValueError:
             return None
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        if not isinstance(body, dict) or apis.messages_of(api, body) is None:
+            if isinstance(body, dict) and api == "responses" and body.get("previous_response_id"):
+                log.info("a Responses API request continuing a stored response (previous_response_id) "
+                         "passes through unchanged: its history is on the upstream's side")
             return None
         parts = apis.split(api, body)
         conv = conversation(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
@@ -145,11 +150,11 @@ class Proxy:
 
     async def _push_reply(self, conv: Conversation, tracked: Tracked, chain_then: list[str],
                           reply: apis.Reply) -> None:
-        if reply.error or not reply.complete or reply.message is None:
+        if reply.error or not reply.complete or not reply.messages:
             log.warning("session %s: the reply is not pushed (%s)", tracked.id, reply.error or "incomplete")
             return
         try:
-            await self.sessions.push_reply(tracked, chain_then, conv, reply.message, reply.usage)
+            await self.sessions.push_reply(tracked, chain_then, conv, reply.messages, reply.usage)
         except (RpcError, DaemonUnavailable, OSError) as exc:
             # The client has its answer; it sends the reply back with its next request,
             # which pushes it then (without usage).
@@ -278,6 +283,9 @@ def build_app(proxy: Proxy) -> Starlette:
     async def ollama(request: Request) -> Response:
         return await proxy.chat(request, "ollama")
 
+    async def responses(request: Request) -> Response:
+        return await proxy.chat(request, "responses")
+
     async def count(request: Request) -> Response:
         return await proxy.count_tokens(request)
 
@@ -291,5 +299,7 @@ def build_app(proxy: Proxy) -> Starlette:
         Route("/v1/messages", anthropic, methods=["POST"]),
         Route("/v1/messages/count_tokens", count, methods=["POST"]),
         Route("/api/chat", ollama, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
         Route("/{path:path}", other, methods=methods),
     ])

@@ -20,9 +20,49 @@ import hashlib
 import json
 from typing import Any, Literal
 
-Api = Literal["openai", "anthropic", "ollama"]
+Api = Literal["openai", "anthropic", "ollama", "responses"]
 
 MODELED_ANTHROPIC = frozenset({"text", "tool_use", "tool_result", "thinking"})
+
+
+# Responses API input items ctxd leaves out entirely (never pushed, never in the chain): a
+# model's reasoning, which clients resend only some of the time (``store: false`` with
+# encrypted content) and which ctxd could not render back.
+RESPONSES_SKIPPED = frozenset({"reasoning"})
+
+
+def responses_item_as_chat(item: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI Responses API input (or output) item as the Chat Completions message it
+    stands for, so one reading serves both: a message item keeps its role and its text
+    parts (``input_text``/``output_text`` read as text), ``function_call`` is an assistant
+    tool call, ``function_call_output`` a tool message; any other item type is a message
+    made of one block ctxd does not model (placeholder, chain entry by type)."""
+    kind = item.get("type")
+    if kind in (None, "message") and "role" in item:
+        content = item.get("content")
+        if isinstance(content, list):
+            content = [dict(part, type="text") if isinstance(part, dict)
+                       and part.get("type") in ("input_text", "output_text") else part for part in content]
+        return {"role": item.get("role"), "content": content}
+    if kind == "function_call":
+        return {"role": "assistant", "content": None,
+                "tool_calls": [{"id": item.get("call_id"), "type": "function",
+                                "function": {"name": item.get("name"), "arguments": item.get("arguments")}}]}
+    if kind == "function_call_output":
+        output = item.get("output")
+        if isinstance(output, list):
+            output = [dict(part, type="text") if isinstance(part, dict) and part.get("type") == "input_text"
+                      else part for part in output]
+        return {"role": "tool", "tool_call_id": item.get("call_id"), "content": output}
+    return {"role": "assistant", "content": [{"type": str(kind)}]}
+
+
+def _as_chat(api: Api, message: dict[str, Any]) -> tuple[Api, dict[str, Any] | None]:
+    if api != "responses":
+        return api, message
+    if message.get("type") in RESPONSES_SKIPPED:
+        return "openai", None
+    return "openai", responses_item_as_chat(message)
 
 
 def canonical_json(value: Any) -> str:
@@ -125,14 +165,20 @@ def _parts(api: Api, message: dict[str, Any], *, with_unmodeled: bool) -> tuple[
 
 
 def projection(api: Api, message: dict[str, Any]) -> list[Any]:
-    role, parts = _parts(api, message, with_unmodeled=False)
+    api, chat = _as_chat(api, message)
+    if chat is None:
+        return ["skipped", [message.get("type")]]
+    role, parts = _parts(api, chat, with_unmodeled=False)
     return [role, parts]
 
 
 def chain_part(api: Api, message: dict[str, Any]) -> list[Any] | None:
     """What the chain hashes for this message; None for a message with nothing in it
     (never pushed, never part of the chain)."""
-    role, parts = _parts(api, message, with_unmodeled=True)
+    api, chat = _as_chat(api, message)
+    if chat is None:
+        return None
+    role, parts = _parts(api, chat, with_unmodeled=True)
     if not parts:
         return None
     return [role, parts]
@@ -147,6 +193,10 @@ def to_ctxd(api: Api, message: dict[str, Any], *, call_ids: dict[int, list[str]]
     store. ``call_ids``/``position``: Ollama's tool calls have no ids, so the proxy makes
     them from the message's position in the conversation (``ollama-<position>-<n>``), and
     a ``tool`` message answers the oldest unanswered call (of its ``tool_name``)."""
+    api, chat = _as_chat(api, message)
+    if chat is None:
+        return None
+    message = chat
     role = message.get("role")
     if role == "developer":
         role = "system"

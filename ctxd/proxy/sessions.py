@@ -126,15 +126,18 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
     return Conversation(api, model, base, bool(session), window, parts, items, chain)
 
 
-def reply_item(api: Api, conv: Conversation, message: dict[str, Any]) -> tuple[dict[str, Any], list[Any]] | None:
-    """The reply as ctxd stores it, and its chain part (as the client will send it back)."""
+def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[Any]]]:
+    """The reply as ctxd stores it, and the chain parts (as the client will send it back):
+    one message, or for the Responses API one per output item (reasoning left out)."""
     call_ids: dict[int, list[str]] = {}
     offset = len(conv.parts.system_raw) if isinstance(conv.parts.system_raw, list) and api != "anthropic" else 0
-    converted = to_ctxd(api, message, call_ids=call_ids, position=offset + len(conv.parts.conversation))
-    part = chain_part(api, message)
-    if converted is None or part is None:
-        return None
-    return converted, part
+    out = []
+    for n, message in enumerate(messages):
+        converted = to_ctxd(api, message, call_ids=call_ids, position=offset + len(conv.parts.conversation) + n)
+        part = chain_part(api, message)
+        if converted is not None and part is not None:
+            out.append((converted, part))
+    return out
 
 
 class Sessions:
@@ -192,7 +195,8 @@ class Sessions:
         raise RuntimeError(f"session {base_id}: too many forks")
 
     async def _create(self, conv: Conversation, session_id: str, meta: dict[str, Any]) -> Tracked:
-        params: dict[str, Any] = {"sessionId": session_id, "provider": conv.api, "tags": ["proxy"],
+        provider = "openai" if conv.api == "responses" else conv.api
+        params: dict[str, Any] = {"sessionId": session_id, "provider": provider, "tags": ["proxy"],
                                   "metadata": {META: dict(meta, api=conv.api)}}
         if conv.model:
             params["model"] = conv.model
@@ -297,27 +301,30 @@ class Sessions:
         return out
 
     async def prompt(self, tracked: Tracked, fmt: Api) -> dict[str, Any]:
-        params = {"sessionId": tracked.id, "format": fmt}
+        params = {"sessionId": tracked.id, "format": "openai" if fmt == "responses" else fmt}
         if fmt == "anthropic":
             params["cacheControl"] = False  # the proxy places breakpoints (apis.py)
         return await self.link.request(tracked.id, "context/prompt", params)
 
     async def push_reply(self, tracked: Tracked, chain_then: list[str], conv: Conversation,
-                         message: dict[str, Any], usage: dict[str, int]) -> bool:
+                         messages: list[dict[str, Any]], usage: dict[str, int]) -> bool:
         """Push the upstream's reply, unless the session moved on meanwhile (another request
-        of the conversation already pushed the client's copy of it)."""
-        item = reply_item(conv.api, conv, message)
-        if item is None:
+        of the conversation already pushed the client's copy of it). The usage goes on the
+        last message pushed."""
+        items = reply_items(conv.api, conv, messages)
+        if not items:
             return False
-        converted, part = item
         async with tracked.lock:
             if tracked.chain != chain_then:
                 log.info("session %s: the reply is not pushed, the session moved on meanwhile", tracked.id)
                 return False
-            hash_ = chain_hash(chain_then[-1] if chain_then else "", part)
-            await self.link.request(tracked.id, "session/push",
-                                    {"sessionId": tracked.id, "messages": [self._stamped(converted, hash_, usage)]})
-            tracked.chain = chain_then + [hash_]
+            chain = list(chain_then)
+            stamped = []
+            for n, (converted, part) in enumerate(items):
+                chain.append(chain_hash(chain[-1] if chain else "", part))
+                stamped.append(self._stamped(converted, chain[-1], usage if n == len(items) - 1 else None))
+            await self.link.request(tracked.id, "session/push", {"sessionId": tracked.id, "messages": stamped})
+            tracked.chain = chain
             return True
 
     async def peek(self, conv: Conversation) -> tuple[Tracked | None, int]:

@@ -102,7 +102,8 @@ class FakeUpstream:
 
     def chats(self, path: str | None = None) -> list[Received]:
         with self._lock:
-            return [r for r in self.received if r.path in ("/v1/chat/completions", "/v1/messages", "/api/chat")
+            return [r for r in self.received if r.path in ("/v1/chat/completions", "/v1/messages", "/api/chat",
+                                                           "/v1/responses")
                     and (path is None or r.path == path)]
 
     # --- the app ----------------------------------------------------------------------
@@ -112,6 +113,7 @@ class FakeUpstream:
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/messages", self._chat, methods=["POST"]),
             Route("/api/chat", self._chat, methods=["POST"]),
+            Route("/v1/responses", self._chat, methods=["POST"]),
             Route("/v1/messages/count_tokens", self._count, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/api/tags", self._tags, methods=["GET"]),
@@ -145,7 +147,8 @@ class FakeUpstream:
 
     async def _chat(self, request: Request) -> Response:
         body = await self._record(request)
-        api = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/api/chat": "ollama"}[request.url.path]
+        api = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/api/chat": "ollama",
+               "/v1/responses": "responses"}[request.url.path]
         mode = self.mode
         if mode == "500":
             return self._error(api, 500, "upstream exploded", "api_error")
@@ -155,6 +158,10 @@ class FakeUpstream:
             while not self._stopping and not await request.is_disconnected():
                 await asyncio.sleep(0.05)
             return Response(status_code=599)
+        if api == "responses" and isinstance(body, dict):
+            body = _responses_as_messages(body)
+            if body is None:
+                return self._error(api, 400, "bad request: input items", "invalid_request_error")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("model") != MODEL:
             return self._error(api, 400, "bad request", "invalid_request_error")
         if api == "anthropic" and not isinstance(body.get("max_tokens"), int):
@@ -177,7 +184,7 @@ class FakeUpstream:
     def _error(api: str, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
         if api == "ollama":
             payload: Any = {"error": message}
-        elif api == "openai":
+        elif api in ("openai", "responses"):
             payload = {"error": {"message": message, "type": kind, "param": None, "code": None}}
         else:
             payload = {"type": "error", "error": {"type": kind, "message": message}}
@@ -186,6 +193,8 @@ class FakeUpstream:
     @staticmethod
     def _whole(api: str, answer: str, tool: bool, input_tokens: int) -> dict[str, Any]:
         out_tokens = max(1, len(answer) // 4)
+        if api == "responses":
+            return _response_object("completed", _response_output(answer, tool), input_tokens, out_tokens)
         if api == "openai":
             message: dict[str, Any] = {"role": "assistant", "content": None if tool else answer, "refusal": None}
             if tool:
@@ -233,7 +242,9 @@ class FakeUpstream:
     def _events(api: str, answer: str, tool: bool, input_tokens: int, body: dict[str, Any]) -> Any:
         pieces = [answer[i:i + 8] for i in range(0, len(answer), 8)]
         out_tokens = max(1, len(answer) // 4)
-        if api == "openai":
+        if api == "responses":
+            yield from _response_events(answer, pieces, tool, input_tokens, out_tokens)
+        elif api == "openai":
             def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
                 data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
                         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
@@ -290,6 +301,102 @@ class FakeUpstream:
                     yield line({"message": {"role": "assistant", "content": piece}, "done": False})
             yield line({"message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "stop",
                         "prompt_eval_count": input_tokens, "eval_count": out_tokens})
+
+
+def _responses_as_messages(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A Responses API request read as Chat Completions messages (what the fake model
+    answers from), after checking its items are well formed; None if they are not."""
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        return None
+    messages: list[dict[str, Any]] = []
+    calls: set[str] = set()
+    for item in items:
+        if not isinstance(item, dict):
+            return None
+        kind = item.get("type", "message")
+        if kind == "message":
+            if item.get("role") not in ("user", "assistant", "system", "developer"):
+                return None
+            content = item.get("content")
+            if isinstance(content, list):
+                allowed = ("output_text", "refusal") if item["role"] == "assistant" else \
+                    ("input_text", "input_image", "input_file")
+                if any(not isinstance(p, dict) or p.get("type") not in allowed for p in content):
+                    return None
+                content = [{"type": "text", "text": p.get("text", "")} for p in content if "text" in p]
+            elif not isinstance(content, str):
+                return None
+            messages.append({"role": item["role"], "content": content})
+        elif kind == "function_call":
+            if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+                return None
+            calls.add(item["call_id"])
+            messages.append({"role": "assistant", "content": None})
+        elif kind == "function_call_output":
+            if item.get("call_id") not in calls:
+                return None  # what OpenAI answers: no tool call found for function call output
+            messages.append({"role": "tool", "content": str(item.get("output"))})
+        elif kind != "reasoning":
+            return None
+    return dict(body, messages=messages)
+
+
+def _response_output(answer: str, tool: bool) -> list[dict[str, Any]]:
+    if tool:
+        return [{"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:8]}", "call_id": f"call_{uuid.uuid4().hex[:8]}",
+                 "name": "get_weather", "arguments": '{"city": "Paris"}', "status": "completed"}]
+    return [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": answer, "annotations": []}]}]
+
+
+def _response_object(status: str, output: list[dict[str, Any]], input_tokens: int, out_tokens: int
+                     ) -> dict[str, Any]:
+    return {"id": "resp_1", "object": "response", "created_at": 1, "status": status, "model": MODEL,
+            "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": out_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": input_tokens + out_tokens}}
+
+
+def _response_events(answer: str, pieces: list[str], tool: bool, input_tokens: int, out_tokens: int) -> Any:
+    """A streamed Responses API answer, event by event as OpenAI sends them."""
+    seq = iter(range(1_000_000))
+
+    def event(name: str, data: dict[str, Any]) -> bytes:
+        payload = dict(data, type=name, sequence_number=next(seq))
+        return f"event: {name}\ndata: ".encode() + json.dumps(payload).encode() + b"\n\n"
+
+    output = _response_output(answer, tool)
+    item = output[0]
+    yield event("response.created", {"response": _response_object("in_progress", [], 0, 0)})
+    yield event("response.in_progress", {"response": _response_object("in_progress", [], 0, 0)})
+    if tool:
+        yield event("response.output_item.added", {"output_index": 0, "item": dict(item, arguments="",
+                                                                                   status="in_progress")})
+        for part in ('{"city"', ': "Par', 'is"}'):
+            yield event("response.function_call_arguments.delta", {"output_index": 0, "item_id": item["id"],
+                                                                   "delta": part})
+        yield event("response.function_call_arguments.done", {"output_index": 0, "item_id": item["id"],
+                                                              "arguments": item["arguments"]})
+    else:
+        yield event("response.output_item.added", {"output_index": 0, "item": dict(item, content=[],
+                                                                                   status="in_progress")})
+        empty = {"type": "output_text", "text": "", "annotations": []}
+        yield event("response.content_part.added", {"output_index": 0, "item_id": "msg_1", "content_index": 0,
+                                                    "part": empty})
+        for piece in pieces:
+            yield event("response.output_text.delta", {"output_index": 0, "item_id": "msg_1", "content_index": 0,
+                                                       "delta": piece, "logprobs": []})
+        yield event("response.output_text.done", {"output_index": 0, "item_id": "msg_1", "content_index": 0,
+                                                  "text": answer, "logprobs": []})
+        yield event("response.content_part.done", {"output_index": 0, "item_id": "msg_1", "content_index": 0,
+                                                   "part": dict(empty, text=answer)})
+    yield event("response.output_item.done", {"output_index": 0, "item": item})
+    yield event("response.completed", {"response": _response_object("completed", output, input_tokens,
+                                                                    out_tokens)})
 
 
 class _CutResponse(Response):
