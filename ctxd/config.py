@@ -56,6 +56,28 @@ class StorageConfig(_Section):
     too, at a cost measured in docs/performance.md."""
     busy_timeout_ms: int = 5000
     """How long a reader waits on a lock held by another process (e.g. ``ctxd-cli doctor``)."""
+    url: str = ""
+    """Where the data lives. Empty: ``ctxd.db`` in the data directory (SQLite); a path: that
+    SQLite file; ``postgresql://user@host:port/dbname`` (or ``?host=/socket/dir``): a PostgreSQL
+    database several daemons share (``pip install 'ctxd[postgres]'``; docs/deployment.md). The
+    password never goes in the URL: it comes from ``PGPASSWORD``, ``~/.pgpass`` (libpq's
+    conventions) or ``storage.password_file``, and is never logged."""
+    password_file: str = ""
+    """A file (mode 0600, ours) holding the PostgreSQL password on its first line."""
+    pool_size: Annotated[int, msgspec.Meta(ge=2)] = 8
+    """Most PostgreSQL connections one daemon opens for reads (plus one writer)."""
+
+    def __post_init__(self) -> None:
+        if self.url.startswith(("postgresql://", "postgres://")):
+            from urllib.parse import urlsplit
+
+            try:
+                password = urlsplit(self.url).password
+            except ValueError:
+                raise ValueError("storage.url is not a valid URL") from None
+            if password is not None or "password=" in self.url:
+                raise ValueError("storage.url must not carry the password: use PGPASSWORD, ~/.pgpass or "
+                                 "storage.password_file")
 
 
 class LimitsConfig(_Section):
@@ -271,6 +293,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def database_path(self) -> Path:
+        """The SQLite file (``storage.url`` when it is a path)."""
+        url = self.storage.url
+        if url and not url.startswith(("postgresql://", "postgres://")):
+            return Path(url).expanduser()
         return self.data_dir / "ctxd.db"
 
     @property

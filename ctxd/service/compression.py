@@ -159,9 +159,11 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
                    progress: Progress | None = None, force: bool = False) -> CompressResult:
     """One compression pass; ``force`` (``context/compress``) skips the trigger check."""
     progress = progress or NullProgress()
-    async with state.compress_lock:
+    # One pass per session at a time, in this daemon and (on shared storage) in any other.
+    async with state.compress_lock, svc.db.exclusive(f"compress:{state.id}"):
         if state.deleted:
             raise session_not_found(state.id)
+        await svc.cache.catch_up(state)
         ctx = await svc.cache.context(state)
         budget = svc.cache.budget(state)
         policy = svc.cache.policy(state)

@@ -1,6 +1,6 @@
 """The service: what every request handler talks to.
 
-It owns the database, the per-session state cache and the event sink. The operations
+It owns the storage (``store/backend.py``: SQLite or PostgreSQL), the per-session state cache and the event sink. The operations
 are functions of a Service, each in the module named after it (``sessions.py``,
 ``ingest.py``, ``prompt.py``, ``stats.py``), so handlers read as "decode, call, return".
 """
@@ -16,11 +16,11 @@ from ctxd.service.events import EventSink, NullEvents
 from ctxd.service.indexer import SearchIndexer
 from ctxd.service.state import SessionCache
 from ctxd.service.summarizers import Summarizers
-from ctxd.store.db import Database
+from ctxd.store.backend import Storage, open_storage
 
 
 class Service:
-    def __init__(self, config: Config, db: Database, events: EventSink | None = None) -> None:
+    def __init__(self, config: Config, db: Storage, events: EventSink | None = None) -> None:
         self.config = config
         self.db = db
         self.events: EventSink = events or NullEvents()
@@ -33,8 +33,9 @@ class Service:
 
     @classmethod
     async def open(cls, config: Config, events: EventSink | None = None) -> "Service":
-        db = Database(config.database_path, durability=config.storage.durability,
-                      busy_timeout_ms=config.storage.busy_timeout_ms)
+        s = config.storage
+        db = open_storage(s.url, sqlite_path=config.database_path, durability=s.durability,
+                          busy_timeout_ms=s.busy_timeout_ms, password_file=s.password_file, pool_size=s.pool_size)
         await db.open()
         try:
             service = cls(config, db, events)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 
-from ctxd.store.db import Database
+from ctxd.store.backend import Storage
 from ctxd.store.search import index_pending
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ MAX_BACKLOG = 50_000
 
 
 class SearchIndexer:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Storage) -> None:
         self.db = db
         self._wake = asyncio.Event()
         self._pending = True  # unknown at start: messages may predate this process
@@ -52,7 +52,7 @@ class SearchIndexer:
         """Index everything stored so far (a search calls this first). A batch being
         indexed in the background is waited for, not assumed done."""
         async with self._lock:
-            if not self._pending:
+            if not self._pending and not self.db.shared:  # (shared: other daemons' pushes wait too)
                 return
             self._pending = False
             self._backlog = 0

@@ -28,7 +28,7 @@ from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service import compression, notify, snapshots
-from ctxd.service.state import SessionState
+from ctxd.service.state import SessionState, StaleSession
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.messages import NewMessage, StoredMessage
@@ -37,6 +37,7 @@ from ctxd.store.state import Figures, StoredState
 from ctxd.tokens import PROMPT_PRIMING, MessageTokens, TokenCounter
 
 MAX_KEY_LENGTH = 200
+STALE_RETRIES = 50
 # Counting a large batch on the event loop would stall every other client.
 THREAD_COUNT_BYTES = 256 * 1024
 
@@ -228,12 +229,16 @@ def _copy_stats(stats: SessionStats) -> SessionStats:
 
 
 def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
-               counts: list[MessageTokens], now: str, watermark_tools: tuple[str, ...]) -> _Outcome:
-    """Runs on the writer thread inside the transaction; pure except for SQL."""
-    row = conn.execute("SELECT last_seq FROM sessions WHERE id = ?", (state.id,)).fetchone()
-    if row is None:
+               counts: list[MessageTokens], now: str, watermark_tools: tuple[str, ...],
+               shared: bool = False) -> _Outcome:
+    """Runs on the writer thread inside the transaction; pure except for SQL. ``shared``:
+    another daemon may have pushed since this one read the session (the row is locked now;
+    :class:`StaleSession` if so, and the caller reloads and tries again)."""
+    last_seq = session_store.last_seq_for_push(conn, state.id)
+    if last_seq is None:
         raise session_not_found(state.id)
-    last_seq = row[0]
+    if shared and last_seq != state.row.last_seq:
+        raise StaleSession(state.id)
     keys = [key for _, _, key in prepared if key is not None]
     seen = message_store.find_keys(conn, state.id, keys) if keys else {}
     stats = _copy_stats(state.row.stats)
@@ -303,7 +308,7 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
     async with state.lock:
         if state.deleted:
             raise session_not_found(params.session_id)
-        outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools)
+        outcome = await _write(svc, state, prepared, counts, watermark_tools)
         if outcome.stored:
             svc.indexer.stored(len(outcome.stored))
         row = state.row
@@ -326,6 +331,21 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
         token_count=row.token_count, context_tokens=row.context_tokens,
         tokens_estimated=state.counter.estimated, budget=budget,
     )
+
+
+async def _write(svc: Service, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
+                 counts: list[MessageTokens], watermark_tools: tuple[str, ...]) -> _Outcome:
+    """The push transaction (caller holds the session lock). On a shared store, a session
+    another daemon pushed to meanwhile is reloaded from what is stored (so totals, stats and
+    the active context include those pushes) and the push is tried again."""
+    shared = svc.db.shared
+    for _ in range(STALE_RETRIES):
+        try:
+            return await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools, shared)
+        except StaleSession:
+            await svc.cache.reload(state)
+    raise CtxdError(ErrorCode.StorageError, f"session {state.id!r} kept changing through other daemons; "
+                                            f"nothing was stored, try again")
 
 
 async def _adopt_derived(svc: Service, state: SessionState, derived: _Derived) -> None:

@@ -29,13 +29,17 @@ from ctxd.protocol.errors import session_not_found
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
-from ctxd.store.db import Database
+from ctxd.store.backend import Storage
 from ctxd.store.messages import StoredMessage
 from ctxd.store.sessions import SessionRow
 from ctxd.store.state import Figures, StoredState, decode_stored
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
 
 _encode = msgspec.json.Encoder().encode
+
+
+class StaleSession(Exception):
+    """Another daemon changed the session since this one read it (shared storage only)."""
 
 
 @dataclass(eq=False)
@@ -148,7 +152,7 @@ def resolve_window(row: SessionRow, config: Config) -> tuple[int, int | None]:
 
 
 class SessionCache:
-    def __init__(self, db: Database, config: Config, max_cached_tokens: int = 8_000_000) -> None:
+    def __init__(self, db: Storage, config: Config, max_cached_tokens: int = 8_000_000) -> None:
         self.db = db
         self.config = config
         self.max_cached_tokens = max_cached_tokens
@@ -188,6 +192,39 @@ class SessionCache:
         if row is None:
             raise session_not_found(session_id)
         return self.adopt(row)
+
+    async def reload(self, state: SessionState) -> None:
+        """Replace what memory holds of the session (row, figures, active context) with
+        what is stored: another daemon changed it. The caller holds the session lock; the
+        state object, its locks and its tasks stay."""
+        row = await self.db.read(session_store.get_session, state.id)
+        if row is None:
+            self.forget(state.id)
+            raise session_not_found(state.id)
+        fresh = self.adopt_new(row)
+        state.row, state.stored = fresh.row, fresh.stored
+        state.context_window, state.output_limit = fresh.context_window, fresh.output_limit
+        state.last_prompt_tokens = None
+        state.drop_context()
+        tokens = self._loaded.pop(state.id, None)
+        if tokens is not None:
+            self._loaded_tokens -= tokens
+
+    async def catch_up(self, state: SessionState) -> None:
+        """On shared storage: reload the session if another daemon pushed to it or
+        compressed it since this one read it (before a compression pass, which must start
+        from what is stored). Nothing to do on a store only this daemon writes."""
+        if not self.db.shared:
+            return
+        async with state.lock:
+            row = await self.db.read(session_store.get_session, state.id)
+            if row is None:
+                self.forget(state.id)
+                raise session_not_found(state.id)
+            stored = decode_stored(row.context_state).compression
+            if (row.last_seq != state.row.last_seq or stored.compression_count != state.cstate.compression_count
+                    or stored.boundary != state.cstate.boundary):
+                await self.reload(state)
 
     def forget(self, session_id: str) -> None:
         state = self._states.pop(session_id, None)

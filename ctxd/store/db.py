@@ -22,11 +22,12 @@ import logging
 import os
 import sqlite3
 import stat
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from ctxd.ownership import foreign, me, owner, writable_dir
 from ctxd.protocol.errors import CtxdError, ErrorCode
@@ -77,7 +78,12 @@ class _Job:
 
 
 class Database:
-    """Owns the writer and reader connections of one database file."""
+    """Owns the writer and reader connections of one database file (the SQLite
+    :class:`~ctxd.store.backend.Storage`)."""
+
+    dialect = "sqlite"
+    shared = False
+    """One daemon per file: its memory is the truth, nothing to re-check."""
 
     def __init__(self, path: Path, *, durability: str = "normal", busy_timeout_ms: int = 5000):
         self.path = Path(path)
@@ -233,6 +239,15 @@ class Database:
             if conn is not None:
                 await conn.close()
         self._reader = self._writer = None
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    @asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        """Nothing to take: no other daemon writes this file (the session's own locks
+        order this daemon's work)."""
+        yield
 
     # --- reads and writes ----------------------------------------------------------
 

@@ -16,6 +16,7 @@ from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.goal import Goal
 from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ctxd.store.dialect import is_postgres
 from ctxd.tokens import MessageTokens
 
 
@@ -158,13 +159,13 @@ def insert_session(conn: sqlite3.Connection, row: SessionRow) -> SessionRow:
         conn.execute(
             f"INSERT INTO sessions ({COLUMNS}) VALUES ({', '.join('?' * 22)})",
             (row.id, row.created_at, row.last_activity, row.model, row.provider, row.context_window,
-             row.system_prompt, row.system_tokens, row.title, _json.encode(row.tags),
-             _json.encode(row.metadata), row.encoding, int(row.tokens_estimated), row.message_count,
-             row.token_count, row.context_tokens, row.last_seq, _json.encode(row.stats),
+             row.system_prompt, row.system_tokens, row.title, _json.encode(row.tags).decode(),
+             _json.encode(row.metadata).decode(), row.encoding, int(row.tokens_estimated), row.message_count,
+             row.token_count, row.context_tokens, row.last_seq, _json.encode(row.stats).decode(),
              row.context_state.decode(), _json.encode(row.goal).decode() if row.goal else None,
              _json.encode(row.settings).decode(), _json.encode(row.model_info).decode()),
         )
-    except sqlite3.IntegrityError:
+    except conn.IntegrityError:  # (sqlite3's or psycopg's: both connections name theirs)
         raise CtxdError(ErrorCode.SessionExists, f"session {row.id!r} already exists",
                         {"field": "sessionId", "sessionId": row.id}) from None
     return row
@@ -186,7 +187,8 @@ def list_sessions(conn: sqlite3.Connection, limit: int | None = None, tag: str |
     sql = f"SELECT {COLUMNS} FROM sessions"
     args: list[Any] = []
     if tag is not None:
-        sql += " WHERE EXISTS (SELECT 1 FROM json_each(sessions.tags) WHERE value = ?)"
+        elements = "json_array_elements_text(sessions.tags::json)" if is_postgres(conn) else "json_each(sessions.tags)"
+        sql += f" WHERE EXISTS (SELECT 1 FROM {elements} WHERE value = ?)"
         args.append(tag)
     sql += " ORDER BY last_activity DESC, id"
     if limit is not None:
@@ -223,8 +225,19 @@ def update_totals(
         "UPDATE sessions SET last_activity = ?, message_count = message_count + ?, "
         "token_count = token_count + ?, context_tokens = ?, last_seq = ?, stats = ? WHERE id = ?",
         (last_activity, added_messages, added_tokens, context_tokens, last_seq,
-         _json.encode(stats), session_id),
+         _json.encode(stats).decode(), session_id),
     )
+
+
+def last_seq_for_push(conn: sqlite3.Connection, session_id: str) -> int | None:
+    """The session's newest seq, read where a push assigns the next ones. On PostgreSQL the
+    row stays locked until the push's COMMIT, so a push through another daemon waits and
+    then reads the seq this one wrote (SQLite has one writer: its transaction is the lock)."""
+    if is_postgres(conn):
+        row = conn.execute("SELECT last_seq FROM sessions WHERE id = ? FOR UPDATE", (session_id,)).fetchone()
+    else:
+        row = conn.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return None if row is None else row[0]
 
 
 _UNCHANGED: Any = object()
