@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import msgspec
 
 from ctxd.protocol.message import Message, message_text
+from ctxd.store import search_pg
+from ctxd.store.dialect import is_postgres
 
 _decoder = msgspec.json.Decoder(Message)
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -55,7 +57,11 @@ def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = Non
            limit: int = 20, with_body: bool = False) -> list[Hit]:
     """The best ``limit`` matches, ranked by bm25. Ranking runs on the index alone (joined
     to messages only to filter); snippets and rows are fetched for the winners only, so a
-    common word matching thousands of messages costs a sort, not thousands of joins."""
+    common word matching thousands of messages costs a sort, not thousands of joins.
+    On PostgreSQL: ``search_pg.search`` (tsvector + GIN, ``ts_rank_cd``), the same hits."""
+    if is_postgres(conn):
+        return search_pg.search(conn, query, session_id=session_id, role=role, limit=limit, with_body=with_body,
+                                snippet_tokens=SNIPPET_TOKENS, hit=Hit, query_error=QueryError)
     rank_sql = "SELECT messages_fts.rowid, bm25(messages_fts) AS score FROM messages_fts"
     args: list[object] = []
     if session_id is not None or role is not None:
@@ -101,6 +107,8 @@ def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = Non
 
 def like_scan(conn: sqlite3.Connection, needle: str, limit: int = 20) -> list[tuple[str, int]]:
     """The baseline the search benchmark compares against: a plain LIKE over stored bodies."""
+    if is_postgres(conn):
+        return search_pg.like_scan(conn, needle, limit)
     # body is a BLOB, and LIKE never matches a BLOB: compare its text.
     return conn.execute("SELECT session_id, seq FROM messages WHERE CAST(body AS TEXT) LIKE ? LIMIT ?",
                         (f"%{needle}%", limit)).fetchall()
@@ -112,6 +120,8 @@ def index_pending(conn: sqlite3.Connection, limit: int, max_bytes: int | None = 
 
     The byte bound keeps each indexing transaction short: indexing shares the one writer
     with pushes, and 40 messages of 4 MB would otherwise hold it for seconds."""
+    if is_postgres(conn):
+        return search_pg.index_pending(conn, limit, max_bytes)
     through = conn.execute("SELECT indexed_through FROM search_state WHERE id = 1").fetchone()[0]
     if max_bytes is not None:
         sizes = conn.execute("SELECT id, length(body) FROM messages WHERE id > ? ORDER BY id LIMIT ?",

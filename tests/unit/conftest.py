@@ -10,15 +10,24 @@ from typing import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from ctxd.config import Config, DaemonConfig
+from ctxd.config import Config, DaemonConfig, StorageConfig
 from ctxd.service.core import Service
 from ctxd.service.events import CollectingEvents
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request: pytest.FixtureRequest) -> str:
+    """Each in-process service test runs on both backends: SQLite (``""``: the data
+    directory's file) and a fresh database on the test session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return ""
+    return request.getfixturevalue("pg_server").create_database()
+
+
 @pytest.fixture
-def service_config(tmp_path: Path) -> Config:
+def service_config(tmp_path: Path, storage_url: str) -> Config:
     """The defaults (extractive summarizer: no network), data under ``tmp_path``."""
-    return Config(daemon=DaemonConfig(data_dir=str(tmp_path / "data")))
+    return Config(daemon=DaemonConfig(data_dir=str(tmp_path / "data")), storage=StorageConfig(url=storage_url))
 
 
 @pytest.fixture

@@ -1,0 +1,290 @@
+"""The PostgreSQL backend: one database shared by several ctxd daemons.
+
+The same units of work as SQLite (plain functions of a connection, ``store/*.py``)
+on psycopg 3 (``dialect.PgConn`` accepts their ``?`` placeholders), with the same
+guarantees:
+
+- **Writes**: one writer connection on a thread of its own takes the waiting jobs and
+  runs them in one transaction, each in a SAVEPOINT, answering them only after COMMIT
+  (group commit, as ``store/db.py``; the queue and batching are inherited from it).
+  A deadlock or serialization failure against another daemon's transaction reruns the
+  whole batch; a lost connection fails the batch with a StorageError and the next batch
+  reconnects, so the service resumes by itself once the server is back.
+- **Order per session across daemons**: a push reads its session's ``last_seq`` with
+  ``FOR UPDATE`` (``sessions.last_seq_for_push``), so a push through another daemon
+  waits for this COMMIT and then continues from the seq written here.
+- **One compression pass per session across daemons**: :meth:`exclusive`, a session-level
+  advisory lock held on its own connection (released if the daemon dies).
+- **Reads**: a psycopg_pool ``ConnectionPool`` of autocommit connections, each read one
+  call on a worker thread (one thread hop per read, as SQLite's reader).
+- **Migrations**: ``migrations_pg/NNNN_*.sql``, recorded in ``ctxd_schema``, applied under
+  a transaction-level advisory lock so daemons starting together apply each once.
+
+The password comes from libpq (``PGPASSWORD``, ``~/.pgpass``, ``PGPASSFILE``) or
+``storage.password_file``; the URL never carries one and is what gets logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+from contextlib import asynccontextmanager
+from functools import partial
+from importlib import resources
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, TypeVar
+
+import anyio
+import psycopg
+import psycopg_pool
+from psycopg import errors as pg_errors
+
+from ctxd.ownership import foreign
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.store.db import Database, StoreOpenError, _Job
+from ctxd.store.dialect import PgConn
+from ctxd.store.thread import SqliteThread, ThreadClosed
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, pg_errors.LockNotAvailable)
+"""Errors a concurrent transaction of another daemon causes: the batch is simply run again."""
+BATCH_ATTEMPTS = 8
+CONNECT_TIMEOUT_SECONDS = 10
+MIGRATION_LOCK = "ctxd:migrations"
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every bundled PostgreSQL migration, in order."""
+    found = []
+    for entry in resources.files("ctxd.store.migrations_pg").iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:4].isdigit():
+            found.append((int(name[:4]), name, entry.read_text(encoding="utf-8")))
+    return sorted(found)
+
+
+def read_password_file(path: Path) -> str:
+    """The first line of a password file that is ours and private (0600), as the summarizer's
+    key files are (``llm/settings.py``)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise StoreOpenError(f"storage.password_file {path}: {exc.strerror}") from None
+    if foreign(st):
+        raise StoreOpenError(f"storage.password_file {path} is not ours")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise StoreOpenError(f"storage.password_file {path} is readable by others "
+                             f"(mode {stat.S_IMODE(st.st_mode):o}); run: chmod 600 {path}")
+    text = path.read_text(encoding="utf-8")
+    return text.splitlines()[0] if text else ""
+
+
+class _Retry(Exception):
+    """The batch met another daemon's transaction (deadlock, serialization): run it again."""
+
+
+class PostgresDatabase(Database):
+    """The PostgreSQL :class:`~ctxd.store.backend.Storage`."""
+
+    dialect = "postgresql"
+    shared = True
+
+    def __init__(self, url: str, *, password_file: str = "", pool_size: int = 8) -> None:
+        # Not Database.__init__: no file. The writer queue and counters are the same.
+        self.url = url
+        self.password_file = password_file
+        self.pool_size = pool_size
+        self._writer: SqliteThread | None = None
+        self._reader: SqliteThread | None = None
+        self._queue: asyncio.Queue[_Job | None] = asyncio.Queue()
+        self._writer_task: asyncio.Task[None] | None = None
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = None
+        self._broken = False
+        self.commits = 0
+        self.jobs = 0
+
+    def describe(self) -> str:
+        return self.url
+
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, "application_name": "ctxd"}
+        if self.password_file:
+            kwargs["password"] = read_password_file(Path(self.password_file).expanduser())
+        return kwargs
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def open(self) -> None:
+        kwargs = self._kwargs()
+        try:
+            self._writer = SqliteThread("ctxd-pg-writer")
+            await self._writer.open(partial(self._connect, kwargs))
+            await self._writer.call(self._migrate)
+            self._pool = psycopg_pool.ConnectionPool(
+                self.url, min_size=1, max_size=self.pool_size, kwargs={**kwargs, "autocommit": True},
+                open=False, name="ctxd-pg-readers")
+            await anyio.to_thread.run_sync(partial(self._pool.open, wait=True, timeout=CONNECT_TIMEOUT_SECONDS))
+        except StoreOpenError:
+            await self.close()
+            raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            await self.close()
+            raise StoreOpenError(f"{self.describe()}: cannot use the PostgreSQL database: {exc}") from None
+        self._writer_task = asyncio.create_task(self._writer_loop(), name="ctxd-writer")
+
+    def _connect(self, kwargs: dict[str, Any]) -> PgConn:
+        return PgConn(psycopg.connect(self.url, autocommit=True, **kwargs))
+
+    def _migrate(self, conn: PgConn) -> None:
+        raw = conn.raw
+        known = migrations()
+        latest = known[-1][0]
+        with raw.transaction():
+            raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (MIGRATION_LOCK,))
+            raw.execute("CREATE TABLE IF NOT EXISTS ctxd_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                        "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+            current = raw.execute("SELECT coalesce(max(version), 0) FROM ctxd_schema").fetchone()[0]
+            if current > latest:
+                raise StoreOpenError(f"{self.describe()}: schema version {current} was written by a newer ctxd; "
+                                     f"this build knows up to {latest}. Upgrade ctxd.")
+            for version, name, sql in known:
+                if version <= current:
+                    continue
+                log.info("applying PostgreSQL migration %s", name)
+                raw.execute(sql.encode())
+                raw.execute("INSERT INTO ctxd_schema (version, name) VALUES (%s, %s)", (version, name))
+
+    async def close(self) -> None:
+        await super().close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await anyio.to_thread.run_sync(pool.close)
+
+    # --- locks across daemons ------------------------------------------------------
+
+    @asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[None]:
+        """A session-level advisory lock on a connection of its own, awaited without holding
+        a thread; the connection's end (even the daemon's death) releases it."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._kwargs())
+        except psycopg.Error as exc:
+            raise CtxdError(ErrorCode.StorageError, f"cannot reach the database for a lock: {exc}") from None
+        try:
+            await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+            yield
+        finally:
+            await conn.close()
+
+    # --- reads ---------------------------------------------------------------------
+
+    async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(conn, *args, **kwargs)`` on a pooled connection (sees every committed write).
+        A connection the server dropped (a restart) is replaced and the read run once more."""
+        if self._pool is None:
+            raise CtxdError(ErrorCode.StorageError, "the database was closed")
+        if kwargs:
+            fn = partial(fn, **kwargs)
+        for attempt in (1, 2):
+            try:
+                return await anyio.to_thread.run_sync(self._read_call, fn, args)
+            except psycopg.OperationalError as exc:
+                if attempt == 2:
+                    raise CtxdError(ErrorCode.StorageError, f"database read failed: {exc}") from exc
+            except psycopg_pool.PoolTimeout as exc:
+                raise CtxdError(ErrorCode.StorageError, f"database read failed: {exc}") from exc
+            except psycopg.Error as exc:
+                raise CtxdError(ErrorCode.StorageError, f"database read failed: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _read_call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        pool = self._pool
+        if pool is None:
+            raise CtxdError(ErrorCode.StorageError, "the database was closed")
+        with pool.connection(timeout=CONNECT_TIMEOUT_SECONDS) as raw:
+            return fn(PgConn(raw), *args)
+
+    # --- the writer ----------------------------------------------------------------
+
+    def _run_group(self, conn: PgConn, batch: list[_Job]) -> list[tuple[bool, Any]]:  # type: ignore[override]
+        for _ in range(BATCH_ATTEMPTS):
+            if self._broken or conn.raw.closed:
+                try:
+                    conn.raw = psycopg.connect(self.url, autocommit=True, **self._kwargs())
+                except (psycopg.Error, StoreOpenError) as exc:
+                    return [(False, CtxdError(ErrorCode.StorageError,
+                                              f"the database is unreachable, nothing was stored: {exc}"))] * len(batch)
+                self._broken = False
+                log.info("reconnected to %s", self.describe())
+            try:
+                return self._group_once(conn, batch)
+            except _Retry:
+                continue
+            except psycopg.OperationalError as exc:
+                self._broken = True
+                log.error("database connection lost, %d job(s) not stored: %s", len(batch), exc)
+                return [(False, CtxdError(ErrorCode.StorageError,
+                                          f"the database connection was lost, nothing was stored: {exc}"))] * len(batch)
+        return [(False, CtxdError(ErrorCode.StorageError, "the write kept conflicting with other daemons' "
+                                                          "transactions; nothing was stored"))] * len(batch)
+
+    def _group_once(self, conn: PgConn, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        raw = conn.raw
+        outcomes: list[tuple[bool, Any]] = []
+        raw.execute("BEGIN")
+        try:
+            for job in batch:
+                if len(batch) > 1:
+                    raw.execute("SAVEPOINT job")
+                try:
+                    value = job.fn(conn, *job.args)
+                except TRANSIENT:
+                    raise _Retry() from None
+                except Exception as exc:
+                    if isinstance(exc, psycopg.OperationalError):
+                        raise
+                    if len(batch) == 1:
+                        raw.execute("ROLLBACK")
+                        return [(False, _as_error(exc))]
+                    raw.execute("ROLLBACK TO SAVEPOINT job")
+                    raw.execute("RELEASE SAVEPOINT job")
+                    outcomes.append((False, _as_error(exc)))
+                else:
+                    if len(batch) > 1:
+                        raw.execute("RELEASE SAVEPOINT job")
+                    outcomes.append((True, value))
+            raw.execute("COMMIT")
+        except _Retry:
+            _rollback(raw)
+            raise
+        except TRANSIENT:  # at COMMIT
+            _rollback(raw)
+            raise _Retry() from None
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            _rollback(raw)
+            log.error("commit failed, %d job(s) not stored: %s", len(batch), exc)
+            return [(False, _as_error(exc))] * len(batch)
+        self.commits += 1
+        self.jobs += len(batch)
+        return outcomes
+
+
+def _rollback(raw: Any) -> None:
+    try:
+        raw.execute("ROLLBACK")
+    except psycopg.Error:
+        pass
+
+
+def _as_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, ThreadClosed):
+        return CtxdError(ErrorCode.StorageError, "the database was closed")
+    if isinstance(exc, psycopg.Error):
+        return CtxdError(ErrorCode.StorageError, f"database write failed, nothing was stored: {exc}")
+    return exc
