@@ -163,13 +163,21 @@ class Proxy:
     async def _relay(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
                      response: httpx.Response) -> AsyncIterator[bytes]:
         """Each upstream chunk goes to the client as it arrives; the reply is assembled on
-        the way and pushed once the stream ended whole. A client that hangs up cancels
-        this generator, which closes the upstream request."""
+        the way and pushed once the stream ended whole. The chunk that completes the reply
+        (``[DONE]``, ``message_stop``, ``done: true``, ``response.completed``) is held until
+        the push is done: a client that sends its next request as soon as the stream ends
+        then finds the reply stored with its usage (else that request would push the
+        client's copy, without usage). A client that hangs up cancels this generator, which
+        closes the upstream request."""
         assembler = apis.Assembler(api)
+        pushed = False
         try:
             try:
                 async for chunk in response.aiter_bytes():
                     assembler.feed(chunk)
+                    if not pushed and assembler.reply.complete and not assembler.reply.error:
+                        pushed = True
+                        await self._push_reply(conv, tracked, chain_then, assembler.finish())
                     yield chunk
             except httpx.TimeoutException:
                 log.warning("session %s: the upstream stream stalled; ended with an error event", tracked.id)
@@ -184,7 +192,8 @@ class Proxy:
                 log.warning("session %s: the upstream stream ended before its end", tracked.id)
                 yield apis.stream_error(api, "ctxd proxy: the upstream stream ended before its end")
                 return
-            await self._push_reply(conv, tracked, chain_then, reply)
+            if not pushed:
+                await self._push_reply(conv, tracked, chain_then, reply)
         finally:
             await response.aclose()
 
