@@ -1,8 +1,8 @@
 """The stdio forwarder's cost: ``session/push`` through ``ctxd --remote`` against the same
 daemon's socket reached directly, in the same run.
 
-    python -m tests.bench.remote            # full run (~1 minute on 2 cores)
-    python -m tests.bench.remote --quick    # CI-sized (~20 s)
+    python -m tests.bench.remote            # full run (20-30 s on 2 cores)
+    python -m tests.bench.remote --quick    # CI-sized (5-10 s)
 
 One socket daemon; two clients on it, alternated round by round so machine noise falls
 on both: a ``ctxd --remote unix:SOCKET`` child driven over its stdin/stdout, and a direct
