@@ -113,6 +113,70 @@ def test_exit_closes_the_connection_and_leaves_the_daemon(base_dir: Path) -> Non
             wait_for(lambda: process_gone(daemon_pid), what="the daemon to stop")
 
 
+RECONNECT = """
+vim.opt.runtimepath:prepend({plugin!r})
+vim.cmd('runtime plugin/ctxd.lua')
+local notes = {{}}
+vim.notify = function(message) table.insert(notes, message) end
+local ctxd = require('ctxd')
+ctxd.setup({{ cmd = vim.json.decode({cmd!r}) }})
+local result = {{}}
+local function finish()
+  result.notes = notes
+  local f = io.open({out!r}, 'w')
+  f:write(vim.json.encode(result))
+  f:close()
+  vim.cmd('qall!')
+end
+local ok, err = pcall(function()
+  local first = assert(ctxd.request_sync('daemon/status', nil, 60000))
+  result.first = first.pid
+  assert(ctxd.request_sync('session/create', {{ sessionId = 'kept', model = 'gpt-4' }}))
+  ctxd.use('kept')
+  assert(vim.wait(20000, function() return ctxd.status().maxPromptTokens ~= nil end), 'stats of kept')
+  vim.loop.kill(first.pid, 'sigkill')
+  assert(vim.wait(20000, function() return not ctxd.info().running end), 'the forwarder to exit')
+  result.off = ctxd.statusline()
+  -- The next request starts a new forwarder, which starts a new daemon on the same data.
+  local second = assert(ctxd.request_sync('daemon/status', nil, 60000))
+  result.second = second.pid
+  assert(vim.wait(20000, function() return ctxd.status().connected end), 'connected again')
+  ctxd.push('kept', {{ {{ role = 'user', content = 'after the restart' }} }})
+  assert(vim.wait(20000, function() return ctxd.status().messageCount == 1 end), 'session/updated again')
+  result.on = ctxd.statusline()
+end)
+result.error = not ok and tostring(err) or nil
+finish()
+"""
+
+
+def test_a_lost_daemon_is_reported_and_the_next_command_reconnects(base_dir: Path) -> None:
+    """The daemon dies under Neovim: the user is told why (the forwarder's own words), the
+    statusline says (off); the next request starts the forwarder again, `--remote auto`
+    starts a daemon again, and the active session is followed again."""
+    socket_path = base_dir / "run" / "ctxd.sock"
+    cmd = [*CTXD, "--remote", "auto", "--set", f"daemon.socket={socket_path}", "--data-dir", str(base_dir / "data")]
+    out = base_dir / "out.json"
+    script = base_dir / "reconnect.lua"
+    script.write_text(RECONNECT.format(plugin=str(PLUGIN), cmd=json.dumps(cmd), out=str(out)))
+    run = nvim(str(script), daemon_env(HOME=str(base_dir)), base_dir)
+    seen = json.loads(out.read_text()) if out.exists() else {}
+    pids = [pid for pid in (seen.get("first"), seen.get("second")) if pid]
+    try:
+        assert run.returncode == 0 and seen and not seen.get("error"), (seen, run.stderr)
+        assert seen["first"] != seen["second"]
+        lost = [n for n in seen["notes"] if n.startswith("ctxd: lost the daemon: ")]
+        assert lost and f"the daemon on {socket_path} closed the connection (it stopped or crashed" in lost[0], seen
+        assert "(the next ctxd command reconnects)" in lost[0]
+        assert seen["off"].startswith("ctxd kept ") and seen["off"].endswith(" (off)"), seen["off"]
+        assert seen["on"].startswith("ctxd kept ") and "(off)" not in seen["on"], seen["on"]
+    finally:
+        for pid in pids:
+            if not process_gone(pid):
+                os.kill(pid, signal.SIGTERM)
+                wait_for(lambda: process_gone(pid), what="the daemon to stop")
+
+
 def _frame(message: dict[str, object]) -> bytes:
     body = json.dumps(message).encode()
     return b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
