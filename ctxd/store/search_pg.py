@@ -1,7 +1,8 @@
-"""Full-text search on PostgreSQL: tsvector + GIN, the same calls and hits as ``search.py``.
+r"""Full-text search on PostgreSQL: tsvector + GIN, the same calls and hits as ``search.py``.
 
 ``messages_fts`` holds each message's text and its tsvector (the ``simple``
-configuration: lower-cased words, no stemming, like FTS5's unicode61); a GIN index
+configuration over the text's ``\w+`` words: lower-cased, no stemming, split where FTS5's
+unicode61 splits); a GIN index
 answers ``@@``. Messages wait in ``search_pending`` (filled by a trigger in the push's
 transaction) until an indexer takes them: with several daemons, any daemon's indexer
 may, and ``FOR UPDATE`` makes each message indexed exactly once (a watermark over
@@ -23,6 +24,13 @@ _decoder = msgspec.json.Decoder(Message)
 _QUOTED_WORDS = re.compile(r'^\s*("[^"]+"\s*)+$')
 _WORD = re.compile(r"\w+", re.UNICODE)
 CONFIG = "simple"
+
+
+def words(text: str) -> str:
+    """Text as the words FTS5's tokenizer and ``search.fts_query`` see (``\\w+`` runs), which
+    is what gets indexed: PostgreSQL's own parser would keep ``9.3`` or ``foo-bar`` whole,
+    and a words query (split the same way) would never find them."""
+    return " ".join(_WORD.findall(text))
 
 
 def _tsquery(query: str) -> tuple[str, str]:
@@ -107,5 +115,5 @@ def index_pending(conn: Any, limit: int, max_bytes: int | None) -> int:
         cursor.executemany(
             f"INSERT INTO messages_fts (id, text, tsv) VALUES (%s, %s, to_tsvector('{CONFIG}', %s)) "
             "ON CONFLICT (id) DO NOTHING",
-            [(i, text, text) for i, text in ((i, message_text(_decoder.decode(b))) for i, b in rows)])
+            [(i, text, words(text)) for i, text in ((i, message_text(_decoder.decode(b))) for i, b in rows)])
     return len(taken)

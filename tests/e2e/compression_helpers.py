@@ -36,6 +36,7 @@ from typing import Any, Callable
 import msgspec
 
 from ctxd.client import Client
+from tests.e2e.helpers import storage_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0
@@ -73,7 +74,7 @@ class CtxdProc:
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "ctxd", "--config", str(self.config_path), "--socket", str(self.socket_path),
-               "--data-dir", str(self.data_dir)]
+               "--data-dir", str(self.data_dir), *storage_args(self.data_dir)]
         for assignment in self.sets:
             cmd += ["--set", assignment]
         return cmd

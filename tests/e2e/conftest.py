@@ -11,8 +11,28 @@ import pytest
 import pytest_asyncio
 from pytest_lsp import ClientServerConfig, LanguageClient
 
-from tests.e2e.helpers import CTXD, Daemon, daemon_env, short_dir
+from tests.e2e import helpers
+from tests.e2e.helpers import CTXD, Daemon, daemon_env, short_dir, storage_args
 from tests.e2e.lsp import finish_client, initialize, make_client
+
+# --- the storage backend ----------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test once per backend: a module opts in with
+    ``pytestmark = pytest.mark.usefixtures("storage_backend")`` (its daemons must be
+    started by ``stdio_factory``/``daemon_factory`` and it must not read the SQLite file).
+    On PostgreSQL every daemon of the test gets a fresh database of the session's server."""
+    if request.param == "sqlite":
+        yield "sqlite"
+        return
+    helpers.PG_SERVER = request.getfixturevalue("pg_server")
+    try:
+        yield "postgresql"
+    finally:
+        helpers.PG_SERVER = None
+
 
 # --- pytest-lsp over stdio ------------------------------------------------------------
 
@@ -28,7 +48,8 @@ async def stdio_factory(tmp_path: Path) -> AsyncIterator[StdioFactory]:
 
     async def start(*args: str, data_dir: Path | None = None, env: dict[str, str] | None = None) -> LanguageClient:
         directory = data_dir or tmp_path / f"data{len(clients)}"
-        config = ClientServerConfig(server_command=[*CTXD, "--data-dir", str(directory), *args],
+        config = ClientServerConfig(server_command=[*CTXD, "--data-dir", str(directory), *storage_args(directory),
+                                                    *args],
                                     client_factory=make_client, server_env=env or daemon_env())
         client = await config.start()
         client.data_dir = directory  # type: ignore[attr-defined]

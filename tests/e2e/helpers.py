@@ -48,6 +48,25 @@ def _xdg_root() -> Path:
     return _XDG_ROOT
 
 
+PG_SERVER: Any = None
+"""Set by the ``storage_backend`` fixture (tests/e2e/conftest.py) while a test runs on
+PostgreSQL: every daemon started then stores in a database of that server."""
+_PG_URLS: dict[str, str] = {}
+
+
+def storage_args(data_dir: Path) -> list[str]:
+    """The flags that put a daemon's storage where the test's backend is: nothing for SQLite
+    (the data directory's file); for PostgreSQL one database per data directory, so a
+    daemon restarted on the same data directory finds its data again."""
+    if PG_SERVER is None:
+        return []
+    key = str(Path(data_dir).resolve())
+    url = _PG_URLS.get(key)
+    if url is None:
+        url = _PG_URLS[key] = PG_SERVER.create_database()
+    return ["--set", f"storage.url={url}"]
+
+
 def daemon_env(**extra: str) -> dict[str, str]:
     """The environment of a daemon under test: no CTXD_* leaking in from the caller,
     private XDG directories, and this checkout's ctxd first on the path."""
@@ -292,7 +311,7 @@ class Daemon:
         return self.proc.pid
 
     def command(self) -> list[str]:
-        cmd = [*CTXD, "--data-dir", str(self.data_dir)]
+        cmd = [*CTXD, "--data-dir", str(self.data_dir), *storage_args(self.data_dir)]
         if self.socket_flag_only:
             cmd += ["--socket"]
         elif self.socket_path is not None:

@@ -17,6 +17,9 @@ from tests.e2e.compression_helpers import (
     system_text,
 )
 
+# Every test here runs on SQLite and on PostgreSQL (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("storage_backend")
+
 WINDOW = 4096
 
 

@@ -28,6 +28,10 @@ from tests.e2e.compression_helpers import (
     tool_ids_in,
     user_texts,
 )
+import pytest
+
+# Every test here runs on SQLite and on PostgreSQL (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("storage_backend")
 
 WINDOW = 8192
 MIN_GROWTH = 0.10  # compression.min_growth_fraction's default

@@ -32,6 +32,10 @@ from tests.e2e.history_helpers import (
     rpc_error,
     running,
 )
+import pytest
+
+# Every test here runs on SQLite and on PostgreSQL (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("storage_backend")
 
 WINDOW = 2048
 SYSTEM = "You are a terse coding agent."

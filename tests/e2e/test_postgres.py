@@ -1,0 +1,134 @@
+"""Several daemons on one PostgreSQL database (a real server started by the tests,
+tests/conftest.py): clients pushing to the same sessions through two daemons at once,
+and a daemon SIGKILLed in the middle of pushes. What is checked is what PostgreSQL
+holds, read with psycopg, besides what the daemons answer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+
+from ctxd.client import Client, DaemonUnavailable, RpcError
+from tests.pgserver import PgServer
+
+WINDOW = 1_000_000  # compression never changes the context under these tests
+
+
+async def connect(daemon: Any) -> Client:
+    client = await Client.connect_unix(daemon.socket_path)
+    await client.initialize(client_name="postgres-e2e")
+    return client
+
+
+def stored(server: PgServer, url: str, session_id: str) -> tuple[list[tuple[int, str]], tuple[Any, ...]]:
+    """(seq, content) of every stored message of the session, and its row's totals."""
+    import psycopg
+
+    dbname = url.split("@/", 1)[1].split("?", 1)[0]
+    with psycopg.connect(server.conninfo(dbname)) as conn:
+        rows = conn.execute("SELECT seq, body FROM messages WHERE session_id = %s ORDER BY seq",
+                            (session_id,)).fetchall()
+        totals = conn.execute("SELECT message_count, last_seq, token_count, stats FROM sessions WHERE id = %s",
+                              (session_id,)).fetchone()
+    return [(seq, msgspec.json.decode(body)["content"]) for seq, body in rows], totals
+
+
+async def test_two_daemons_one_database_clients_push_to_the_same_sessions(pg_server, daemon_factory):
+    url = pg_server.create_database()
+    args = ["--set", f"storage.url={url}"]
+    a = daemon_factory(name="a", args=args)
+    b = daemon_factory(name="b", args=args)
+    setup = await connect(a)
+    sessions = ["s1", "s2", "s3"]
+    for sid in sessions:
+        await setup.request("session/create", {"sessionId": sid, "contextWindow": WINDOW})
+    await setup.close()
+    batches, size = 10, 4
+
+    async def client_run(daemon: Any, name: str) -> dict[str, list[tuple[int, str]]]:
+        client = await connect(daemon)
+        acked: dict[str, list[tuple[int, str]]] = {sid: [] for sid in sessions}
+        try:
+            for i in range(batches):
+                for sid in sessions:
+                    texts = [f"{name} {sid} {i}.{k}" for k in range(size)]
+                    result = await client.request("session/push", {
+                        "sessionId": sid, "messages": [{"role": "user", "content": t} for t in texts]})
+                    acked[sid] += [(m["seq"], t) for m, t in zip(result["messages"], texts)]
+        finally:
+            await client.close()
+        return acked
+
+    runs = await asyncio.gather(client_run(a, "a1"), client_run(a, "a2"), client_run(b, "b1"), client_run(b, "b2"))
+    per_session = 4 * batches * size
+    for sid in sessions:
+        acked = sorted(pair for run in runs for pair in run[sid])
+        rows, (count, last_seq, _tokens, stats) = stored(pg_server, url, sid)
+        # Exact totals, no duplicate or missing seq, what was acknowledged is what is stored.
+        assert [seq for seq, _ in acked] == list(range(1, per_session + 1))
+        assert rows == acked
+        assert count == last_seq == per_session
+        assert msgspec.json.decode(stats)["by_role"]["user"]["messages"] == per_session
+        # Each client's messages in the order it pushed them.
+        for run in runs:
+            mine = run[sid]
+            assert [seq for seq, _ in mine] == sorted(seq for seq, _ in mine)
+    # Both daemons answer with the whole history (a daemon behind reloads it).
+    for daemon in (a, b):
+        client = await connect(daemon)
+        try:
+            for sid in sessions:
+                page = await client.request("session/history", {"sessionId": sid, "limit": per_session + 10})
+                assert [m["seq"] for m in page["messages"]] == list(range(1, per_session + 1))
+            found = await client.request("session/search", {"query": "b2 s2 9.3"})
+            assert [(h["sessionId"], h["seq"]) for h in found["hits"]] == \
+                [("s2", next(seq for seq, t in runs[3]["s2"] if t == "b2 s2 9.3"))]
+        finally:
+            await client.close()
+
+
+async def test_a_daemon_sigkilled_mid_push_loses_nothing_acknowledged(pg_server, daemon_factory):
+    url = pg_server.create_database()
+    args = ["--set", f"storage.url={url}"]
+    a = daemon_factory(name="a", args=args)
+    client = await connect(a)
+    await client.request("session/create", {"sessionId": "k", "contextWindow": WINDOW})
+    acked: list[tuple[int, str]] = []
+    killed = asyncio.Event()
+
+    async def pusher(tag: str) -> None:
+        n = 0
+        while not killed.is_set():
+            texts = [f"{tag} {n}.{k}" for k in range(5)]
+            n += 1
+            try:
+                result = await client.request("session/push", {
+                    "sessionId": "k", "messages": [{"role": "user", "content": t} for t in texts]})
+            except (DaemonUnavailable, RpcError, ConnectionError, OSError):
+                return
+            acked.extend((m["seq"], t) for m, t in zip(result["messages"], texts))
+
+    tasks = [asyncio.create_task(pusher(tag)) for tag in ("p", "q", "r")]
+    while len(acked) < 150:
+        await asyncio.sleep(0.01)
+    a.kill()  # pushes are in flight: some were sent and not answered
+    killed.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client.close(shutdown=False)
+
+    b = daemon_factory(name="b", args=args)  # another daemon on the same database
+    rows, (count, last_seq, _tokens, _stats) = stored(pg_server, url, "k")
+    assert set(acked) <= set(rows), "an acknowledged message is missing"
+    # Whole batches or nothing: seqs 1..N without a gap, the totals agree with the rows.
+    assert [seq for seq, _ in rows] == list(range(1, len(rows) + 1)) and count == last_seq == len(rows)
+    assert len(rows) % 5 == 0
+    again = await connect(b)
+    try:
+        result = await again.request("session/push", {"sessionId": "k", "messages": [
+            {"role": "user", "content": "after the kill"}]})
+        assert result["messages"][0]["seq"] == len(rows) + 1 and result["messageCount"] == len(rows) + 1
+    finally:
+        await again.close()
