@@ -109,7 +109,8 @@ def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]
     out: list[Any] = list(rendered)
     j = 1
     while j <= len(rendered) and j <= len(client):
-        if projection(api, rendered[-j]) != projection(api, client[-j]):
+        # Equal as JSON is equal as ctxd models them: the projection only when they differ.
+        if rendered[-j] != client[-j] and projection(api, rendered[-j]) != projection(api, client[-j]):
             break
         out[-j] = client[-j]
         j += 1
@@ -124,7 +125,7 @@ def _align_items(rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -
     while r >= 0 and c >= 0:
         if chain_part("responses", client[c]) is None:
             break  # a skipped item not directly before an aligned one
-        if projection("responses", rendered[r]) != projection("responses", client[c]):
+        if rendered[r] != client[c] and projection("responses", rendered[r]) != projection("responses", client[c]):
             break
         tail.append(client[c])
         c -= 1

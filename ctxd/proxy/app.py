@@ -24,7 +24,7 @@ from ctxd.config import ProxyConfig
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy import apis
 from ctxd.proxy.convert import Api
-from ctxd.proxy.sessions import Conversation, Sessions, Tracked, conversation
+from ctxd.proxy.sessions import Conversation, Sessions, Tracked
 
 log = logging.getLogger("ctxd.proxy")
 
@@ -125,8 +125,8 @@ class Proxy:
                          "passes through unchanged: its history is on the upstream's side")
             return None
         parts = apis.split(api, body)
-        conv = conversation(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
-                            window=self._window(api, request, body))
+        conv = self.sessions.read(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
+                                  window=self._window(api, request, body))
         return body, parts, conv
 
     def _window(self, api: Api, request: Request, body: dict[str, Any]) -> int | None:

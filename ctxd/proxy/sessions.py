@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ class Conversation:
     parts: Split
     items: list[tuple[dict[str, Any], list[Any], dict[str, Any]]]  # (ctxd message, chain part, raw)
     chain: list[str]
+    counts: list[int] = field(default_factory=list)  # counts[i]: len(items) after the first i client messages
 
 
 def derive_session_id(api: Api, model: str | None, parts: Split) -> str:
@@ -108,22 +110,38 @@ def derive_session_id(api: Api, model: str | None, parts: Split) -> str:
     return f"proxy-{api}-{hashlib.sha256(material.encode()).hexdigest()[:16]}"
 
 
-def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str | None, window: int | None
-                 ) -> Conversation:
+def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str | None, window: int | None,
+                 previous: Conversation | None = None) -> Conversation:
+    """The request's conversation: each client message as ctxd stores it, and the hash
+    chain. ``previous``: the last request's conversation of the same session, whose work is
+    reused for the messages both start with (equal as decoded JSON)."""
     model = body.get("model") if isinstance(body.get("model"), str) else None
     items: list[tuple[dict[str, Any], list[Any], dict[str, Any]]] = []
     call_ids: dict[int, list[str]] = {}
     chain: list[str] = []
+    counts = [0]
     offset = len(parts.system_raw) if isinstance(parts.system_raw, list) and api != "anthropic" else 0
-    for position, raw in enumerate(parts.conversation):
+    client = parts.conversation
+    start = 0
+    # Ollama's tool-call ids depend on the calls before them: no reuse there.
+    if previous is not None and previous.api == api and api != "ollama" and previous.parts.system_raw == \
+            parts.system_raw:
+        known = previous.parts.conversation
+        start = min(len(known), len(client))
+        if client[:start] != known[:start]:
+            start = next(i for i in range(start) if client[i] != known[i])
+        n = previous.counts[start]
+        items, chain, counts = previous.items[:n], previous.chain[:n], previous.counts[:start + 1]
+    for position in range(start, len(client)):
+        raw = client[position]
         message = to_ctxd(api, raw, call_ids=call_ids, position=offset + position)
         part = chain_part(api, raw)
-        if message is None or part is None:
-            continue
-        chain.append(chain_hash(chain[-1] if chain else "", part))
-        items.append((message, part, raw))
+        if message is not None and part is not None:
+            chain.append(chain_hash(chain[-1] if chain else "", part))
+            items.append((message, part, raw))
+        counts.append(len(items))
     base = session if session else derive_session_id(api, model, parts)
-    return Conversation(api, model, base, bool(session), window, parts, items, chain)
+    return Conversation(api, model, base, bool(session), window, parts, items, chain, counts)
 
 
 def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[Any]]]:
@@ -141,12 +159,28 @@ def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) ->
 
 
 class Sessions:
-    def __init__(self, link: DaemonLink, *, default_window: int = 0) -> None:
+    def __init__(self, link: DaemonLink, *, default_window: int = 0, remembered: int = 256) -> None:
         self.link = link
         self.default_window = default_window
         self._tracked: dict[str, Tracked] = {}
         self._aliases: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._recent: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
+        self._remembered = remembered
+
+    def read(self, api: Api, body: dict[str, Any], parts: Split, *, session: str | None,
+             window: int | None) -> Conversation:
+        """:func:`conversation`, reusing the previous request's work on the messages this
+        one starts with (an agent resends its whole history each turn: hashing it again
+        cost about 1 ms per 100 messages). The last ``remembered`` conversations are kept."""
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        key = (api, session or derive_session_id(api, model, parts))
+        conv = conversation(api, body, parts, session=session, window=window, previous=self._recent.get(key))
+        self._recent[key] = conv
+        self._recent.move_to_end(key)
+        while len(self._recent) > self._remembered:
+            self._recent.popitem(last=False)
+        return conv
 
     # --- finding sessions ------------------------------------------------------------
 
