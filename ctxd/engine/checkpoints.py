@@ -134,13 +134,23 @@ def merge_truncated(checkpoints: list[Checkpoint], max_checkpoints: int, count: 
     return checkpoints
 
 
-def plan_merge(checkpoints: list[Checkpoint], max_checkpoints: int, max_prompt: int) -> MergeStep | None:
-    """Merge the two oldest summary checkpoints when there are too many."""
+def plan_merge(checkpoints: list[Checkpoint], max_checkpoints: int, max_prompt: int,
+               share: float | None = None) -> MergeStep | None:
+    """Merge the two oldest summary checkpoints when there are too many. With ``share``
+    the merged one may keep what the summaries' share of the prompt still has room for
+    (a merge made because of their number need not forget; ageing shrinks them when
+    they take too much); without it, seed 000's ultra size."""
     summaries = [cp for cp in checkpoints if cp.kind == "summary"]
     if len(summaries) <= max_checkpoints:
         return None
     first, second = summaries[0], summaries[1]
-    return MergeStep((first.id, second.id), target_tokens("ultra", first.tokens + second.tokens, max_prompt))
+    both = first.tokens + second.tokens
+    target = target_tokens("ultra", both, max_prompt)
+    if share is not None:
+        others = sum(cp.tokens for cp in summaries[2:])
+        room = int(share * max_prompt) - others
+        target = max(target, min(both - 16, room))
+    return MergeStep((first.id, second.id), target)
 
 
 def merged(first: Checkpoint, second: Checkpoint, summary: str, tokens: int, summarizer: str, now: str,

@@ -49,6 +49,11 @@ def _dropped_ranges(seqs: list[int], lines: list[str]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
+def _line_text(line: str) -> str:
+    """A folded line's words without its ``[message N]`` label."""
+    return line.partition("] ")[2].replace("\n    ", "\n")
+
+
 def _folded_lines(summary: str) -> list[str]:
     out: list[str] = []
     for line in summary.split("\n"):
@@ -135,9 +140,10 @@ def plan_fold(ctx: ActiveContext, goal_tokens: int, allowance: int | None = None
 
 
 def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, number: int,
-         count: Callable[[str], int]) -> Checkpoint:
+         count: Callable[[str], int], rank: Callable[[list[str]], list[float]] | None = None) -> Checkpoint:
     """Move ``entries`` into the folded checkpoint (created or grown), keeping their words
-    verbatim, newest first, as far as ``allowance`` tokens allow."""
+    verbatim as far as ``allowance`` tokens allow: the best by ``rank`` (a worth per
+    message text, higher first), else the newest; shown in their order."""
     previous = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
     lines = [_folded_line(e) for e in entries]
     seqs = [e.seq for e in entries]
@@ -159,13 +165,21 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
             text = excerpt(text.replace("\n    ", "\n"), allowance // 2 - 8, count)
             task = f"{head}] " + text.replace("\n", "\n    ")
         used = count(task) + 1
-    for line in reversed(all_lines):
-        cost = count(line) + 1
+    if rank is not None and all_lines:
+        worth = rank([_line_text(ln) for ln in all_lines])
+        order = sorted(range(len(all_lines)), key=lambda i: (-worth[i], -i))
+    else:
+        order = list(reversed(range(len(all_lines))))
+    chosen: list[int] = []
+    for i in order:
+        cost = count(all_lines[i]) + 1
         if used + cost > allowance:
-            break
-        kept_lines.append(line)
+            if rank is None:
+                break
+            continue
+        chosen.append(i)
         used += cost
-    kept_lines.reverse()
+    kept_lines = [all_lines[i] for i in sorted(chosen)]
     if task is not None and used <= allowance:
         kept_lines.insert(0, task)
     # Lines dropped by earlier folds are gone from the summary; the seqs are not.
@@ -207,3 +221,4 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
     folded.seq_from, folded.seq_to = min(seqs), max(seqs)
     measure(folded, count)
     return True
+

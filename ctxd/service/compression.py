@@ -91,6 +91,13 @@ class _Pass:
     told_fallback: bool = False
     """A ``context/compressionFailed`` for a summarizer fallback was sent (once per pass)."""
     snapshotted: bool = False
+    counted: bool = False
+    """The pass made a checkpoint and counted itself in ``compressionCount`` (a pass counts
+    once, however many selections or folds it makes)."""
+
+    def number(self, state: SessionState) -> int:
+        """The compression number of what this pass creates."""
+        return state.cstate.compression_count + (0 if self.counted else 1)
 
 
 async def _before_change(svc: Service, state: SessionState, run: _Pass) -> None:
@@ -252,6 +259,26 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
     if not fits(ctx, budget):
         await _squeeze(svc, state, ctx, run, focus)
     await _fold_users(svc, state, ctx, run)
+    if not force:
+        await _make_room(svc, state, ctx, run)
+
+
+async def _make_room(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
+    """A pass that summarized all it could and still left the conversation within a loop
+    guard's step of the trigger (what remains is mostly the user's words, verbatim)
+    shortens the summary checkpoints until that step is free: otherwise every few turns
+    compress again, each pass freeing a few tokens and breaking the prompt cache. (One
+    step, not the low-water mark: summaries are where older turns live, and shortening
+    them further costs more than the passes it saves; docs/decisions.md.)"""
+    cache = svc.cache
+    policy = cache.policy(state)
+    budget = cache.budget(state)
+    share = budget.trigger_fraction - policy.min_growth_fraction
+    if share <= 0 or ctx.used <= math.floor(share * budget.available):
+        return
+    # Every token the checkpoints give back raises available by one, the goal by ``share``.
+    need = math.ceil(ctx.used / share) - budget.available
+    await _shrink_checkpoints(svc, state, ctx, run, need=need)
 
 
 async def _summarize_selection(svc: Service, state: SessionState, ctx: ActiveContext, selection: Selection,
@@ -266,6 +293,9 @@ async def _summarize_selection(svc: Service, state: SessionState, ctx: ActiveCon
     await _before_change(svc, state, run)
     async with state.lock:
         apply_selection(ctx, selection, checkpoint)
+        if run.counted:
+            ctx.state.compression_count -= 1  # (the engine counts every selection)
+        run.counted = True
         cache.refresh(state, system=True)
     run.created.append(checkpoint)
     run.layers.append("truncate" if checkpoint.kind == "truncated" else "summarize")
@@ -293,7 +323,7 @@ def _checkpoint_cost(state: SessionState, ctx: ActiveContext) -> int:
 async def _checkpoint_for(svc: Service, state: SessionState, ctx: ActiveContext, selection: Selection,
                           run: _Pass, stage: _Stages, focus: str | None, strategy: str) -> Checkpoint:
     """Stages 3-4 and 6's first rule: a summary smaller than its input, or truncation."""
-    number = state.cstate.compression_count + 1
+    number = run.number(state)
     count = state.counter.count
     if strategy == "truncate":
         run.summarizer = "truncation"
@@ -382,7 +412,8 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             ctx.checkpoints = merged_notices
             cache.refresh(state, system=True)
     while True:
-        step = ckpts.plan_merge(ctx.checkpoints, policy.max_checkpoints, budget.max_prompt_tokens)
+        step = ckpts.plan_merge(ctx.checkpoints, policy.max_checkpoints, budget.max_prompt_tokens,
+                                policy.checkpoint_share)
         if step is None:
             break
         first = next(c for c in ctx.checkpoints if c.id == step.checkpoint_ids[0])
@@ -471,12 +502,14 @@ def _irreducible(ctx: ActiveContext) -> int:
     return PROMPT_PRIMING + ctx.system_tokens + ctx.pinned_tokens + words
 
 
-async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
+async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass,
+                             need: int | None = None) -> None:
     """Make room from the checkpoints before touching the user's words: every summary
-    checkpoint merged into one, re-summarized down by what the prompt is over."""
+    checkpoint merged into one, re-summarized down by what the prompt is over (or by
+    ``need`` tokens)."""
     cache = svc.cache
     budget = cache.budget(state)
-    over = ctx.prompt_tokens - budget.max_prompt_tokens
+    over = ctx.prompt_tokens - budget.max_prompt_tokens if need is None else need
     summaries = [c for c in ctx.checkpoints if c.kind == "summary"]
     if over <= 0 or not summaries:
         return
@@ -548,12 +581,16 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
 
 async def _apply_fold(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, chosen: list[Entry],
                       allowance: int) -> None:
+    from ctxd.summarize.extractive import salience  # (with the first fold, not at start-up)
+
     cache = svc.cache
     await _before_change(svc, state, run)
     async with state.lock:
-        cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=state.cstate.compression_count + 1,
-                  count=state.counter.count)
-        ctx.state.compression_count += 1
+        cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=run.number(state),
+                  count=state.counter.count, rank=lambda texts: salience(texts, state.counter.count, ctx.goal_text))
+        if not run.counted:
+            ctx.state.compression_count += 1
+            run.counted = True
         cache.refresh(state, system=True)
     run.created.append(cp)
     run.layers.append("fold")

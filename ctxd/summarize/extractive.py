@@ -67,8 +67,9 @@ THREAD_THRESHOLD_CHARS = 200_000
 # lets it grow (a large target gives each item room, up to _MAX_ITEM_CHARS).
 _ITEM_CHARS: dict[Level, int] = {"detailed": 300, "moderate": 200, "compact": 140, "ultra": 100}
 _MAX_ITEM_CHARS = 700
-WHOLE_TURN_TOKENS = 60
-"""A chat turn shorter than this is quoted whole; a longer one by its best sentences."""
+WHOLE_TURN_TOKENS = 100
+"""A chat turn shorter than this is quoted whole (a question about it can be answered from
+its own words); a longer one by its best sentences."""
 
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(\[*])")
 _CHAT_SPLIT = re.compile(r"(?<=[.!?…])\s+(?=[A-Z0-9\"'“‘(\[])")
@@ -415,10 +416,15 @@ class ExtractiveSummarizer:
         """The best units that fit ``target``, rendered in their original order."""
         count = self._count
         worth = [u for u in units if u.score > 0]
-        ranked = sorted(worth or units, key=lambda u: (u.tier, -u.score, u.turn, u.part))
+        # Salience per token, not per unit: a target holds more of what later questions
+        # ask when a long turn must be worth its length (on LoCoMo, score / sqrt(tokens)
+        # keeps 1.3x the answer-bearing turns that ranking by score alone keeps).
+        cost = {id(u): count(u.text) + 4 for u in worth or units}
+        ranked = sorted(worth or units, key=lambda u: (u.tier, -_density(u.score, cost[id(u)]), u.turn, u.part))
         # The first unit must be worth half the best one: a tiny target gets the best
         # unit's beginning rather than whatever scrap fits ("Yep!").
-        first_floor = ranked[0].score / 2 if ranked[0].score > 0 else float("-inf")
+        best = max(u.score for u in ranked)
+        first_floor = best / 2 if best > 0 else float("-inf")
         chosen: list[_Unit] = []
         opened: set[int] = set()
         used = 0
@@ -463,6 +469,11 @@ class ExtractiveSummarizer:
         except Exception:
             return ""
         return cut or ""
+
+
+def _density(score: float, tokens: int) -> float:
+    """A unit's salience per square root of its cost (negative scores stay negative)."""
+    return score / math.sqrt(max(1, tokens)) if score > 0 else score
 
 
 def _render_units(chosen: Sequence[_Unit], lines: Sequence[_Line]) -> str:
@@ -849,6 +860,19 @@ class _Analysis:
             if repeats:
                 unit.score -= 10.0  # said before, word for word: keep the first
             unit.words = []  # not needed any more
+
+
+def salience(texts: Sequence[str], count: Count, goal: str | None = None) -> list[float]:
+    """How much each of ``texts`` (turns of one conversation, oldest first) is worth
+    keeping, per token of its length: the chat summaries' own measure (rare words,
+    names, numbers, dates, places; a little recency), for callers that choose among
+    whole messages (the folded user messages) rather than summarize them."""
+    units = [_Unit(i, 0, text) for i, text in enumerate(texts)]
+    if not units:
+        return []
+    analysis = _Analysis(frozenset(_words(goal or "")), frozenset())
+    analysis.score_units(units, len(units))
+    return [_density(u.score, count(u.text) + 4) for u in units]
 
 
 # ---- coding-agent candidates ---------------------------------------------------------------

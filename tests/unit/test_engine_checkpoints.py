@@ -232,3 +232,16 @@ def test_with_a_share_only_the_oldest_age_and_only_as_far_as_needed():
     assert [s.checkpoint_id for s in steps] == ["a"] and steps[0].to_level == "moderate"
     # Far over: all of them.
     assert [s.checkpoint_id for s in plan_aging(checkpoints, MAX_PROMPT, share=0.0)] == ["a", "b", "c"]
+
+
+def test_plan_merge_with_a_share_keeps_what_the_share_has_room_for():
+    summaries = [cp(f"c{i}", "compact", tokens=100 * (i + 1), seqs=(i * 10, i * 10 + 9)) for i in range(5)]
+    others = sum(c.tokens for c in summaries[2:])
+    # Room in the share for both: the merge only drops a title, it does not forget.
+    step = plan_merge(summaries, 4, MAX_PROMPT, share=(others + 1000) / MAX_PROMPT)
+    assert step.target_tokens == 100 + 200 - 16
+    # Little room: what the share leaves, never below seed 000's ultra size.
+    step = plan_merge(summaries, 4, MAX_PROMPT, share=(others + 200) / MAX_PROMPT)
+    assert step.target_tokens == max(200, target_tokens("ultra", 300, MAX_PROMPT))
+    step = plan_merge(summaries, 4, MAX_PROMPT, share=others / MAX_PROMPT)
+    assert step.target_tokens == target_tokens("ultra", 300, MAX_PROMPT)

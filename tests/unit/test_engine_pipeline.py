@@ -737,3 +737,20 @@ def test_the_first_user_message_folds_only_past_the_share_itself():
     assert [e.seq for e in chosen] == [2, 3]  # the others go; the task stays (within the share)
     chosen = plan_fold_users(ctx, max_user_tokens=total - 250, hard_cap=total - 100)
     assert [e.seq for e in chosen] == [1, 2, 3]  # over the share even without the others: it goes too
+
+
+def test_fold_with_a_rank_keeps_the_best_lines_in_their_order():
+    texts = [words(50, WORDS[i]) for i in range(6)]
+    ctx = folded_ctx(texts)
+    chosen = plan_fold(ctx, 0)
+    line_cost = count(f"[message 5] {texts[4]}") + 1
+    worth = {texts[1]: 9.0, texts[3]: 5.0}  # the rest rank 0; the task is kept anyway
+
+    def rank(lines: list[str]) -> list[float]:
+        return [worth.get(line, 0.0) for line in lines]
+
+    cp = fold(ctx, chosen, allowance=3 * line_cost + 1, now=NOW, number=1, count=count, rank=rank)
+    assert unfold(cp.summary) == {1: texts[0], 2: texts[1], 4: texts[3]}
+    assert [int(line[len("[message "):line.index("]")]) for line in _folded_lines(cp.summary)] == [1, 2, 4]
+    assert cp.summary.startswith("[2 older user messages (messages 3, 5) are folded out of the prompt")
+    assert cp.message_seqs == [1, 2, 3, 4, 5]

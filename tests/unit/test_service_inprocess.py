@@ -230,3 +230,23 @@ async def test_daemon_status_and_stop_need_no_daemon(service: Service, service_c
     assert status.started_at == control.started_at and status.transports == ["unix:/tmp/x.sock"]
     assert status.database == str(service_config.database_path) and status.summarizer == "extractive"
     assert await lifecycle.stop(req, Empty()) is None and control.stops == 1
+
+
+async def test_a_user_heavy_chat_leaves_a_step_of_room_after_each_pass(service: Service,
+                                                                      events: CollectingEvents) -> None:
+    """The user's words stay verbatim and fill the conversation; a pass must still free a
+    loop guard's step, or every few turns compress again (each pass freeing a few tokens
+    and breaking the prompt cache)."""
+    await _create(service, window=8192)
+    for i in range(150):
+        await _push(service, [
+            {"role": "user", "content": f"note {i}: " + " ".join(f"w{i}x{k}" for k in range(20))},
+            {"role": "assistant", "content": f"reply {i}: " + " ".join(f"r{i}y{k}" for k in range(20))}])
+        await settle(service)
+    passes = [n for n in events.of(CompressedNotification, SID) if n.layers != ["watermark"]]
+    budget = (await _prompt(service)).budget
+    step = Config().compression.min_growth_fraction * budget.available
+    assert len(passes) >= 10
+    assert all(n.after_tokens <= budget.max_prompt_tokens for n in passes)
+    tiny = [n for n in passes if n.before_tokens - n.after_tokens < step]
+    assert len(tiny) <= len(passes) // 10, [(n.layers, n.before_tokens, n.after_tokens) for n in tiny]

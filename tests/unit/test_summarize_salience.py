@@ -349,3 +349,15 @@ async def test_a_chats_user_turns_are_quoted_after_the_other_speakers() -> None:
     roomy = await ExtractiveSummarizer(tiktoken_count).summarize(
         SummaryRequest(messages=messages, level="compact", target_tokens=200))
     assert melanie in roomy.text and caroline in roomy.text
+
+
+def test_salience_per_token_prefers_facts_to_filler_and_to_length():
+    from ctxd.summarize.extractive import salience
+
+    fact = "We moved to Lisbon on 3 March 2021 and Maria started at the Gulbenkian lab."
+    filler = "Haha yeah, totally, that sounds so fun, I love that for you!"
+    long_fact = " ".join([fact] * 6)
+    worth = salience([filler, fact, long_fact, "Ok."], tiktoken_count)
+    assert worth[1] > worth[0] > worth[3]
+    assert worth[1] > worth[2]  # the same facts six times over are not worth six times the tokens
+    assert salience([], tiktoken_count) == []
