@@ -112,8 +112,9 @@ export class CtxdClient implements Disposable {
       await Promise.race([client.initialize(), exited]);
     } catch (err) {
       let reason: unknown = err;
-      if (!(err instanceof CtxdStartError) && !(err instanceof CtxdRequestError)) {
-        // The request failed because the child died: say why it died.
+      // A request that failed because the child died (its connection is disposed on exit,
+      // which rejects what is pending) is reported as why it died, with its stderr.
+      if (!(err instanceof CtxdStartError) && (client.exited || !(err instanceof CtxdRequestError))) {
         reason = await Promise.race([exited.catch((e: unknown) => e), new Promise((r) => setTimeout(() => r(err), 2000))]);
       }
       client.dispose();
@@ -335,5 +336,6 @@ export class CtxdClient implements Disposable {
       this.child.kill();
     }
     this.notificationEmitter.dispose();
+    this.exitEmitter.dispose();
   }
 }
