@@ -41,10 +41,13 @@ class Fit:
         return self.ratio * counted + self.overhead
 
 
-def pair(reported: int, candidates: tuple[int, ...], current: Fit | None) -> tuple[int, int] | None:
-    """``(counted, reported)`` for one usage report, or None when it teaches nothing."""
+def pair(reported: int, candidates: tuple[int, ...], current: Fit | None, window: int = 0) -> tuple[int, int] | None:
+    """``(counted, reported)`` for one usage report, or None when it teaches nothing: also
+    when it reports more input than the session's ``window`` holds, which no provider
+    accepts for this window (a transcript recorded with a larger window, replayed or
+    imported into a smaller one: its reports are about other prompts)."""
     usable = [c for c in candidates if c >= MIN_COUNTED]
-    if reported <= 0 or not usable:
+    if reported <= 0 or not usable or (window > 0 and reported > window):
         return None
     if current is not None and current != Fit():
         best = min(usable, key=lambda c: abs(math.log(reported / max(1.0, current.predict(c)))))

@@ -25,10 +25,12 @@ SECTION_HEADER = (
 )
 
 
-FILES_SHOWN = 12
+FILES_SHOWN = 20
 """Most files a checkpoint lists beyond its summary text."""
-ERRORS_SHOWN, ERROR_CHARS = 3, 160
+ERRORS_SHOWN, ERROR_CHARS = 5, 160
 """The newest errors a checkpoint lists beyond its summary text, each cut to this length."""
+ERRORS_KEPT = 8
+"""The newest errors a merged checkpoint keeps."""
 
 
 def new_id() -> str:
@@ -180,7 +182,7 @@ def merged(first: Checkpoint, second: Checkpoint, summary: str, tokens: int, sum
         files_modified=union(first.files_modified, second.files_modified),
         tools_used=sorted(tools.values(), key=lambda t: -t.count),  # most used first, as extracted
         next_steps=second.next_steps or first.next_steps,
-        errors=(first.errors + second.errors)[-5:],
+        errors=(first.errors + second.errors)[-ERRORS_KEPT:],
     )
 
 

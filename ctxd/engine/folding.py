@@ -75,26 +75,21 @@ def user_tokens(ctx: ActiveContext) -> int:
     return sum(e.tokens.overhead + e.tokens.text for e in user_entries(ctx))
 
 
-def plan_fold_users(ctx: ActiveContext, max_user_tokens: int, hard_cap: int | None = None) -> list[Entry]:
+def plan_fold_users(ctx: ActiveContext, max_user_tokens: int) -> list[Entry]:
     """The oldest kept user messages to fold so that the user's verbatim words take at most
-    ``max_user_tokens`` (never the newest user message, nor pinned ones). The session's
-    first user message (an agent's task) is folded last, and only when the words would
-    otherwise stay above ``hard_cap`` (the share itself, above the goal)."""
+    ``max_user_tokens`` (never the newest user message, nor pinned ones, nor the session's
+    first user message: an agent's task stays verbatim while the prompt can hold it, and
+    only the overflow policy, :func:`plan_fold`, folds it, last)."""
     pinned = ctx.pinned_set
     users = [e for e in ctx.kept if e.role == "user" and e.has_user_text and e.seq not in pinned]
     if not any(e.has_user_text for e in ctx.recent) and users:
         users = users[:-1]
-    # The session's first user message is usually the task: it goes last, not first.
     first = _first_user_seq(ctx)
-    users = [e for e in users if e.seq != first] + [e for e in users if e.seq == first]
-    total = user_tokens(ctx)
-    excess = total - max_user_tokens
+    users = [e for e in users if e.seq != first]
+    excess = user_tokens(ctx) - max_user_tokens
     chosen: list[Entry] = []
     for entry in users:
         if excess <= 0:
-            break
-        if entry.seq == first and hard_cap is not None and total - sum(
-                e.tokens.overhead + e.tokens.text for e in chosen) <= hard_cap:
             break
         chosen.append(entry)
         excess -= entry.tokens.overhead + entry.tokens.text

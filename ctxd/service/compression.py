@@ -569,7 +569,7 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     others = ctx.used - words
     goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
     goal = max(cap // 2, min(goal, _low_water(policy, budget) - others))
-    chosen = plan_fold_users(ctx, goal, hard_cap=cap)
+    chosen = plan_fold_users(ctx, goal)
     moved = sum(e.view_tokens for e in chosen)
     if not chosen:
         return

@@ -216,7 +216,7 @@ def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, con
             drift.counted_input += context_before
             current = calibration.fit(drift.usage_samples, window)
             drift.usage_samples = calibration.remember(
-                drift.usage_samples, calibration.pair(reported, (context_before, history_before), current))
+                drift.usage_samples, calibration.pair(reported, (context_before, history_before), current, window))
     stats.drift.history_context += tokens.context
 
 

@@ -61,3 +61,11 @@ def test_a_slope_out_of_bounds_falls_back_to_the_ratio():
     # Reports that fall as the prompt grows are not one client on one line.
     samples = [(1_000, 1_500), (2_000, 1_400), (4_000, 1_300)]
     assert calibration.fit(samples, 32_768) == Fit(calibration.LOW, 0)
+
+
+def test_a_report_larger_than_the_window_teaches_nothing():
+    # An OpenHands run recorded with a 200k window, replayed at 8k: 82k reported input is
+    # no prompt of this session; learning a 2x ratio from it would halve the budget.
+    assert calibration.pair(82_372, (31_753, 31_753), None, 8192) is None
+    assert calibration.pair(8_000, (6_000, 31_753), None, 8192) == (6_000, 8_000)
+    assert calibration.pair(82_372, (31_753,), None) == (31_753, 82_372)  # window unknown

@@ -171,11 +171,11 @@ def test_merged_joins_ranges_and_facts():
     first = cp("a", "compact", tokens=300, seqs=(1, 10), compression_count=3,
                key_decisions=["Use JWT", "Use bcrypt"], files_modified=["src/a.py", "src/b.py"],
                tools_used=[ToolUse("Write", 2, ["Wrote src/a.py"]), ToolUse("Bash", 1)],
-               next_steps=["write tests"], errors=["E1", "E2", "E3"])
+               next_steps=["write tests"], errors=["E0", "E1", "E2", "E3"])
     second = cp("b", "moderate", tokens=500, seqs=(11, 20), compression_count=2,
                 key_decisions=["Use JWT", "Cookies are httpOnly"], files_modified=["src/b.py", "src/c.py"],
                 tools_used=[ToolUse("Write", 3, ["Wrote src/c.py"]), ToolUse("Read", 4)],
-                next_steps=[], errors=["E4", "E5", "E6"])
+                next_steps=[], errors=["E4", "E5", "E6", "E7", "E8"])
     m = merged(first, second, "both", 120, "llm", "2026-02-01T00:00:00Z", 7)
     assert m.kind == "summary" and m.level == "ultra"
     assert (m.seq_from, m.seq_to) == (1, 20)
@@ -193,7 +193,7 @@ def test_merged_joins_ranges_and_facts():
     assert tools["Write"].notable_uses == ["Wrote src/a.py", "Wrote src/c.py"]
     assert tools["Read"].count == 4
     assert m.next_steps == ["write tests"]  # the newer ones, or else the older ones
-    assert m.errors == ["E2", "E3", "E4", "E5", "E6"]
+    assert m.errors == ["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]  # the newest ERRORS_KEPT
     assert m.id not in ("a", "b")
 
 

@@ -727,16 +727,16 @@ def test_system_messages_stay_and_observations_are_compressed():
     assert 4 in sel.message_seqs and 1 not in sel.message_seqs
 
 
-def test_the_first_user_message_folds_only_past_the_share_itself():
+def test_the_first_user_message_is_never_folded_for_the_share():
     """Folding aims below the share (the loop guard's step); the session's first user
-    message, an agent's task, goes last and only when the share itself is exceeded."""
+    message, an agent's task, is not folded for it, even when it alone exceeds the share:
+    only the overflow policy folds it, when the prompt cannot fit otherwise."""
     ctx = folded_ctx([words(200, WORDS[0]), words(20, WORDS[1]), words(20, WORDS[2])],
                      recent=[assistant("ok"), user("now")])
     total = user_tokens(ctx)
-    chosen = plan_fold_users(ctx, max_user_tokens=total - 250, hard_cap=total - 40)
-    assert [e.seq for e in chosen] == [2, 3]  # the others go; the task stays (within the share)
-    chosen = plan_fold_users(ctx, max_user_tokens=total - 250, hard_cap=total - 100)
-    assert [e.seq for e in chosen] == [1, 2, 3]  # over the share even without the others: it goes too
+    chosen = plan_fold_users(ctx, max_user_tokens=total - 250)
+    assert [e.seq for e in chosen] == [2, 3]  # over the share even without the others: it stays
+    assert 1 in seqs(plan_fold(ctx, 0))  # the overflow policy may fold it
 
 
 def test_fold_with_a_rank_keeps_the_best_lines_in_their_order():
