@@ -41,6 +41,8 @@ def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
 
 async def prompt(svc: Service, params: PromptParams) -> PromptResult:
     state = await svc.cache.get(params.session_id)
+    if not state.compress_lock.locked():  # (a pass of this daemon is mid-way: memory is ahead, not behind)
+        await svc.cache.catch_up(state)  # shared storage: another daemon may have changed it
     await compression.ensure_fits(svc, state)
     async with state.lock:
         ctx = await svc.cache.context(state)

@@ -211,9 +211,11 @@ class SessionCache:
             self._loaded_tokens -= tokens
 
     async def catch_up(self, state: SessionState) -> None:
-        """On shared storage: reload the session if another daemon pushed to it or
-        compressed it since this one read it (before a compression pass, which must start
-        from what is stored). Nothing to do on a store only this daemon writes."""
+        """On shared storage: reload the session if another daemon pushed to it, compressed
+        it or changed its context (pins, goal) since this one read it, so no stale prompt
+        is handed out and a compression pass starts from what is stored. What is stored
+        is ahead of memory only through another daemon (this one stores each change as it
+        makes it). Nothing to do on a store only this daemon writes."""
         if not self.db.shared:
             return
         async with state.lock:
@@ -221,9 +223,9 @@ class SessionCache:
             if row is None:
                 self.forget(state.id)
                 raise session_not_found(state.id)
-            stored = decode_stored(row.context_state).compression
-            if (row.last_seq != state.row.last_seq or stored.compression_count != state.cstate.compression_count
-                    or stored.boundary != state.cstate.boundary):
+            stored, memory = decode_stored(row.context_state).compression, state.cstate
+            if (row.last_seq > state.row.last_seq or stored.compression_count > memory.compression_count
+                    or stored.revision > memory.revision or stored.boundary != memory.boundary):
                 await self.reload(state)
 
     def forget(self, session_id: str) -> None:

@@ -195,6 +195,9 @@ class PostgresDatabase(Database):
             except psycopg.OperationalError as exc:
                 if attempt == 2:
                     raise CtxdError(ErrorCode.StorageError, f"database read failed: {exc}") from exc
+                pool = self._pool
+                if pool is not None:  # the server restarted: replace every idle connection it dropped
+                    await anyio.to_thread.run_sync(pool.check)
             except psycopg_pool.PoolTimeout as exc:
                 raise CtxdError(ErrorCode.StorageError, f"database read failed: {exc}") from exc
             except psycopg.Error as exc:

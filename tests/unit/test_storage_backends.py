@@ -130,3 +130,53 @@ async def test_two_services_on_one_postgresql_database_keep_one_order(service: S
         assert contents == [t for _, t in acked] + ["catch up"] * (total - len(acked))
     finally:
         await other.close()
+
+
+async def test_a_prompt_through_another_daemon_is_never_stale(service: Service, service_config: Config,
+                                                              tmp_path: Path) -> None:
+    """A daemon whose active context is loaded hands out a prompt with what another daemon
+    pushed meanwhile (its cache is reloaded when the stored session moved on)."""
+    if service.db.dialect != "postgresql":
+        pytest.skip("two daemons on one database is PostgreSQL's case")
+    other = await Service.open(_twin(service_config, tmp_path), events=CollectingEvents())
+
+    async def contents(svc: Service) -> list[Any]:
+        result = await prompt.prompt(svc, params("context/prompt", sessionId="p", format="openai"))
+        return [m["content"] if isinstance(m, dict) else m.content for m in result.messages]
+
+    try:
+        await _create(service, "p")
+        await _push(service, "p", [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}])
+        assert await contents(other) == ["one", "two"]
+        await _push(service, "p", [{"role": "user", "content": "three"}])
+        assert await contents(other) == ["one", "two", "three"]
+        await _push(other, "p", [{"role": "assistant", "content": "four"}])
+        assert await contents(service) == ["one", "two", "three", "four"]
+        assert (await sessions.get_session(service, "p")).message_count == 4
+    finally:
+        await other.close()
+
+
+async def test_postgresql_restarted_mid_run_errors_clearly_then_resumes(service: Service, pg_server: Any) -> None:
+    """While the server is down a push fails with a StorageError (nothing half-stored);
+    once it is back the same Service pushes, reads and searches again by itself."""
+    if service.db.dialect != "postgresql":
+        pytest.skip("a database server to restart is PostgreSQL's case")
+    await _create(service, "r")
+    await _push(service, "r", [{"role": "user", "content": "before the restart"}])
+    pg_server.stop("fast")
+    try:
+        with pytest.raises(CtxdError) as err:
+            await _push(service, "r", [{"role": "user", "content": "while down"}])
+        assert err.value.code == ErrorCode.StorageError
+        with pytest.raises(CtxdError) as err:
+            await history.search(service, params("session/search", query="restart"))
+        assert err.value.code == ErrorCode.StorageError
+    finally:
+        pg_server.start()
+    result = await _push(service, "r", [{"role": "user", "content": "after the restart"}])
+    assert [m.seq for m in result.messages] == [2] and result.message_count == 2
+    page = await history.history(service, params("session/history", sessionId="r"))
+    assert [e.message.content for e in page.messages] == ["before the restart", "after the restart"]
+    found = await history.search(service, params("session/search", query="restart"))
+    assert sorted(h.seq for h in found.hits) == [1, 2]
