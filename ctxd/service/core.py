@@ -14,6 +14,7 @@ from ctxd import __version__
 from ctxd.config import Config
 from ctxd.service.events import EventSink, NullEvents
 from ctxd.service.indexer import SearchIndexer
+from ctxd.service.relay import RelayedEvents
 from ctxd.service.state import SessionCache
 from ctxd.service.summarizers import Summarizers
 from ctxd.store.backend import Storage, open_storage
@@ -24,6 +25,9 @@ class Service:
         self.config = config
         self.db = db
         self.events: EventSink = events or NullEvents()
+        self.relay: RelayedEvents | None = None
+        if db.shared:  # other daemons' clients hear about this one's changes, and back
+            self.events = self.relay = RelayedEvents(self.events, db)
         self.cache = SessionCache(db, config)
         self.summarizers = Summarizers(config)
         self.tasks: set[asyncio.Task[object]] = set()
@@ -42,6 +46,8 @@ class Service:
         except BaseException:  # e.g. a bad summarizer key file: the open database must not outlive it
             await db.close()
             raise
+        if service.relay is not None:
+            await db.subscribe(service.relay.received)
         service.indexer.start()
         return service
 

@@ -71,6 +71,14 @@ class Storage(Protocol):
         """Where the data is, fit for logs and status (never a password)."""
         ...
 
+    def publish(self, message: str) -> None:
+        """Tell the other daemons on this store (in order; nothing without any)."""
+        ...
+
+    async def subscribe(self, deliver: Callable[[str], None]) -> None:
+        """Have ``deliver(message)`` called with what other daemons publish."""
+        ...
+
 
 def is_postgres_url(url: str) -> bool:
     return url.startswith(POSTGRES_SCHEMES)

@@ -243,6 +243,12 @@ class Database:
     def describe(self) -> str:
         return str(self.path)
 
+    def publish(self, message: str) -> None:
+        """No other daemon to tell."""
+
+    async def subscribe(self, deliver: Callable[[str], None]) -> None:
+        """No other daemon to hear from."""
+
     @asynccontextmanager
     async def exclusive(self, key: str) -> AsyncIterator[None]:
         """Nothing to take: no other daemon writes this file (the session's own locks

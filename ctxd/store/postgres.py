@@ -55,6 +55,10 @@ TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, pg_erro
 BATCH_ATTEMPTS = 8
 CONNECT_TIMEOUT_SECONDS = 10
 MIGRATION_LOCK = "ctxd:migrations"
+CHANNEL = "ctxd_events"
+MAX_NOTIFY_BYTES = 7900
+"""PostgreSQL's NOTIFY payload limit is 8000 bytes."""
+RELISTEN_SECONDS = 1.0
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -104,6 +108,8 @@ class PostgresDatabase(Database):
         self._writer_task: asyncio.Task[None] | None = None
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._broken = False
+        self._outbox: asyncio.Queue[str] = asyncio.Queue()
+        self._relay_tasks: list[asyncio.Task[None]] = []
         self.commits = 0
         self.jobs = 0
 
@@ -159,6 +165,10 @@ class PostgresDatabase(Database):
                 raw.execute("INSERT INTO ctxd_schema (version, name) VALUES (%s, %s)", (version, name))
 
     async def close(self) -> None:
+        for task in self._relay_tasks:
+            task.cancel()
+        await asyncio.gather(*self._relay_tasks, return_exceptions=True)
+        self._relay_tasks.clear()
         await super().close()
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -179,6 +189,60 @@ class PostgresDatabase(Database):
             yield
         finally:
             await conn.close()
+
+    # --- messages between daemons (LISTEN/NOTIFY) ---------------------------------
+
+    def publish(self, message: str) -> None:
+        """Queue ``message`` for the other daemons; one connection sends them in order
+        (a NOTIFY is delivered in commit order). Larger than NOTIFY allows: dropped, logged."""
+        if len(message.encode()) > MAX_NOTIFY_BYTES:
+            log.warning("a notification of %d bytes is too large for the other daemons; not relayed",
+                        len(message.encode()))
+            return
+        if not any(t.get_name() == "ctxd-pg-notify" for t in self._relay_tasks):
+            self._relay_tasks.append(asyncio.create_task(self._send_loop(), name="ctxd-pg-notify"))
+        self._outbox.put_nowait(message)
+
+    async def _send_loop(self) -> None:
+        conn = None
+        while True:
+            message = await self._outbox.get()
+            try:
+                if conn is None or conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._kwargs())
+                await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, message))
+            except asyncio.CancelledError:
+                if conn is not None:
+                    await conn.close()
+                raise
+            except (psycopg.Error, StoreOpenError) as exc:  # the server is away: this one is lost
+                log.warning("could not tell the other daemons (%s)", exc)
+                conn = None
+
+    async def subscribe(self, deliver: Callable[[str], None]) -> None:
+        """LISTEN on a connection of its own; reconnects (and listens again) after a failure."""
+        ready = asyncio.get_running_loop().create_future()
+        self._relay_tasks.append(asyncio.create_task(self._listen_loop(deliver, ready), name="ctxd-pg-listen"))
+        await asyncio.wait([ready], timeout=CONNECT_TIMEOUT_SECONDS)
+
+    async def _listen_loop(self, deliver: Callable[[str], None], ready: asyncio.Future[None]) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True,
+                                                                 **self._kwargs()) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    if not ready.done():
+                        ready.set_result(None)
+                    async for note in conn.notifies():
+                        try:
+                            deliver(note.payload)
+                        except Exception:
+                            log.exception("a notification from another daemon could not be delivered")
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, StoreOpenError) as exc:
+                log.warning("listening to the other daemons failed (%s); trying again", exc)
+            await asyncio.sleep(RELISTEN_SECONDS)
 
     # --- reads ---------------------------------------------------------------------
 

@@ -14,7 +14,9 @@ import pytest
 
 from ctxd.config import Config, DaemonConfig, StorageConfig
 from ctxd.protocol.errors import CtxdError, ErrorCode
-from ctxd.service import history, ingest, prompt, sessions
+from ctxd.protocol.notifications import SessionUpdated
+from ctxd.protocol.snapshot import SnapshotCreated
+from ctxd.service import history, ingest, prompt, sessions, snapshots
 from ctxd.service.core import Service
 from ctxd.service.events import CollectingEvents
 from ctxd.store.backend import Storage
@@ -180,3 +182,41 @@ async def test_postgresql_restarted_mid_run_errors_clearly_then_resumes(service:
     assert [e.message.content for e in page.messages] == ["before the restart", "after the restart"]
     found = await history.search(service, params("session/search", query="restart"))
     assert sorted(h.seq for h in found.hits) == [1, 2]
+
+
+async def test_notifications_reach_the_clients_of_another_daemon(service: Service, service_config: Config,
+                                                                 events: CollectingEvents, tmp_path: Path) -> None:
+    """What is done through one daemon is announced to the subscribers of the other
+    (LISTEN/NOTIFY), in order, and a daemon does not hear its own events twice."""
+    if service.db.dialect != "postgresql":
+        pytest.skip("two daemons on one database is PostgreSQL's case")
+    heard = CollectingEvents()
+    other = await Service.open(_twin(service_config, tmp_path), events=heard)
+    try:
+        await _create(service, "n")
+        for i in range(5):
+            await _push(service, "n", [{"role": "user", "content": f"m{i}"}])
+        await snapshots.create(service, params("snapshot/create", sessionId="n", label="L"))
+        sent = events.methods("n")
+        assert sent.count("session/updated") >= 5 and "snapshot/created" in sent
+        for _ in range(1000):  # until the other daemon heard them all (no time limit asserted)
+            if len(heard.methods("n")) >= len(sent):
+                break
+            await asyncio.sleep(0.01)
+        assert heard.methods("n") == sent
+        assert [p.message_count for p in heard.of(SessionUpdated, "n")] == \
+            [p.message_count for p in events.of(SessionUpdated, "n")]
+        assert heard.of(SnapshotCreated, "n")[0].snapshot.label == "L"
+        # And the other way round: what the other daemon did, the first one's clients hear.
+        before = len(heard.methods("n"))
+        await _push(other, "n", [{"role": "user", "content": "from the other"}])
+        own = heard.methods("n")[before:]
+        assert own and own[0] == "session/updated"
+        for _ in range(1000):
+            if len(events.methods("n")) >= len(sent) + len(own):
+                break
+            await asyncio.sleep(0.01)
+        assert events.methods("n")[len(sent):] == own
+        assert events.of(SessionUpdated, "n")[-1].message_count == 6
+    finally:
+        await other.close()
