@@ -11,6 +11,16 @@ from ctxd.cli.main import json_option, request, settings_of
 from ctxd.cli.sessions import session_argument
 
 
+def _prompt_cache(cache: dict[str, Any]) -> str:
+    """How many prompts this daemon handed out started with the previous one (cacheable)."""
+    prompts = cache.get("prompts", 0)
+    share = cache.get("prefixKeptShare")
+    if not prompts or share is None:
+        return f"{render.num(prompts)} prompts served"
+    return (f"{render.num(prompts)} served; {render.num(cache.get('prefixKept', 0))} of "
+            f"{render.num(cache.get('compared', 0))} started with the previous one ({share:.0%})")
+
+
 def drift_cell(value: float | None) -> Any:
     """A drift ratio, highlighted when the encoding is clearly not the model's."""
     if value is None:
@@ -86,5 +96,6 @@ def stats(ctx: click.Context, session_id: str) -> None:
             ("watermark", f"seq {result.get('watermarkSeq', 0)}"),
             ("pinned", ", ".join(str(s) for s in result.get("pinned") or []) or "none"),
             ("reliability", f"{reliability.get('level', '-')} (score {reliability.get('score', '-')})"),
+            ("prompt cache", _prompt_cache(result.get("promptCache") or {})),
         ], title="Compression")
     render.fields(render.budget_pairs(result["budget"]), title="Budget")

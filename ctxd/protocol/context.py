@@ -134,6 +134,21 @@ class UsageDrift(msgspec.Struct, rename="camel"):
     """What the provider counts beside the pushed messages (``budget.tokenOverhead``)."""
 
 
+class PromptCacheStats(msgspec.Struct, rename="camel"):
+    """How cacheable the prompts handed out were (``context/prompt`` calls served by this
+    daemon since it loaded the session): a prompt that starts with the previous one of
+    the same format (same system part, the previous messages unchanged, new ones only
+    appended) lets the provider reuse its prompt cache; compressions break it."""
+
+    prompts: int = 0
+    compared: int = 0
+    """Prompts after the first of their format (each compared with the one before)."""
+    prefix_kept: int = 0
+    """Of those, the ones that started with the previous prompt of their format."""
+    prefix_kept_share: Union[float, None] = None
+    """``prefixKept`` / ``compared``; null before there is any."""
+
+
 class ContextStatsResult(msgspec.Struct, rename="camel"):
     session_id: str
     message_count: int
@@ -152,3 +167,4 @@ class ContextStatsResult(msgspec.Struct, rename="camel"):
     watermark_seq: int
     pruned_through_seq: int
     pinned: list[int]
+    prompt_cache: PromptCacheStats = msgspec.field(default_factory=PromptCacheStats)

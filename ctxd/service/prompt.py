@@ -25,6 +25,20 @@ def _version(ctx: ActiveContext) -> tuple[object, ...]:
     return (id(ctx), ctx.state.revision, len(ctx.kept), len(ctx.recent), last, ctx.system_text)
 
 
+def _count_prefix(state: SessionState, ctx: ActiveContext, fmt: str) -> None:
+    """Whether this prompt starts with the previous one of its format: nothing but
+    appends since (no compression, pin, goal or checkpoint change)."""
+    shape = (id(ctx), ctx.state.revision, len(ctx.kept), ctx.system_text)
+    last = len(ctx.recent)
+    before = state.handed_out.get(fmt)
+    state.prompts += 1
+    if before is not None:
+        state.prompts_followed += 1
+        if before[:-1] == shape and last >= before[-1]:  # type: ignore[operator]
+            state.prefix_kept += 1
+    state.handed_out[fmt] = (*shape, last)
+
+
 def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
     """The prompt in ``fmt``, rendered once per version of the active context."""
     version = _version(ctx)
@@ -47,6 +61,7 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
     async with state.lock:
         ctx = await svc.cache.context(state)
         out = rendered(state, ctx, params.format)
+        _count_prefix(state, ctx, params.format)
         budget = svc.cache.budget(state)
         row = state.row
     tokens = budget.prompt_tokens + out.extra_tokens

@@ -58,10 +58,17 @@ class SessionState:
     rendered: dict[str, tuple[tuple[object, ...], Rendered]] = field(default_factory=dict)
     """The last prompt rendered per format, with the context version it was made from."""
     renderers: dict[str, IncrementalRenderer] = field(default_factory=dict)
+    """Per format, what was rendered of the conversation so far (reused after pushes)."""
     last_prompt_tokens: int | None = None
     """The size of the last prompt handed out (ctxd's count), until a reply's usage is paired
     with it (engine/calibration.py)."""
-    """Per format, what was rendered of the conversation so far (reused after pushes)."""
+    handed_out: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    """Per format, what the last prompt handed out was made from (``PromptCacheStats``)."""
+    prompts: int = 0
+    prompts_followed: int = 0
+    """Prompts after the first of their format, and of those the ones that started with the
+    previous prompt of that format."""
+    prefix_kept: int = 0
 
     @property
     def id(self) -> str:

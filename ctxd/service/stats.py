@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ctxd.protocol.context import ContextStatsResult, KindStats, RoleStats, UsageDrift
+from ctxd.protocol.context import ContextStatsResult, KindStats, PromptCacheStats, RoleStats, UsageDrift
 from ctxd.service.core import Service
 from ctxd.service.notify import session_reliability
 
@@ -46,4 +46,7 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
         watermark_seq=cstate.watermark_seq,
         pruned_through_seq=cstate.prune_horizon(),
         pinned=list(cstate.pinned),
+        prompt_cache=PromptCacheStats(
+            prompts=state.prompts, compared=state.prompts_followed, prefix_kept=state.prefix_kept,
+            prefix_kept_share=round(state.prefix_kept / state.prompts_followed, 4) if state.prompts_followed else None),
     )

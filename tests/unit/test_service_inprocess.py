@@ -250,3 +250,19 @@ async def test_a_user_heavy_chat_leaves_a_step_of_room_after_each_pass(service: 
     assert all(n.after_tokens <= budget.max_prompt_tokens for n in passes)
     tiny = [n for n in passes if n.before_tokens - n.after_tokens < step]
     assert len(tiny) <= len(passes) // 10, [(n.layers, n.before_tokens, n.after_tokens) for n in tiny]
+
+
+async def test_stats_report_how_many_prompts_kept_the_previous_prefix(service: Service) -> None:
+    await _create(service, window=8192)
+    await _push(service, chat(0, 6))
+    await _prompt(service)
+    await _push(service, chat(6, 2))
+    await _prompt(service)
+    await _prompt(service)
+    cache = (await stats.stats(service, SID)).prompt_cache
+    assert (cache.prompts, cache.compared, cache.prefix_kept, cache.prefix_kept_share) == (3, 2, 2, 1.0)
+    assert (await controls.compress(service, params("context/compress", sessionId=SID))).compressed
+    await settle(service)
+    await _prompt(service)
+    cache = (await stats.stats(service, SID)).prompt_cache
+    assert (cache.prompts, cache.compared, cache.prefix_kept, cache.prefix_kept_share) == (4, 3, 2, 0.6667)
