@@ -543,13 +543,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _register() -> None:
-    from ctxd.cli import (context, daemon, doctor, history, info, prompt, push, replay, sessions, snapshots, stats,
-                          transfer, watch)
+    from ctxd.cli import (context, daemon, doctor, history, info, migrate, prompt, push, replay, sessions, snapshots,
+                          stats, transfer, watch)
 
     for command in (sessions.sessions, push.push, prompt.prompt, stats.stats, history.history, history.search,
                     context.compress, context.checkpoints, context.expand, context.pin, context.goal,
                     snapshots.snapshot, transfer.export, transfer.import_, replay.replay, watch.watch,
-                    doctor.doctor, daemon.daemon, info.config, info.paths, daemon.completion):
+                    doctor.doctor, migrate.migrate, daemon.daemon, info.config, info.paths, daemon.completion):
         cli.add_command(command)
 
 

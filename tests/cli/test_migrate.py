@@ -1,0 +1,70 @@
+"""``ctxd-cli migrate --to postgresql://...``: a SQLite database copied into a real
+PostgreSQL (tests/conftest.py), verified, and then served by a daemon on PostgreSQL as
+it was on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from ctxd.config import Config, DaemonConfig, StorageConfig
+from ctxd.protocol.methods import METHODS
+from ctxd.service import history, ingest, sessions, snapshots
+from ctxd.service.core import Service
+
+
+def _params(method: str, **raw: Any) -> Any:
+    return msgspec.convert(raw, METHODS[method].params)
+
+
+async def _fill(config: Config) -> dict[str, Any]:
+    svc = await Service.open(config)
+    try:
+        for sid in ("m1", "m2"):
+            await sessions.create_session(svc, _params("session/create", sessionId=sid, contextWindow=1_000_000,
+                                                       tags=["moved"], title=f"title {sid}"))
+            for i in range(5):
+                await ingest.push(svc, _params("session/push", sessionId=sid, messages=[
+                    {"role": "user", "content": f"{sid} question {i} about pelicans"},
+                    {"role": "assistant", "content": f"{sid} answer {i} é ✓ \u2028"}]))
+            await snapshots.create(svc, _params("snapshot/create", sessionId=sid, label="before the move"))
+        page = await history.history(svc, _params("session/history", sessionId="m1", limit=100))
+        return {"m1": [(e.seq, e.message.content) for e in page.messages]}
+    finally:
+        await svc.close()
+
+
+async def _check(config: Config, expected: dict[str, Any]) -> None:
+    svc = await Service.open(config)
+    try:
+        listed = await sessions.list_sessions(svc, _params("session/list", tag="moved"))
+        assert sorted((s.session_id, s.message_count, s.title) for s in listed) == \
+            [("m1", 10, "title m1"), ("m2", 10, "title m2")]
+        page = await history.history(svc, _params("session/history", sessionId="m1", limit=100))
+        assert [(e.seq, e.message.content) for e in page.messages] == expected["m1"]
+        snaps = await snapshots.list_snapshots(svc, "m2")
+        assert [s.label for s in snaps.snapshots] == ["before the move"]
+        found = await history.search(svc, _params("session/search", query="pelicans", limit=50))
+        assert len(found.hits) == 10  # the search index was rebuilt from the copied messages
+        result = await ingest.push(svc, _params("session/push", sessionId="m1", messages=[
+            {"role": "user", "content": "after the move"}]))
+        assert result.messages[0].seq == 11
+    finally:
+        await svc.close()
+
+
+def test_migrate_copies_sqlite_into_postgresql_verified(cli, pg_server) -> None:
+    sqlite_config = Config(daemon=DaemonConfig(data_dir=str(cli.data_dir)))
+    expected = asyncio.run(_fill(sqlite_config))
+    url = pg_server.create_database()
+    report = cli.json("migrate", "--to", url, "--database", str(sqlite_config.database_path))
+    assert report["tables"]["sessions"]["rows"] == 2 and report["tables"]["messages"]["rows"] == 20
+    assert report["tables"]["snapshots"]["rows"] == 2
+    asyncio.run(_check(Config(daemon=DaemonConfig(data_dir=str(cli.root / "pg")), storage=StorageConfig(url=url)),
+                       expected))
+    again = cli("migrate", "--to", url, "--database", str(sqlite_config.database_path), expect=1)
+    assert "already holds sessions" in again.error_line()
+    with_password = cli("migrate", "--to", url.replace("ctxd_test@", "ctxd_test:secret@"), expect=2)
+    assert "secret" not in with_password.stderr and "password" in with_password.stderr
