@@ -411,6 +411,9 @@ class _Handler(BaseHTTPRequestHandler):
     fake: FakeLLMServer
     protocol_version = "HTTP/1.1"
     server_version = "fake-llm/1.0"
+    # Headers and body are written apart: with Nagle on, the body waited for the client's
+    # delayed ACK, ~40 ms on every keep-alive request (docs/performance.md, "Proxy benchmark").
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
         pass
