@@ -26,6 +26,14 @@ from ctxd import __version__
 from ctxd.config import ConfigError, load_config, parse_assignment
 
 
+SWITCH_INTERVAL_SECONDS = 0.001
+"""How long a thread waiting for the interpreter lock waits before asking its holder to
+let go (Python's default is 5 ms). The daemon's event loop and its SQLite threads give
+the lock up at every system call and statement and must win it back each time: while
+threads decode and prepare a 168 MB push, a small push waited up to 5 ms per hop,
+hundreds of ms in all (docs/performance.md, "Fairness benchmark")."""
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -132,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     unix = args.socket is not None
     stdio = args.stdio or (not unix and args.tcp is None)
     daemon = Daemon(config, stdio=stdio, unix=unix, tcp_port=args.tcp)
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     try:
         return asyncio.run(daemon.run())
     except (StoreOpenError, TransportError, StartupError) as exc:

@@ -189,14 +189,17 @@ class Light(threading.Thread):
         self.method = method
         self.samples: list[tuple[float, float]] = []
         self.stopping = threading.Event()
+        self.until = float("inf")
         self.error: BaseException | None = None
 
     def run(self) -> None:
         n = 0
         start = time.perf_counter() + (INTERVAL / 2 if self.method == "session/push" else 0)
         try:
-            while not self.stopping.is_set():
+            while True:
                 due = start + n * INTERVAL
+                if self.stopping.is_set() and due > self.until:
+                    break
                 n += 1
                 wait = due - time.perf_counter()
                 if wait > 0:
@@ -216,7 +219,10 @@ class Light(threading.Thread):
         except BaseException as exc:  # noqa: BLE001 - reported by the scenario
             self.error = exc
 
-    def finish(self) -> None:
+    def finish(self, until: float = 0.0) -> None:
+        """Stop once every request due up to ``until`` was sent: a client held up past
+        the end of the heavy request still sends (and counts) what fell due meanwhile."""
+        self.until = until
         self.stopping.set()
         self.join(120)
         if self.error is not None:
@@ -336,7 +342,7 @@ def measure(lab: "Lab", scenario: str, heavy_name: str, heavy: Callable[[SocketC
         other = load.cores(sum(cpu_seconds(pid) for pid in pids) - ours)
         time.sleep(0.3)
         for light in lights:
-            light.finish()
+            light.finish(until=ended)
 
         def during(light: Light) -> list[float]:
             got = [s * 1000 for t, s in light.samples if started <= t <= ended]

@@ -180,6 +180,39 @@ async def test_any_other_cancellation_after_the_write_started_waits_for_the_comm
     assert await db.read(_keys) == ["stored"]
 
 
+async def test_commits_reach_the_database_file_through_the_checkpointer(tmp_path: Path) -> None:
+    """The writer never checkpoints (a COMMIT that did would hold every queued write
+    behind its copy and fsyncs); the checkpointer's connection copies commits into the
+    database file on its own thread."""
+    path = tmp_path / "data" / "ctxd.db"
+    database = Database(path)
+    await database.open()
+    try:
+        assert await database.write(lambda c: c.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 0
+        await database.write(_make_table)
+        for i in range(20):
+            await database.write(_insert, f"k{i:02d}", i)
+        copy = tmp_path / "copy.db"
+        found: list[str] = []
+        for _ in range(1000):  # until the database file alone (no WAL) holds every row
+            copy.write_bytes(path.read_bytes())
+            try:
+                conn = sqlite3.connect(f"file:{copy}?immutable=1", uri=True)
+                try:
+                    found = _keys(conn)
+                finally:
+                    conn.close()
+            except sqlite3.Error:
+                found = []
+            if len(found) == 20:
+                break
+            await asyncio.sleep(0.01)
+        assert found == [f"k{i:02d}" for i in range(20)]
+        assert database.checkpoints >= 1
+    finally:
+        await database.close()
+
+
 async def test_close_waits_for_queued_writes(tmp_path: Path) -> None:
     database = Database(tmp_path / "ctxd.db")
     await database.open()

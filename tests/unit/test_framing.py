@@ -1,0 +1,197 @@
+"""The frame reader on an in-memory stream: large bodies read into a buffer of their own
+size and decoded in pieces, delivered whole and once however they arrive, with the
+robustness of small frames (short bodies, bad JSON, resynchronisation) kept."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from typing import Any
+
+import msgspec
+import pytest
+
+from ctxd.server import framing
+from ctxd.server.framing import Frame, FrameError, FrameReader, decode_in_pieces
+
+_encode = msgspec.json.Encoder().encode
+
+
+def frame(payload: Any) -> bytes:
+    body = _encode(payload)
+    return b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+
+
+def push(msg_id: int, sizes: list[int]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": msg_id, "method": "session/push",
+            "params": {"sessionId": "s", "messages": [{"role": "user", "content": chr(97 + i % 26) * n}
+                                                      for i, n in enumerate(sizes)]}}
+
+
+async def read_all(chunks: list[bytes], *, stall_seconds: float = 5.0, eof: bool = True,
+                   max_frame_bytes: int = 1 << 30) -> list[Frame | FrameError]:
+    """Feed ``chunks`` one at a time, letting the reader run between them; every event."""
+    stream = asyncio.StreamReader(limit=1 << 16)
+    reader = FrameReader(stream, max_frame_bytes=max_frame_bytes, stall_seconds=stall_seconds)
+    events: list[Frame | FrameError] = []
+
+    async def consume() -> None:
+        while (event := await reader.next()) is not None:
+            events.append(event)
+
+    task = asyncio.create_task(consume())
+    for chunk in chunks:
+        stream.feed_data(chunk)
+        for _ in range(3):
+            await asyncio.sleep(0)
+    if eof:
+        stream.feed_eof()
+        await asyncio.wait_for(task, 30)
+    else:
+        await asyncio.sleep(stall_seconds * 3)
+        task.cancel()
+    return events
+
+
+def pieces(data: bytes, sizes: list[int]) -> list[bytes]:
+    out, at = [], 0
+    for size in sizes:
+        out.append(data[at:at + size])
+        at += size
+    out.append(data[at:])
+    return [c for c in out if c]
+
+
+async def test_a_large_body_in_many_chunks_is_delivered_whole_and_once() -> None:
+    big = push(1, [700_000, 900_000, 5])
+    small = {"jsonrpc": "2.0", "id": 2, "method": "session/get", "params": {"sessionId": "s"}}
+    data = frame(big) + frame(small)
+    # Odd chunk sizes: the header and the body's first bytes together, the body's end and
+    # the next frame's header together, single bytes.
+    chunks = pieces(data, [30, 1, 1, 65_537, 123_457, 1_000_000, 7, 500_000])
+    assert len(chunks) > 5
+    events = await read_all(chunks)
+    assert [type(e) for e in events] == [Frame, Frame]
+    assert events[0].message == big and events[1].message == small
+
+
+async def test_a_large_body_is_exactly_its_content_length() -> None:
+    big = push(1, [3_000_000])
+    data = frame(big) + b"Content-Length: 2\r\n\r\n{}"
+    events = await read_all(pieces(data, [100] + [65_536] * 60))
+    assert isinstance(events[0], Frame) and events[0].message == big
+    assert len(events[0].body) == len(_encode(big)) and bytes(events[0].body[-1:]) == b"}"
+    assert isinstance(events[1], Frame) and events[1].message == {}
+
+
+async def test_reading_a_large_frame_holds_its_body_once() -> None:
+    """The body is never copied whole: reading and decoding a frame of L bytes holds the
+    body (L), what it decodes to (about L) and a few chunks, not a grown buffer and copies
+    sliced out of it (3 L and more before it was changed)."""
+    content = 8_000_000
+    data = frame(push(1, [content]))
+    chunks = pieces(data, [65_536] * (len(data) // 65_536))
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        events = await read_all(chunks)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(events[0], Frame) and len(events[0].message["params"]["messages"][0]["content"]) == content
+    assert peak - before < 2.4 * len(data)
+
+
+async def test_a_large_body_that_stops_short_is_answered_and_the_frame_inside_it_kept() -> None:
+    inner = {"jsonrpc": "2.0", "id": 7, "method": "session/get", "params": {"sessionId": "s"}}
+    # A Content-Length of 2 MB, but only ~1.2 MB of body, then a whole frame, then nothing.
+    data = b"Content-Length: 2000000\r\n\r\n" + b'{"jsonrpc": "2.0", "x": "' + b"y" * 1_200_000 + frame(inner)
+    events = await read_all(pieces(data, [65_536] * 30), stall_seconds=0.05, eof=False)
+    assert isinstance(events[0], FrameError) and "stopped after" in events[0].reason
+    assert isinstance(events[1], Frame) and events[1].message == inner
+
+
+async def test_a_large_body_that_is_not_json_is_answered_and_the_next_frame_read() -> None:
+    after = {"jsonrpc": "2.0", "id": 3, "method": "session/get", "params": {"sessionId": "s"}}
+    body = b'{"jsonrpc": "2.0", "params": [' + b'"x",' * 400_000 + b"}"
+    data = b"Content-Length: %d\r\n\r\n%b" % (len(body), body) + frame(after)
+    events = await read_all([data])
+    assert isinstance(events[0], FrameError) and "not valid JSON" in events[0].reason
+    assert isinstance(events[1], Frame) and events[1].message == after
+
+
+async def test_a_large_body_that_is_not_utf8_is_answered() -> None:
+    body = b'{"jsonrpc": "2.0", "params": {"a": "' + b"z" * 1_100_000 + b'\xff"}}'
+    events = await read_all([b"Content-Length: %d\r\n\r\n%b" % (len(body), body)])
+    (event,) = events
+    assert isinstance(event, FrameError) and "not UTF-8" in event.reason
+
+
+async def test_a_large_frame_over_the_limit_is_skipped_and_the_next_read() -> None:
+    after = {"jsonrpc": "2.0", "id": 4, "method": "session/get", "params": {"sessionId": "s"}}
+    data = frame(push(1, [2_000_000])) + frame(after)
+    events = await read_all(pieces(data, [65_536] * 40), max_frame_bytes=1_000_000)
+    assert isinstance(events[0], FrameError) and "exceeds the limit" in events[0].reason
+    assert isinstance(events[1], Frame) and events[1].message == after
+
+
+DOCUMENTS = [
+    b'{"a": [1, 2, {"b": "xyz"}], "c": "hello", "a": [3]}',
+    b'  [ {"x": 1}, [[[[1]]]], "s", null, 1.5e3, true ]  ',
+    b'"a string"',
+    b"123",
+    b"{}",
+    b"[]",
+    b'{"a": {"b": {"c": {"d": [1, 2, 3]}}}}',
+    # failures: same exception type as a whole decode
+    b'{"a": [1, 2,]}',
+    b'{"a": "\xff\xfe"}',
+    b"[1] x",
+    b'{"a": [1, 2}',
+    b"",
+    b'[123456789012345678901234567890, -0, 1.0, 2e-3]',
+    b'{"a": [1e400]}',
+    b'[[[' + b'[' * 2000 + b']' * 2000 + b']]]',
+]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_decoding_in_pieces_gives_what_a_whole_decode_gives(document: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(framing, "PIECE_BYTES", 4)  # split everything that can be split
+
+    def outcome(decode: Any) -> Any:
+        try:
+            return ("value", decode(bytearray(document)))
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            return ("error", type(exc))
+
+    assert outcome(decode_in_pieces) == outcome(msgspec.json.decode)
+
+
+def test_a_large_push_is_decoded_one_message_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = framing._json_decode
+
+    def recording(data: Any) -> Any:
+        calls.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(framing, "_json_decode", recording)
+    monkeypatch.setattr(framing, "PIECE_BYTES", 100_000)
+    message = push(1, [300_000] * 5)
+    body = bytearray(_encode(message))
+    assert decode_in_pieces(body) == message
+    # Every whole decode got one message, never the body or the list: the outer
+    # containers were decoded by a first pass that kept each message as a Raw.
+    assert sorted(calls) == sorted(len(_encode(m)) for m in message["params"]["messages"])
+
+
+def test_nesting_is_split_only_a_few_levels_deep(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(framing, "PIECE_BYTES", 1)
+    calls: list[int] = []
+    real = framing._json_decode
+    monkeypatch.setattr(framing, "_json_decode", lambda data: calls.append(len(data)) or real(data))
+    document = b"[" * 50 + b"1" + b"]" * 50
+    assert decode_in_pieces(document) == msgspec.json.decode(document)
+    assert calls == [len(document) - 2 * framing.MAX_PIECE_DEPTH]
