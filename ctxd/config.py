@@ -300,6 +300,13 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return self.data_dir / "ctxd.db"
 
     @property
+    def database(self) -> str:
+        """Where the data lives, as ``daemon/status`` reports it: the PostgreSQL URL (which
+        never carries a password) or the SQLite file."""
+        url = self.storage.url
+        return url if url.startswith(("postgresql://", "postgres://")) else str(self.database_path)
+
+    @property
     def socket_path(self) -> Path:
         return Path(self.daemon.socket).expanduser() if self.daemon.socket else default_socket_path()
 

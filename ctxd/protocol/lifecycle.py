@@ -62,6 +62,7 @@ class DaemonStatusResult(msgspec.Struct, rename="camel"):
     uptime_seconds: float
     data_dir: str
     database: str
+    """The SQLite file, or the PostgreSQL URL (``storage.url``, which never carries a password)."""
     transports: list[str]
     connections: int
     sessions: int

@@ -228,7 +228,8 @@ async def test_daemon_status_and_stop_need_no_daemon(service: Service, service_c
     status = await lifecycle.status(req, Empty())
     assert status.pid == os.getpid() and status.sessions == 1 and status.connections == 0
     assert status.started_at == control.started_at and status.transports == ["unix:/tmp/x.sock"]
-    assert status.database == str(service_config.database_path) and status.summarizer == "extractive"
+    assert status.database == service_config.database and status.summarizer == "extractive"
+    assert status.database.startswith("postgresql://") == service_config.storage.url.startswith("postgresql://")
     assert await lifecycle.stop(req, Empty()) is None and control.stops == 1
 
 

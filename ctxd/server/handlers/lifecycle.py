@@ -65,7 +65,7 @@ async def status(req: "Request", params: Empty) -> DaemonStatusResult:
     return DaemonStatusResult(
         pid=os.getpid(), version=__version__, started_at=control.started_at,
         uptime_seconds=round(time.time() - svc.started, 3), data_dir=str(config.data_dir),
-        database=str(config.database_path), transports=control.transport_names(),
+        database=config.database, transports=control.transport_names(),
         connections=len(req.hub.connections), sessions=await svc.db.read(count_sessions),
         durability=config.storage.durability, summarizer=svc.summarizers.name,
     )
