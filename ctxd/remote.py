@@ -57,6 +57,13 @@ _EXIT_PROBE = 200
 _STREAM_LIMIT = 1 << 20
 
 
+def _tell(message: str) -> None:
+    """One line for the editor's log: stderr only (stdout carries the editor's frames),
+    whatever the log level, which is what an editor shows when its server fails."""
+    sys.stderr.write(f"ctxd --remote: {message}\n")
+    sys.stderr.flush()
+
+
 class FramingError(Exception):
     """What came in is not LSP base-protocol framing; the message says where and how."""
 
@@ -235,7 +242,7 @@ class Relay:
         stdout.close()
         self.daemon_writer.close()
         if self.error is not None:
-            print(f"ctxd --remote: {self.error}", file=sys.stderr, flush=True)
+            _tell(str(self.error))
             return EXIT_DAEMON_GONE
         return EXIT_OK
 
@@ -317,7 +324,7 @@ async def forward(target: Target, config: Config, *, config_file: str | None = N
     try:
         reader, writer = await open_daemon(target, config, config_file=config_file, data_dir=data_dir)
     except DaemonUnavailable as exc:
-        print(f"ctxd --remote: {exc}", file=sys.stderr, flush=True)
+        _tell(str(exc))
         return EXIT_UNAVAILABLE
     sock = writer.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

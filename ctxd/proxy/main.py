@@ -21,6 +21,12 @@ from typing import Any
 from ctxd.config import ConfigError, load_config, parse_assignment
 
 
+def _fail(message: str) -> None:
+    """A start-up failure, on stderr whatever the log level (the exit code is 2)."""
+    sys.stderr.write(f"ctxd proxy: {message}\n")
+    sys.stderr.flush()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ctxd proxy", description="An LLM API proxy on 127.0.0.1 backed by ctxd.")
     p.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (proxy.port; 0: any free port)")
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides.setdefault("daemon", {})["data_dir"] = args.data_dir
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
-        print(f"ctxd proxy: configuration error: {exc}", file=sys.stderr)
+        _fail(f"configuration error: {exc}")
         return 2
     level = "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.daemon.log_level
     logging.basicConfig(stream=sys.stderr, level=level.upper(),
@@ -84,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sock = listening_socket(config.proxy.port)
     except OSError as exc:
-        print(f"ctxd proxy: cannot listen on 127.0.0.1:{config.proxy.port}: {exc.strerror or exc}", file=sys.stderr)
+        _fail(f"cannot listen on 127.0.0.1:{config.proxy.port}: {exc.strerror or exc}")
         return 2
     try:
         return asyncio.run(_serve(config, sock, autostart=not args.no_autostart, config_file=args.config))
@@ -106,7 +112,7 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     try:
         await link.start()
     except DaemonUnavailable as exc:
-        print(f"ctxd proxy: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return 2
     timeout = httpx.Timeout(config.proxy.upstream_timeout_seconds, connect=config.proxy.connect_timeout_seconds)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
