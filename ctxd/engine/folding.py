@@ -216,4 +216,3 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
     folded.seq_from, folded.seq_to = min(seqs), max(seqs)
     measure(folded, count)
     return True
-
