@@ -7,6 +7,7 @@ from typing import Literal, Union
 import msgspec
 
 from ctxd.protocol.compression import Reliability
+from ctxd.protocol.message import Message
 from ctxd.protocol.providers import AnthropicMessage, AnthropicText, OllamaMessage, OpenAIMessage
 
 PromptFormat = Literal["openai", "anthropic", "ollama"]
@@ -50,11 +51,16 @@ class Budget(msgspec.Struct, rename="camel"):
 class PromptParams(msgspec.Struct, rename="camel"):
     """Ask for the prompt to send next, in one provider's wire shape. ``cacheControl``
     (Anthropic shape only): mark prompt-cache breakpoints on the system part and the
-    last message (default on)."""
+    last message (default on). ``push``: messages to append first, exactly as
+    ``session/push`` does (atomically, idempotency keys honoured), so that a turn costs
+    one round trip (``ctxd proxy`` uses it); the prompt then includes them. If the push
+    fails, the request fails with its error and nothing is stored; if the push succeeds
+    and the prompt then fails (ContextOverflow), the messages stay stored."""
 
     session_id: str
     format: PromptFormat = "openai"
     cache_control: bool = True
+    push: Union[list[Message], None] = None
 
 
 class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=True):

@@ -97,6 +97,8 @@ def decode_params(spec: MethodSpec, raw: Any) -> Any:
                             f"(it takes {', '.join(sorted(known)) or 'no fields'})", {"field": unknown[0]})
     if spec.name == "session/push":
         accept_native_names(raw.get("messages"))
+    elif spec.name == "context/prompt":
+        accept_native_names(raw.get("push"))
     try:
         return msgspec.convert(raw, spec.params)
     except msgspec.ValidationError as exc:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from ctxd.engine.context import ActiveContext
 from ctxd.engine.render import IncrementalRenderer, Rendered, cache_breakpoints
 from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, PromptParams, PromptResult
-from ctxd.service import compression
+from ctxd.protocol.session import SessionPushParams
+from ctxd.service import compression, ingest
 from ctxd.service.core import Service
 from ctxd.service.notify import session_reliability
 from ctxd.service.state import SessionState
@@ -54,6 +55,8 @@ def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
 
 
 async def prompt(svc: Service, params: PromptParams) -> PromptResult:
+    if params.push:  # one round trip for a turn: the push, then the prompt that includes it
+        await ingest.push(svc, SessionPushParams(session_id=params.session_id, messages=params.push))
     state = await svc.cache.get(params.session_id)
     if not state.compress_lock.locked():  # (a pass of this daemon is mid-way: memory is ahead, not behind)
         await svc.cache.catch_up(state)  # shared storage: another daemon may have changed it
