@@ -68,3 +68,29 @@ def test_migrate_copies_sqlite_into_postgresql_verified(cli, pg_server) -> None:
     assert "already holds sessions" in again.error_line()
     with_password = cli("migrate", "--to", url.replace("ctxd_test@", "ctxd_test:secret@"), expect=2)
     assert "secret" not in with_password.stderr and "password" in with_password.stderr
+
+
+def test_migrate_back_from_postgresql_into_a_new_sqlite_file_verified(cli, pg_server) -> None:
+    """SQLite -> PostgreSQL -> SQLite: every table's count and checksum the same both ways,
+    and the file served as the original was (history, snapshots, search, the next seq)."""
+    sqlite_config = Config(daemon=DaemonConfig(data_dir=str(cli.data_dir)))
+    expected = asyncio.run(_fill(sqlite_config))
+    url = pg_server.create_database()
+    there = cli.json("migrate", "--to", url, "--database", str(sqlite_config.database_path))
+    back_dir = cli.root / "back"
+    back_dir.mkdir(mode=0o700)
+    target = back_dir / "ctxd.db"
+    back = cli.json("migrate", "--from", url, "--to", str(target))
+    assert back["tables"] == there["tables"]  # the same rows, value for value
+    assert back["tables"]["messages"]["rows"] == 20 and back["tables"]["snapshots"]["rows"] == 2
+    assert target.stat().st_mode & 0o077 == 0
+    asyncio.run(_check(Config(daemon=DaemonConfig(data_dir=str(back_dir))), expected))
+
+    again = cli("migrate", "--from", url, "--to", str(target), expect=2)
+    assert "exists" in again.error_line()
+    elsewhere = cli.root / "other.db"
+    empty = pg_server.create_database()
+    refused = cli("migrate", "--from", empty, "--to", str(elsewhere), expect=1)
+    assert "no ctxd database" in refused.error_line() and not elsewhere.exists()
+    nothing = cli("migrate", "--to", str(elsewhere), expect=2)  # no PostgreSQL named anywhere
+    assert "nothing to copy from" in nothing.error_line()
