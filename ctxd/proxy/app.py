@@ -8,7 +8,6 @@ and never logged; ``X-Ctxd-*`` headers are the proxy's own and are not forwarded
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,7 +22,7 @@ from ctxd.client import DaemonUnavailable, RpcError
 from ctxd.config import ProxyConfig
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy import apis
-from ctxd.proxy.convert import Api
+from ctxd.proxy.convert import Api, dumps, loads
 from ctxd.proxy.sessions import Conversation, Sessions, Tracked
 
 log = logging.getLogger("ctxd.proxy")
@@ -73,9 +72,7 @@ class Proxy:
             return await self.passthrough(request, api, body=raw)
         body, parts, conv = read
         try:
-            tracked = await self.sessions.sync(conv)
-            chain_then = list(tracked.chain)
-            prompt = await self.sessions.prompt(tracked, api)
+            tracked, chain_then, prompt = await self.sessions.turn(conv, api)
         except RpcError as exc:
             return self._ctxd_error(api, exc)
         except (DaemonUnavailable, OSError) as exc:
@@ -87,7 +84,7 @@ class Proxy:
                   prompt.get("tokens", 0))
         upstream = self.http.build_request("POST", self.upstream_url(api, request.url.path),
                                            headers=self.forward_headers(request, json_body=True),
-                                           params=request.query_params, content=json.dumps(out).encode())
+                                           params=request.query_params, content=dumps(out))
         streaming = apis.is_streaming(api, body)
         try:
             response = await self.http.send(upstream, stream=streaming)
@@ -116,7 +113,7 @@ class Proxy:
         """The request's body, its parts and the conversation it belongs to; None for a body
         that is not a chat (it passes through as it is)."""
         try:
-            body = json.loads(raw)
+            body = loads(raw)
         except ValueError:
             return None
         if not isinstance(body, dict) or apis.messages_of(api, body) is None:
@@ -142,7 +139,7 @@ class Proxy:
     async def _push_whole(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
                           response: httpx.Response) -> None:
         try:
-            reply = apis.reply_of(api, response.json())
+            reply = apis.reply_of(api, loads(response.content))
         except ValueError:
             log.warning("session %s: the upstream's answer is not JSON; nothing pushed", tracked.id)
             return
@@ -153,22 +150,20 @@ class Proxy:
         if reply.error or not reply.complete or not reply.messages:
             log.warning("session %s: the reply is not pushed (%s)", tracked.id, reply.error or "incomplete")
             return
-        try:
-            await self.sessions.push_reply(tracked, chain_then, conv, reply.messages, reply.usage)
-        except (RpcError, DaemonUnavailable, OSError) as exc:
-            # The client has its answer; it sends the reply back with its next request,
-            # which pushes it then (without usage).
-            log.warning("session %s: pushing the reply failed: %s", tracked.id, exc)
+        # Sent, not waited for: should it fail, the client sends the reply back with its
+        # next request, which pushes it then (without usage).
+        await self.sessions.push_reply(tracked, chain_then, conv, reply.messages, reply.usage)
 
     async def _relay(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
                      response: httpx.Response) -> AsyncIterator[bytes]:
         """Each upstream chunk goes to the client as it arrives; the reply is assembled on
-        the way and pushed once the stream ended whole. The chunk that completes the reply
-        (``[DONE]``, ``message_stop``, ``done: true``, ``response.completed``) is held until
-        the push is done: a client that sends its next request as soon as the stream ends
-        then finds the reply stored with its usage (else that request would push the
-        client's copy, without usage). A client that hangs up cancels this generator, which
-        closes the upstream request."""
+        the way and pushed once the stream ended whole. The push is sent before the chunk
+        that completes the reply (``[DONE]``, ``message_stop``, ``done: true``,
+        ``response.completed``) is relayed, and the session's next request waits for its
+        answer: a client that sends its next request as soon as the stream ends finds the
+        reply stored with its usage (else that request would push the client's copy,
+        without usage). A client that hangs up cancels this generator, which closes the
+        upstream request."""
         assembler = apis.Assembler(api)
         pushed = False
         try:
@@ -235,7 +230,7 @@ class Proxy:
             return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
                                 status_code=503)
         try:
-            response = await self.http.post(self.upstream_url(api, request.url.path), content=json.dumps(out).encode(),
+            response = await self.http.post(self.upstream_url(api, request.url.path), content=dumps(out),
                                              headers=self.forward_headers(request, json_body=True),
                                              params=request.query_params)
         except httpx.TimeoutException as exc:

@@ -117,7 +117,8 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     timeout = httpx.Timeout(config.proxy.upstream_timeout_seconds, connect=config.proxy.connect_timeout_seconds)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
     async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
-        proxy = Proxy(config.proxy, Sessions(link, default_window=config.proxy.context_window), http)
+        sessions = Sessions(link, default_window=config.proxy.context_window)
+        proxy = Proxy(config.proxy, sessions, http)
         server = uvicorn.Server(uvicorn.Config(build_app(proxy), log_level="warning", access_log=False,
                                                lifespan="off", timeout_graceful_shutdown=5))
         port = sock.getsockname()[1]
@@ -125,6 +126,7 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
         try:
             await server.serve(sockets=[sock])
         finally:
+            await sessions.drain()  # replies pushed and not yet answered
             await link.close()
     return 0
 

@@ -78,13 +78,23 @@ class DaemonLink:
 
 
 @dataclass
+class Pending:
+    """A reply's push sent and not answered yet, and the chain before it."""
+
+    task: asyncio.Task[Any]
+    before: list[str]
+
+
+@dataclass
 class Tracked:
-    """A session the proxy pushes to: its id, the hash chain of what it pushed, its system prompt."""
+    """A session the proxy pushes to: its id, the hash chain of what it pushed (a reply in
+    flight included), its system prompt, the reply push in flight."""
 
     id: str
     chain: list[str]
     system: str | None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pending: Pending | None = None
 
 
 @dataclass
@@ -167,6 +177,7 @@ class Sessions:
         self._locks: dict[str, asyncio.Lock] = {}
         self._recent: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._remembered = remembered
+        self._pushing: set[asyncio.Task[Any]] = set()
 
     def read(self, api: Api, body: dict[str, Any], parts: Split, *, session: str | None,
              window: int | None) -> Conversation:
@@ -289,36 +300,49 @@ class Sessions:
 
     # --- what a request does -----------------------------------------------------------
 
-    async def sync(self, conv: Conversation) -> Tracked:
-        """Make the session hold the client's conversation: push what it lacks (or fork)."""
+    async def turn(self, conv: Conversation, fmt: Api) -> tuple[Tracked, list[str], dict[str, Any]]:
+        """Make the session hold the client's conversation (push what it lacks, or fork)
+        and get its prompt: the session, its chain then (what the reply extends) and the
+        prompt. The last batch of new messages rides on ``context/prompt`` (``push``), so a
+        turn is one daemon round trip."""
         async with self.lock(conv.base_id):
             tracked = await self.resolve(conv.base_id)
             if tracked is None:
                 tracked = await self._create(conv, conv.base_id, {})
             async with tracked.lock:
+                await self._settle(tracked)
                 known = tracked.chain
                 if len(known) > len(conv.chain) or conv.chain[:len(known)] != known:
                     at = next((i for i, (a, b) in enumerate(zip(known, conv.chain)) if a != b),
                               min(len(known), len(conv.chain)))
                     fork = await self._fork(conv, tracked, at)
                     async with fork.lock:
-                        await self._push_new(conv, fork)
-                    return fork
-                await self._push_new(conv, tracked)
-                return tracked
+                        return fork, *await self._push_and_prompt(conv, fork, fmt)
+                return tracked, *await self._push_and_prompt(conv, tracked, fmt)
 
-    async def _push_new(self, conv: Conversation, tracked: Tracked) -> None:
+    async def _push_and_prompt(self, conv: Conversation, tracked: Tracked,
+                               fmt: Api) -> tuple[list[str], dict[str, Any]]:
         if conv.parts.system_text and conv.parts.system_text != (tracked.system or ""):
             await self.link.request(tracked.id, "session/update",
                                     {"sessionId": tracked.id, "systemPrompt": conv.parts.system_text})
             tracked.system = conv.parts.system_text
-        start = len(tracked.chain)
-        for begin in range(start, len(conv.items), PUSH_BATCH):
-            batch = []
-            for index in range(begin, min(begin + PUSH_BATCH, len(conv.items))):
-                batch.append(self._stamped(conv.items[index][0], conv.chain[index]))
+        begin = len(tracked.chain)
+        while len(conv.items) - begin > PUSH_BATCH:  # a long history the session lacks: all but the last batch
+            batch = [self._stamped(conv.items[i][0], conv.chain[i]) for i in range(begin, begin + PUSH_BATCH)]
             await self.link.request(tracked.id, "session/push", {"sessionId": tracked.id, "messages": batch})
-            tracked.chain = conv.chain[:begin + len(batch)]
+            begin += PUSH_BATCH
+            tracked.chain = conv.chain[:begin]
+        last = [self._stamped(conv.items[i][0], conv.chain[i]) for i in range(begin, len(conv.items))]
+        try:
+            prompt = await self.prompt(tracked, fmt, push=last)
+        except BaseException:
+            if last:
+                # Stored or not is unknown (the push may have committed before the prompt
+                # failed): the chain is read again from history by the next request.
+                self._tracked.pop(tracked.id, None)
+            raise
+        tracked.chain = list(conv.chain)
+        return list(tracked.chain), prompt
 
     @staticmethod
     def _stamped(message: dict[str, Any], hash_: str, usage: dict[str, int] | None = None) -> dict[str, Any]:
@@ -334,17 +358,23 @@ class Sessions:
             out["usage"] = usage
         return out
 
-    async def prompt(self, tracked: Tracked, fmt: Api) -> dict[str, Any]:
-        params = {"sessionId": tracked.id, "format": "openai" if fmt == "responses" else fmt}
+    async def prompt(self, tracked: Tracked, fmt: Api, *, push: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"sessionId": tracked.id, "format": "openai" if fmt == "responses" else fmt}
         if fmt == "anthropic":
             params["cacheControl"] = False  # the proxy places breakpoints (apis.py)
+        if push:
+            params["push"] = push
         return await self.link.request(tracked.id, "context/prompt", params)
 
     async def push_reply(self, tracked: Tracked, chain_then: list[str], conv: Conversation,
                          messages: list[dict[str, Any]], usage: dict[str, int]) -> bool:
         """Push the upstream's reply, unless the session moved on meanwhile (another request
         of the conversation already pushed the client's copy of it). The usage goes on the
-        last message pushed."""
+        last message pushed.
+
+        The push is sent now and its answer is not waited for (the client gets its reply
+        meanwhile): the next request of the session waits for it first (:meth:`_settle`),
+        and if it failed, that request pushes the client's copy of the reply instead."""
         items = reply_items(conv.api, conv, messages)
         if not items:
             return False
@@ -357,15 +387,50 @@ class Sessions:
             for n, (converted, part) in enumerate(items):
                 chain.append(chain_hash(chain[-1] if chain else "", part))
                 stamped.append(self._stamped(converted, chain[-1], usage if n == len(items) - 1 else None))
-            await self.link.request(tracked.id, "session/push", {"sessionId": tracked.id, "messages": stamped})
+            task = asyncio.get_running_loop().create_task(
+                self.link.request(tracked.id, "session/push", {"sessionId": tracked.id, "messages": stamped}))
             tracked.chain = chain
+            tracked.pending = Pending(task, list(chain_then))
+            self._pushing.add(task)
+            task.add_done_callback(lambda done: self._pushed(tracked, done))
             return True
+
+    def _pushed(self, tracked: Tracked, task: asyncio.Task[Any]) -> None:
+        """A reply's push is answered: log a failure (the next request repairs the chain)."""
+        self._pushing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("session %s: pushing the reply failed: %s; the client's copy is pushed with its "
+                        "next request", tracked.id, task.exception())
+
+    async def _settle(self, tracked: Tracked) -> None:
+        """Wait for the reply push still in flight, if any; if it failed, the chain is
+        what it was before it (the client's copy of the reply is then pushed as new)."""
+        pending, tracked.pending = tracked.pending, None
+        if pending is None:
+            return
+        try:
+            await asyncio.shield(pending.task)
+        except asyncio.CancelledError:
+            if not pending.task.done():
+                tracked.pending = pending  # this request was cancelled; the push goes on
+                raise
+            tracked.chain = pending.before
+        except Exception:  # logged by _pushed
+            tracked.chain = pending.before
+
+    async def drain(self) -> None:
+        """Wait for every reply push in flight (before the proxy closes its daemon link)."""
+        while self._pushing:
+            await asyncio.gather(*self._pushing, return_exceptions=True)
 
     async def peek(self, conv: Conversation) -> tuple[Tracked | None, int]:
         """For count_tokens: the session as it is (nothing pushed, nothing created) and how
         many of the client's messages it already holds (-1: it disagrees)."""
         async with self.lock(conv.base_id):
             tracked = await self.resolve(conv.base_id)
+            if tracked is not None:
+                async with tracked.lock:
+                    await self._settle(tracked)
         if tracked is None:
             return None, -1
         known = tracked.chain
