@@ -173,7 +173,7 @@ def _derive(state: SessionState, watermark_tools: tuple[str, ...], inserted: lis
         if markers:
             goal = apply_markers(goal, markers, now)
             changed = True
-        if watermark_tools:
+        if watermark_tools and (message.tool_calls or isinstance(message.content, list)):
             entry = Entry.of(seq, message, _NO_TOKENS)
             found = find_checkpoint_call([entry], watermark_tools, state.cstate.watermark_seq)
             if found is not None:
@@ -203,21 +203,28 @@ def _title_of(message: Message) -> str | None:
 def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int,
                history_before: int, window: int) -> None:
     stats.add_message(message, tokens)
-    usage = message.usage
-    if usage is not None:
-        drift = stats.drift
-        drift.messages += 1
-        if usage.output_tokens is not None and message.role == "assistant":
-            drift.reported_output += usage.output_tokens
-            drift.counted_output += tokens.text + tokens.tool_call + tokens.thinking
-        if usage.input_tokens is not None:
-            reported = usage.input_tokens + (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0)
-            drift.reported_input += reported
-            drift.counted_input += context_before
-            current = calibration.fit(drift.usage_samples, window)
-            drift.usage_samples = calibration.remember(
-                drift.usage_samples, calibration.pair(reported, (context_before, history_before), current, window))
+    if message.usage is not None:
+        _add_usage(stats, message, tokens, context_before, history_before, window)
     stats.drift.history_context += tokens.context
+
+
+def _add_usage(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int,
+               history_before: int, window: int) -> None:
+    """The drift figures of a message that carries the provider's usage report."""
+    usage = message.usage
+    assert usage is not None
+    drift = stats.drift
+    drift.messages += 1
+    if usage.output_tokens is not None and message.role == "assistant":
+        drift.reported_output += usage.output_tokens
+        drift.counted_output += tokens.text + tokens.tool_call + tokens.thinking
+    if usage.input_tokens is not None:
+        reported = usage.input_tokens + (usage.cache_read_tokens or 0) + (usage.cache_write_tokens or 0)
+        drift.reported_input += reported
+        drift.counted_input += context_before
+        current = calibration.fit(drift.usage_samples, window)
+        drift.usage_samples = calibration.remember(
+            drift.usage_samples, calibration.pair(reported, (context_before, history_before), current, window))
 
 
 def _copy_stats(stats: SessionStats) -> SessionStats:
@@ -247,28 +254,36 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
     stored: list[StoredMessage] = []
     added_tokens = added_context = 0
     context_before = state.stored.figures.prompt
+    counted: list[tuple[Message, MessageTokens]] = []
+    drift = stats.drift
+    history_context = drift.history_context
     for (message, body, key), tokens in zip(prepared, counts):
-        if key is not None and key in seen:
-            seq, total = seen[key]
-            results.append(PushedMessage(seq=seq, tokens=total, duplicate=True))
-            continue
+        if key is not None:
+            if key in seen:
+                seq, total = seen[key]
+                results.append(PushedMessage(seq=seq, tokens=total, duplicate=True))
+                continue
+            seen[key] = (last_seq + 1, tokens.total)
         last_seq += 1
         clean = msgspec.structs.replace(message, idempotency_key=None) if key else message
         to_insert.append((last_seq, NewMessage(message, body, tokens, key, now)))
         stored.append(StoredMessage(last_seq, now, tokens, clean))
-        if key is not None:
-            seen[key] = (last_seq, tokens.total)
-        sent = context_before + added_context
-        if message.usage is not None and state.last_prompt_tokens is not None:
-            # The reply to the prompt ctxd handed out: that is what the provider counted
-            # (a pass may have changed the context since).
-            sent, state.last_prompt_tokens = state.last_prompt_tokens, None
-        _add_stats(stats, message, tokens, sent,
-                   PROMPT_PRIMING + state.stored.figures.system + stats.drift.history_context,
-                   state.context_window)
-        added_context += tokens.context
+        counted.append((message, tokens))
+        context = tokens.context
+        if message.usage is not None:  # (what _add_stats does, the role and kind totals after the loop)
+            sent = context_before + added_context
+            if state.last_prompt_tokens is not None:
+                # The reply to the prompt ctxd handed out: that is what the provider counted
+                # (a pass may have changed the context since).
+                sent, state.last_prompt_tokens = state.last_prompt_tokens, None
+            _add_usage(stats, message, tokens, sent,
+                       PROMPT_PRIMING + state.stored.figures.system + history_context, state.context_window)
+        history_context += context
+        added_context += context
         added_tokens += tokens.total
         results.append(PushedMessage(seq=last_seq, tokens=tokens.total))
+    drift.history_context = history_context
+    stats.add_messages(counted)
     derived = _derive(state, watermark_tools, [(m.seq, m.message) for m in stored], now)
     title = None
     if state.row.title is None:
@@ -287,8 +302,9 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         message_store.insert_messages(conn, state.id, to_insert)
     session_store.update_totals(conn, state.id, last_activity=now, added_messages=len(to_insert),
                                 added_tokens=added_tokens, context_tokens=new_state.figures.prompt,
-                                last_seq=last_seq, stats=stats)
-    session_store.save_context(conn, state.id, context_state=msgspec.json.encode(new_state), goal=derived.goal)
+                                last_seq=last_seq, stats=stats, context_state=msgspec.json.encode(new_state))
+    if derived.goal is not False:
+        session_store.save_context(conn, state.id, goal=derived.goal)
     return _Outcome(results, stored, stats, added_tokens, last_seq, now, derived, title)
 
 

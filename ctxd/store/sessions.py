@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import msgspec
 
@@ -55,47 +55,73 @@ class SessionStats(msgspec.Struct):
 
     def add_message(self, message: Message, tokens: MessageTokens) -> None:
         """Count one message into the role and kind totals (the drift is the caller's)."""
-        role = self.by_role.get(message.role)
-        if role is None:
-            role = self.by_role[message.role] = RoleTotals()
-        role.messages += 1
-        role.tokens += tokens.total
-        content = message.content
-        n_text = 1 if isinstance(content, str) and content else 0
-        n_call = len(message.tool_calls or ())
-        n_result = n_thinking = 0
-        for block in content if isinstance(content, list) else ():
-            if isinstance(block, TextBlock):
-                n_text += 1
-            elif isinstance(block, ToolUseBlock):
-                n_call += 1
-            elif isinstance(block, ToolResultBlock):
-                n_result += 1
-            elif isinstance(block, ThinkingBlock):
-                n_thinking += 1
-        if message.role == "tool":
-            n_text, n_result = 0, max(n_result, 1)
+        self.add_messages(((message, tokens),))
+
+    def add_messages(self, counted: Iterable[tuple[Message, MessageTokens]]) -> None:
+        """Count messages into the role and kind totals (the drift is the caller's). A push's
+        batch is summed in local variables first and added to the Structs once: this runs on
+        the writer, inside the push's transaction, for every message."""
+        roles: dict[str, list[int]] = {}
+        n_text = n_call = n_result = n_thinking = n_framing = 0
+        t_text = t_call = t_result = t_thinking = t_framing = 0
+        for message, tokens in counted:
+            role = message.role
+            totals = roles.get(role)
+            if totals is None:
+                totals = roles[role] = [0, 0]
+            totals[0] += 1
+            totals[1] += tokens.total
+            content = message.content
+            calls = message.tool_calls
+            if role == "tool":  # all tool output, whatever form its content takes
+                results = 0
+                if isinstance(content, list):
+                    for block in content:
+                        if isinstance(block, ToolResultBlock):
+                            results += 1
+                        elif isinstance(block, ToolUseBlock):
+                            n_call += 1
+                        elif isinstance(block, ThinkingBlock):
+                            n_thinking += 1
+                n_result += results or 1
+            elif isinstance(content, str):
+                if content:
+                    n_text += 1
+            elif content:
+                for block in content:
+                    if isinstance(block, TextBlock):
+                        n_text += 1
+                    elif isinstance(block, ToolUseBlock):
+                        n_call += 1
+                    elif isinstance(block, ToolResultBlock):
+                        n_result += 1
+                    elif isinstance(block, ThinkingBlock):
+                        n_thinking += 1
+            if calls:
+                n_call += len(calls)
+            n_framing += 1
+            t_text += tokens.text
+            t_call += tokens.tool_call
+            t_result += tokens.tool_result
+            t_thinking += tokens.thinking
+            t_framing += tokens.overhead
+        for role, (messages, role_tokens) in roles.items():
+            kept = self.by_role.get(role)
+            if kept is None:
+                kept = self.by_role[role] = RoleTotals()
+            kept.messages += messages
+            kept.tokens += role_tokens
         by_kind = self.by_kind
         if not by_kind.keys() >= _KIND_SET:  # (once per session: every kind is listed, zeros included)
             for kind in KINDS:
                 if kind not in by_kind:
                     by_kind[kind] = KindTotals()
-        # Spelled out: this runs for every pushed message.
-        totals = by_kind["text"]
-        totals.blocks += n_text
-        totals.tokens += tokens.text
-        totals = by_kind["toolCall"]
-        totals.blocks += n_call
-        totals.tokens += tokens.tool_call
-        totals = by_kind["toolResult"]
-        totals.blocks += n_result
-        totals.tokens += tokens.tool_result
-        totals = by_kind["thinking"]
-        totals.blocks += n_thinking
-        totals.tokens += tokens.thinking
-        totals = by_kind["framing"]
-        totals.blocks += 1
-        totals.tokens += tokens.overhead
+        for kind, blocks, kind_tokens in (("text", n_text, t_text), ("toolCall", n_call, t_call),
+                                          ("toolResult", n_result, t_result),
+                                          ("thinking", n_thinking, t_thinking), ("framing", n_framing, t_framing)):
+            totals = by_kind[kind]
+            totals.blocks += blocks
+            totals.tokens += kind_tokens
 
 
 _stats_decoder = msgspec.json.Decoder(SessionStats)
@@ -220,13 +246,22 @@ def update_totals(
     context_tokens: int,
     last_seq: int,
     stats: SessionStats,
+    context_state: bytes | None = None,
 ) -> None:
-    conn.execute(
-        "UPDATE sessions SET last_activity = ?, message_count = message_count + ?, "
-        "token_count = token_count + ?, context_tokens = ?, last_seq = ?, stats = ? WHERE id = ?",
-        (last_activity, added_messages, added_tokens, context_tokens, last_seq,
-         _json.encode(stats).decode(), session_id),
-    )
+    """A push's totals (and its active context's stored state, in the same statement: one
+    rewrite of the row instead of two)."""
+    args: tuple[Any, ...] = (last_activity, added_messages, added_tokens, context_tokens, last_seq,
+                             _json.encode(stats).decode())
+    if context_state is None:
+        conn.execute(
+            "UPDATE sessions SET last_activity = ?, message_count = message_count + ?, "
+            "token_count = token_count + ?, context_tokens = ?, last_seq = ?, stats = ? WHERE id = ?",
+            (*args, session_id))
+    else:
+        conn.execute(
+            "UPDATE sessions SET last_activity = ?, message_count = message_count + ?, "
+            "token_count = token_count + ?, context_tokens = ?, last_seq = ?, stats = ?, context_state = ? "
+            "WHERE id = ?", (*args, context_state.decode(), session_id))
 
 
 def last_seq_for_push(conn: sqlite3.Connection, session_id: str) -> int | None:
