@@ -446,13 +446,23 @@ class AliasGroup(click.Group):
         return super().get_command(ctx, cmd_name) or self.aliases.get(cmd_name)
 
 
+class _InertFormatter(logging.Formatter):
+    """Log lines go to the user's terminal and quote answers (stored content) and refusals:
+    nothing in them may drive it (JSON escapes C0 controls, but not DEL or C1's CSI)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from ctxd.cli.render import safe
+
+        return safe(super().format(record))
+
+
 def setup_logging(verbose: int) -> None:
     """``-v``: what ctxd-cli does (configuration, daemon, each request and its time) on
     stderr; ``-vv``/``--debug``: every request and answer too, and tracebacks."""
     if verbose <= 0:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("ctxd-cli: %(message)s"))
+    handler.setFormatter(_InertFormatter("ctxd-cli: %(message)s"))
     for name in ("ctxd.cli", "ctxd.client"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]

@@ -120,3 +120,15 @@ def test_human_output_on_a_terminal_is_inert(hostile: Cli) -> None:
             assert payload not in without_sgr, (args, payload)
         assert "\x1b" not in without_sgr.replace("\x1b[?25l", "").replace("\x1b[?25h", ""), (args, without_sgr)
         assert shown in without_sgr, (args, without_sgr)
+
+
+def test_verbose_and_debug_logs_are_inert(hostile: Cli) -> None:
+    """``-v``/``--debug`` write the requests, the answers (stored content) and the daemon's
+    refusals on stderr, to the same terminal: neutralised as well."""
+    for args in (("--debug", "history", "evil\x1b]0;id\x07"), ("-v", "history", "nope\x1b]52;c;cm0gLXJmIH4K\x07"),
+                 ("--debug", "search", "clip")):
+        result = hostile(*args, expect=None)
+        assert "ctxd-cli:" in result.stderr, result.stderr
+        for char in BAD:  # (the payloads may show, JSON-escaped: inert)
+            assert char not in result.stderr, (args, char, result.stderr)
+        assert not any(ord(c) < 0x20 and c not in "\n\t" for c in result.stderr), result.stderr
