@@ -87,20 +87,20 @@ class Proxy:
                                            params=request.query_params, content=dumps(out))
         streaming = apis.is_streaming(api, body)
         try:
-            response = await self.http.send(upstream, stream=streaming)
+            response = await self._send(upstream)
         except httpx.TimeoutException as exc:
             return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
         except httpx.HTTPError as exc:
             return self._upstream_error(api, 502, f"the upstream could not be reached: {type(exc).__name__}: {exc}")
         if not streaming or response.status_code != 200:
-            if streaming:
-                try:
-                    await response.aread()
-                except httpx.HTTPError as exc:
-                    await response.aclose()
-                    return self._upstream_error(api, 502, f"the upstream's error answer was cut: {exc}")
-                finally:
-                    await response.aclose()
+            try:
+                await response.aread()
+            except httpx.TimeoutException as exc:
+                return self._upstream_error(api, 504, f"the upstream stopped sending its answer ({type(exc).__name__})")
+            except httpx.HTTPError as exc:
+                return self._upstream_error(api, 502, f"the upstream's answer was cut: {type(exc).__name__}: {exc}")
+            finally:
+                await response.aclose()
             if response.status_code == 200:
                 await self._push_whole(api, conv, tracked, chain_then, response)
             return Response(response.content, status_code=response.status_code,
@@ -192,6 +192,26 @@ class Proxy:
         finally:
             await response.aclose()
 
+    async def _send(self, upstream: httpx.Request, *, replayable: bool = True) -> httpx.Response:
+        """The upstream's answer, returned once its headers are in (the body is read or
+        relayed by the caller).
+
+        A pooled keep-alive connection that the upstream closes just as it is reused (its
+        idle timeout and httpx's pool racing: seen as a 502 under load) fails before any
+        answer: "Server disconnected without sending a response", a reset, a broken pipe.
+        The upstream did not take the request, so it is sent once more, on a new
+        connection, when its body can be sent again. So is a refused connection. Nothing
+        is sent again once an answer began, nor after a timeout."""
+        try:
+            return await self.http.send(upstream, stream=True)
+        except (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+            if not replayable or (isinstance(exc, httpx.RemoteProtocolError)
+                                  and "without sending a response" not in str(exc)):
+                raise
+            log.info("the upstream closed a connection before answering (%s); sending the request again",
+                     type(exc).__name__)
+            return await self.http.send(upstream, stream=True)
+
     def _ctxd_error(self, api: Api, exc: RpcError) -> Response:
         if exc.code == ErrorCode.ContextOverflow:
             # What the providers answer for a prompt too long: agents compact on it.
@@ -229,10 +249,15 @@ class Proxy:
         except (DaemonUnavailable, OSError) as exc:
             return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
                                 status_code=503)
+        upstream = self.http.build_request("POST", self.upstream_url(api, request.url.path), content=dumps(out),
+                                           headers=self.forward_headers(request, json_body=True),
+                                           params=request.query_params)
         try:
-            response = await self.http.post(self.upstream_url(api, request.url.path), content=dumps(out),
-                                             headers=self.forward_headers(request, json_body=True),
-                                             params=request.query_params)
+            response = await self._send(upstream)
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
         except httpx.TimeoutException as exc:
             return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
         except httpx.HTTPError as exc:
@@ -253,12 +278,14 @@ class Proxy:
     async def passthrough(self, request: Request, api: Api | None = None, *, body: bytes | None = None) -> Response:
         """Forward unchanged, both ways, streaming (``/v1/models``, ``/api/tags``, ``/api/show``...)."""
         api = api or self.api_of(request)
+        if body is None and "content-length" not in request.headers and "transfer-encoding" not in request.headers:
+            body = b""  # no body (GET...): the request can be sent again
         content: Any = body if body is not None else request.stream()
         upstream = self.http.build_request(request.method, self.upstream_url(api, request.url.path),
                                            headers=self.forward_headers(request, json_body=False),
                                            params=request.query_params, content=content)
         try:
-            response = await self.http.send(upstream, stream=True)
+            response = await self._send(upstream, replayable=body is not None)
         except httpx.TimeoutException as exc:
             return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
         except httpx.HTTPError as exc:
