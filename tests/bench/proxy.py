@@ -7,7 +7,12 @@ reached directly.
   by a turn per request, proxied and direct requests alternating;
 * time to the first streamed byte, proxied and direct;
 * 100 concurrent streaming conversations of 3 turns each through the proxy: wall time,
-  per-request p50/p99, and that every session holds its 6 messages.
+  per-request p50/p99, that every session holds its 6 messages, and the proxy's RSS;
+* a 300-turn Anthropic conversation (a tool call and its output each turn, the client's
+  cache breakpoints on its system prompt and last message) at an 8K window: the share of
+  upstream requests that start with the previous request's content up to its last cache
+  breakpoint, and the input tokens sent in all, through the proxy and direct (the
+  client's own requests, sent to the fake upstream until one no longer fits).
 
 Real processes: a ctxd daemon and ``ctxd proxy`` in subprocesses, the fake upstream
 (tests/proxy/upstream.py) in a thread of this process, httpx as the client.
@@ -26,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
+from ctxd.tokens import TokenCounter
 from tests.bench.spine import Result, fmt, machine, percentile, table
 from tests.e2e.helpers import Daemon, short_dir
 from tests.proxy.conftest import ProxyProcess
@@ -56,6 +63,160 @@ async def _first_byte(http: httpx.AsyncClient, url: str, messages: list[dict[str
                     delta = json.loads(line[6:])["choices"][0]["delta"]
                     text += delta.get("content") or ""
     return first or 0.0, (time.perf_counter() - start) * 1000, text
+
+
+LONG_WINDOW = 8192
+LONG_MAX_TOKENS = 1024
+LONG_SYSTEM = "You are a build agent. Check each module with the tool, then report."
+LONG_TOOLS = [{"name": "check_build", "description": "Check a module's build.",
+               "input_schema": {"type": "object", "properties": {"module": {"type": "string"}}}}]
+LONG_OUTPUT = " ".join(f"line {i}: build step finished, file src/module_{i}.py compiled" for i in range(25))
+
+
+def _blocks(body: dict[str, Any]) -> tuple[list[str], int]:
+    """A Messages API request as the sequence its prompt cache sees (tools, system blocks,
+    then each message's blocks, breakpoints left out), and the index of its last block
+    with a cache breakpoint (-1: none)."""
+    out = [json.dumps(body.get("tools"), sort_keys=True)]
+    last = -1
+    system = body.get("system")
+    for block in [{"type": "text", "text": system}] if isinstance(system, str) else system or []:
+        last = len(out) if "cache_control" in block else last
+        out.append(json.dumps({k: v for k, v in block.items() if k != "cache_control"}, sort_keys=True))
+    for message in body["messages"]:
+        content = message["content"]
+        for block in [{"type": "text", "text": content}] if isinstance(content, str) else content:
+            last = len(out) if "cache_control" in block else last
+            out.append(message["role"] + json.dumps({k: v for k, v in block.items() if k != "cache_control"},
+                                                    sort_keys=True))
+    return out, last
+
+
+def prefix_kept(bodies: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """How many requests start with the previous request's content up to its last cache
+    breakpoint (what Anthropic's prompt cache can reuse), of how many had a previous one,
+    and how many of the others differ first where ctxd cleared an old tool output."""
+    kept = pruned = 0
+    previous: tuple[list[str], int] | None = None
+    for body in bodies:
+        blocks = _blocks(body)
+        if previous is not None and previous[1] >= 0:
+            end = previous[1] + 1
+            if blocks[0][:end] == previous[0][:end]:
+                kept += 1
+            else:
+                at = next(i for i in range(end) if i >= len(blocks[0]) or blocks[0][i] != previous[0][i])
+                pruned += at < len(blocks[0]) and "[Old tool result cleared by ctxd" in blocks[0][at]
+        previous = blocks
+    return kept, max(0, len(bodies) - 1), pruned
+
+
+def input_tokens(counter: TokenCounter, body: dict[str, Any]) -> int:
+    """The request's prompt in ctxd's count: the text of the system prompt, the tool
+    schemas, and each block (a tool call's name and input, a tool result's text)."""
+    texts = [json.dumps(body.get("tools"))]
+    system = body.get("system")
+    texts += [system] if isinstance(system, str) else [b.get("text", "") for b in system or []]
+    for message in body["messages"]:
+        content = message["content"]
+        for block in [{"type": "text", "text": content}] if isinstance(content, str) else content:
+            if block.get("type") == "tool_use":
+                texts.append(block["name"] + json.dumps(block.get("input")))
+            elif block.get("type") == "tool_result":
+                inner = block.get("content")
+                texts.append(inner if isinstance(inner, str) else " ".join(b.get("text", "") for b in inner or []))
+            else:
+                texts.append(block.get("text", ""))
+    return sum(_counted(counter, t) for t in texts)
+
+
+_COUNTS: dict[str, int] = {}
+
+
+def _counted(counter: TokenCounter, text: str) -> int:
+    """Each block is counted once (the client resends its whole history every turn)."""
+    if text not in _COUNTS:
+        _COUNTS[text] = counter.count(text)
+    return _COUNTS[text]
+
+
+async def long_conversation(http: httpx.AsyncClient, upstream: FakeUpstream, proxy_url: str, turns: int,
+                            daemon: Daemon) -> list[Result]:
+    """``turns`` turns of an agent through the proxy, each client request also sent direct
+    while it fits the window."""
+    counter = TokenCounter.for_model("claude-sonnet-4")
+    headers = {"x-api-key": "bench", "anthropic-version": "2023-06-01", "x-ctxd-session": "bench-long",
+               "x-ctxd-context-window": str(LONG_WINDOW)}
+    messages: list[dict[str, Any]] = []
+    client_bodies: list[dict[str, Any]] = []
+    fits = True
+    direct_sent = 0
+
+    async def send(body: dict[str, Any]) -> dict[str, Any]:
+        nonlocal fits, direct_sent
+        client_bodies.append(body)
+        if fits and input_tokens(counter, body) + LONG_MAX_TOKENS <= LONG_WINDOW:
+            (await http.post(upstream.url + "/v1/messages", json=body, headers={**headers, "x-bench": "direct"})) \
+                .raise_for_status()
+            direct_sent += 1
+        else:
+            fits = False
+        response = await http.post(proxy_url + "/v1/messages", json=body, headers={**headers, "x-bench": "proxy"})
+        response.raise_for_status()
+        return response.json()
+
+    def marked(history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The client's body: breakpoints on its system prompt and its last message, as Claude Code puts them."""
+        out = [dict(m) for m in history]
+        last = out[-1]
+        content = last["content"] if isinstance(last["content"], list) else [{"type": "text", "text": last["content"]}]
+        last["content"] = [*content[:-1], dict(content[-1], cache_control={"type": "ephemeral"})]
+        return {"model": MODEL, "max_tokens": LONG_MAX_TOKENS, "tools": LONG_TOOLS, "messages": out,
+                "system": [{"type": "text", "text": LONG_SYSTEM, "cache_control": {"type": "ephemeral"}}]}
+
+    start = time.perf_counter()
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Request {turn}: please use the tool to check the build of "
+                                                    f"module {turn}."})
+        reply = await send(marked(messages))
+        messages.append({"role": "assistant", "content": reply["content"]})
+        call = next(b for b in reply["content"] if b["type"] == "tool_use")
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
+                                                      "content": f"{LONG_OUTPUT} (turn {turn})"}]})
+        reply = await send(marked(messages))
+        messages.append({"role": "assistant", "content": reply["content"]})
+    wall = time.perf_counter() - start
+    proxied = [r.json for r in upstream.chats("/v1/messages") if r.headers.get("x-bench") == "proxy"]
+    direct = [r.json for r in upstream.chats("/v1/messages") if r.headers.get("x-bench") == "direct"]
+    assert len(proxied) == len(client_bodies)
+    kept, followed, pruned = prefix_kept(proxied)
+    kept_direct, followed_direct, _ = prefix_kept(direct)
+    tokens_proxied = [input_tokens(counter, b) for b in proxied]
+    tokens_client = [input_tokens(counter, b) for b in client_bodies]
+    n = len(direct)
+    from tests.proxy.conftest import sessions
+    info = next(i for i in await sessions(daemon) if i["sessionId"] == "bench-long")
+    results = [
+        Result("proxy", f"{turns}-turn conversation at {LONG_WINDOW // 1024}K: requests", len(proxied), "",
+               details={"wall_s": wall, "direct_requests_that_fit": n}),
+        Result("proxy", "  prefix up to the last breakpoint kept, through the proxy",
+               100 * kept / followed if followed else 0, "%", 100 * kept_direct / followed_direct
+               if followed_direct else None, f"direct, first {n} requests",
+               details={"kept": kept, "followed": followed, "compressions": info.get("compressionCount", 0),
+                        "pruned": pruned}),
+        Result("proxy", "  requests that did not keep it: an old tool output cleared", pruned, "",
+               details={"other": followed - kept - pruned}),
+        Result("proxy", "  compression passes (each starts a new prefix)", info.get("compressionCount", 0), ""),
+        Result("proxy", "  input tokens sent, all requests, through the proxy", sum(tokens_proxied), "tokens",
+               sum(tokens_client), "the client's bodies (direct would not fit)",
+               details={"largest_request": max(tokens_proxied)}),
+        Result("proxy", f"  input tokens sent, the first {n} requests (direct fits)", sum(tokens_proxied[:n]),
+               "tokens", sum(tokens_client[:n]), "direct",
+               sum(tokens_proxied[:n]) / sum(tokens_client[:n]) if n else None),
+        Result("proxy", "  largest request through the proxy", max(tokens_proxied), "tokens",
+               LONG_WINDOW, "the window"),
+    ]
+    return results
 
 
 async def run(args: argparse.Namespace) -> list[Result]:
@@ -113,15 +274,32 @@ async def run(args: argparse.Namespace) -> list[Result]:
                         msgs += [{"role": "assistant", "content": text},
                                  {"role": "user", "content": f"Conversation {n} turn {turn}."}]
 
+                assert proxy.proc is not None
+                process = psutil.Process(proxy.proc.pid)
+                rss_idle = process.memory_info().rss
+                rss_peak = rss_idle
+                done = asyncio.Event()
+
+                async def sample_rss() -> None:
+                    nonlocal rss_peak
+                    while not done.is_set():
+                        rss_peak = max(rss_peak, process.memory_info().rss)
+                        await asyncio.sleep(0.02)
+
+                sampler = asyncio.create_task(sample_rss())
                 start = time.perf_counter()
                 await asyncio.gather(*(conversation(n) for n in range(args.conversations)))
                 wall = time.perf_counter() - start
+                done.set()
+                await sampler
                 results.append(Result("proxy", f"{args.conversations} concurrent streaming conversations x 3 turns, "
                                       "wall", wall * 1000, "ms",
                                       details={"p50_ms": percentile(per_request, 50),
                                                "p99_ms": percentile(per_request, 99)}))
                 results.append(Result("proxy", "  per streamed request p50", percentile(per_request, 50), "ms"))
                 results.append(Result("proxy", "  per streamed request p99", percentile(per_request, 99), "ms"))
+                results.append(Result("proxy", "  proxy RSS, peak under that load", rss_peak / 2**20, "MiB",
+                                      rss_idle / 2**20, "before it"))
                 from tests.proxy.conftest import history
                 complete = 0
                 for n in range(args.conversations):
@@ -129,6 +307,9 @@ async def run(args: argparse.Namespace) -> list[Result]:
                         complete += 1
                 results.append(Result("proxy", "conversations with all 6 messages stored", complete, "",
                                       target=f"{args.conversations}", passed=complete == args.conversations))
+                # 4. A long conversation: prompt caching and tokens sent.
+                if args.turns:
+                    results += await long_conversation(http, upstream, proxy.url, args.turns, daemon)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -141,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.proxy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--conversations", type=int, default=100)
+    parser.add_argument("--turns", type=int, default=300, help="turns of the long conversation (0: none)")
     parser.add_argument("--out", default="bench-results/proxy.json")
     args = parser.parse_args(argv)
     results = asyncio.run(run(args))
