@@ -39,6 +39,7 @@ import msgspec
 
 from ctxd.client import DaemonUnavailable, daemon_log_path, start_daemon
 from ctxd.config import Config
+from ctxd.ownership import PrivateFileError, read_private_file
 from ctxd.server.connection import Writer
 from ctxd.server.transports import open_stdio
 
@@ -206,11 +207,13 @@ async def open_daemon(target: Target, config: Config, *, config_file: str | None
 def _read_token(config: Config) -> str | None:
     path = config.token_path
     try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except OSError as exc:
+        return read_private_file(path, "TCP token file") or None
+    except FileNotFoundError as exc:
         log.warning("no TCP token from %s (%s): initialize goes to the daemon as the editor sent it",
                     path, exc.strerror or exc)
-        return None
+    except PrivateFileError as exc:
+        log.warning("no TCP token: %s; initialize goes to the daemon as the editor sent it", exc)
+    return None
 
 
 class Relay:

@@ -33,6 +33,7 @@ import click
 
 from ctxd.client import Client, DaemonUnavailable, RpcError, daemon_log_path, start_daemon, try_connect_unix
 from ctxd.config import Config, ConfigError, load_config
+from ctxd.ownership import PrivateFileError, read_private_file
 from ctxd.protocol.errors import ErrorCode
 
 log = logging.getLogger("ctxd.cli")
@@ -210,15 +211,16 @@ async def initialize_client(client: Client, settings: Settings | None = None) ->
 
 
 def read_token(settings: Settings) -> str:
+    """The token to send: read as the daemon reads it (``read_private_file``), since it is
+    sent to whatever listens on the port."""
     path = settings.token_path
     try:
-        token = path.read_text(encoding="utf-8").strip()
+        token = read_private_file(path, "TCP token file")
     except FileNotFoundError:
         raise CliError(f"no TCP token file at {path}: a daemon started with --tcp creates it (its "
                        "daemon.token_file); give that file with --token-file", EXIT_UNAVAILABLE) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"cannot read the TCP token file {path}: {getattr(exc, 'strerror', None) or exc}",
-                       EXIT_UNAVAILABLE) from None
+    except PrivateFileError as exc:
+        raise CliError(f"{exc}; nothing was sent", EXIT_UNAVAILABLE) from None
     if not token:
         raise CliError(f"the TCP token file {path} is empty", EXIT_UNAVAILABLE)
     return token

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from ctxd.ownership import foreign, owner, writable_dir
+from ctxd.ownership import PrivateFileError, foreign, owner, read_private_file, writable_dir
 from ctxd.server.connection import Writer
 
 log = logging.getLogger(__name__)
@@ -257,27 +257,13 @@ async def serve_tcp(port: int, on_connection: OnConnection) -> asyncio.AbstractS
 
 def load_or_create_token(path: Path) -> str:
     """The TCP token: created (0600, in a 0700 directory) on first use; refused if others
-    can read it or it is not this user's file."""
+    can read it, it is not this user's file, or it is a symbolic link (never followed)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        token = read_private_file(path, "token file")
     except FileNotFoundError:
         return _create_token(path)
-    except OSError as exc:
-        raise TransportError(f"cannot read the token file {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        mode = stat.S_IMODE(st.st_mode)
-        if not stat.S_ISREG(st.st_mode):
-            raise TransportError(f"token file {path} is not a regular file")
-        if foreign(st):
-            raise TransportError(f"token file {path} belongs to {owner(st.st_uid)}, not to this user; remove it "
-                                 f"(a new one is created) or set daemon.token_file")
-        if mode & 0o077:
-            raise TransportError(f"token file {path} is readable by other users (mode {mode:o}); run: chmod 600 {path}")
-        try:
-            token = f.read(4096).decode("utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TransportError(f"cannot read the token file {path}: {exc}") from None
+    except PrivateFileError as exc:
+        raise TransportError(str(exc)) from None
     if not token:
         raise TransportError(f"token file {path} is empty")
     return token

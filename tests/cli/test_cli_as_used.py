@@ -233,6 +233,7 @@ def test_tcp(cli: Cli) -> None:
 
         wrong = cli.root / "wrong-token"
         wrong.write_text("0" * 64)
+        wrong.chmod(0o600)
         refused = cli("--tcp", str(port), "--token-file", str(wrong), "sessions", "list", expect=1).error_line()
         assert "(-33006)" in refused and str(wrong) in refused  # the token file it sent
         missing = cli("--tcp", str(port), "--token-file", str(cli.root / "none"), "sessions", "list", expect=3)
