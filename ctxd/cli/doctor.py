@@ -1,8 +1,10 @@
-"""``ctxd-cli doctor``: check the database file, and recover what can be read into a new one.
+"""``ctxd-cli doctor``: check the database, and recover what can be read of a SQLite file.
 
 Works without a daemon (and never starts one): it reads ``DATA_DIR/ctxd.db`` itself,
-read-only. ``--recover`` writes ``ctxd.recovered-<UTC time>.db`` next to it and says
-how to switch; the old file is never changed.
+read-only, or the PostgreSQL database ``storage.url`` (or ``--url``) names, in one
+read-only transaction (``doctor/check_pg.py``). ``--recover`` writes
+``ctxd.recovered-<UTC time>.db`` next to a SQLite file and says how to switch; the old
+file is never changed. PostgreSQL keeps its own pages, so it has no ``--recover``.
 """
 
 from __future__ import annotations
@@ -160,9 +162,43 @@ def recovery_pairs(result: Any) -> list[tuple[str, Any]]:
     return pairs
 
 
+def _postgres(url: str, password_file: str, recover: bool, json_output: bool) -> None:
+    """The check of a PostgreSQL database: printed, and the exit code."""
+    from ctxd.doctor.check_pg import check_postgres
+
+    if recover:
+        raise CliError("--recover copies what can be read of a damaged SQLite file; PostgreSQL keeps its own pages "
+                       "(crash recovery, backups, pg_amcheck). For a verified SQLite copy of this database: "
+                       "ctxd-cli migrate --to FILE", EXIT_USAGE)
+    try:
+        report = check_postgres(url, password_file)
+    except ImportError as exc:
+        raise CliError(f"the PostgreSQL driver is missing ({exc}): pip install 'ctxd[postgres]'",
+                       EXIT_REFUSED) from None
+    if json_output:
+        render.print_json({"database": url, "ok": report.ok, "diskUse": {"database": report.size,
+                                                                       "total": report.size},
+                           "check": report.to_json(), "recovery": None, "recoveryError": None, "switch": [],
+                           "daemonRunning": None})
+    else:
+        pairs = check_pairs(report)
+        pairs[0] = ("database", url)
+        pairs.insert(1, ("disk use", _size(report.size)))
+        render.fields(pairs, title="ctxd doctor")
+        render.line("")
+        if report.ok:
+            render.line(render.Styled("healthy: no problems found", "bold green"))
+        else:
+            render.line(render.Styled(f"{render.count(len(report.problems), 'problem')} found", "bold red"))
+    if not report.ok:
+        raise click.exceptions.Exit(EXIT_REFUSED)
+
+
 @click.command("doctor")
 @click.option("--data-dir", "data_dir", metavar="DIR", help="The data directory to check (default: from the "
               "configuration, like the rest of ctxd-cli).")
+@click.option("--url", "url", metavar="URL", help="Check this PostgreSQL database (default: storage.url when it "
+              "names one).")
 @click.option("--database", "database", metavar="FILE", type=click.Path(dir_okay=False),
               help="Check this database file instead (e.g. a recovered one before switching to it).")
 @click.option("--recover", is_flag=True, help="Copy everything readable into a new file next to the old one "
@@ -170,13 +206,14 @@ def recovery_pairs(result: Any) -> list[tuple[str, Any]]:
 @click.option("--json", "json_", is_flag=True, expose_value=False, callback=_set_json,
               help="Print the report (and the recovery's) as JSON, and nothing else, on stdout.")
 @click.pass_context
-def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recover: bool) -> None:
+def doctor(ctx: click.Context, data_dir: str | None, url: str | None, database: str | None, recover: bool) -> None:
     """Check ctxd's database without a daemon; with --recover, save what can be read.
 
     \b
     Checks: SQLite's integrity check, the schema version, the full-text search
     index, and each session's totals against its messages. The file is opened
-    read-only; no daemon is started.
+    read-only; no daemon is started. On PostgreSQL (storage.url or --url) the
+    same checks but the pages', in one read-only transaction; no --recover.
 
     \b
     Exit codes: 0 healthy (with --recover: the new file was written),
@@ -185,9 +222,23 @@ def doctor(ctx: click.Context, data_dir: str | None, database: str | None, recov
     """
     from ctxd import doctor as store_doctor
 
+    from ctxd.store.backend import is_postgres_url
+
     settings = settings_of(ctx)
-    if database and data_dir:
-        raise click.UsageError("give --data-dir or --database, not both")
+    if sum(map(bool, (database, data_dir, url))) > 1:
+        raise click.UsageError("give one of --data-dir, --database and --url")
+    if url is not None:
+        from ctxd.config import StorageConfig
+
+        if not is_postgres_url(url):
+            raise click.UsageError("--url must be a postgresql:// URL (a SQLite file: --database FILE)")
+        try:
+            StorageConfig(url=url)
+        except ValueError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+    if url or (not database and not data_dir and is_postgres_url(settings.config.storage.url)):
+        _postgres(url or settings.config.storage.url, settings.config.storage.password_file, recover, settings.json)
+        return
     if database:
         path = Path(database).expanduser()
     else:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from ctxd.store.dialect import is_postgres
 from ctxd.store.payloads import decodes, payload_decoders
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -36,7 +37,7 @@ class DoctorError(Exception):
 
 @dataclass
 class Problem:
-    check: str  # file | integrity | schema | search | consistency
+    check: str  # file (server) | integrity | schema | search | consistency | payloads
     message: str
 
 
@@ -148,12 +149,29 @@ def _listed(report: Report, check: str, items: list[str], total: int | None = No
         report.problem(check, f"... and {more} more")
 
 
-def table_names(conn: sqlite3.Connection) -> set[str]:
+def db_errors() -> tuple[type[Exception], ...]:
+    """What a failed read raises: SQLite's errors, and psycopg's when it is installed (the
+    checks below also run on PostgreSQL, ``check_pg.py``)."""
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.DatabaseError,)
+    return (sqlite3.DatabaseError, psycopg.Error)
+
+
+def table_names(conn: Any) -> set[str]:
+    if is_postgres(conn):
+        return {name for (name,) in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
     return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
 
 
-def column_info(conn: sqlite3.Connection, table: str) -> list[tuple[str, bool]]:
+def column_info(conn: Any, table: str) -> list[tuple[str, bool]]:
     """(name, is the rowid alias) of each column."""
+    if is_postgres(conn):
+        return [(name, False) for (name,) in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+            "AND table_schema = current_schema() ORDER BY ordinal_position", (table,))]
     info = conn.execute(f"PRAGMA table_info({table})").fetchall()
     pks = [r for r in info if r[5]]
     return [(r[1], len(pks) == 1 and r[5] == 1 and str(r[2]).upper() == "INTEGER") for r in info]
@@ -233,7 +251,7 @@ KEYS = {"sessions": "id", "messages": "session_id, seq", "checkpoints": "session
         "compressions": "session_id, number", "snapshots": "session_id, id", "session_events": "session_id, at"}
 
 
-def _check_payloads(conn: sqlite3.Connection, report: Report, tables: set[str]) -> None:
+def _check_payloads(conn: Any, report: Report, tables: set[str]) -> None:
     """Every stored JSON value decoded as the daemon decodes it: a page can be intact for
     SQLite and still hold bytes that are not the record that was written."""
     bad: list[str] = []
@@ -251,7 +269,7 @@ def _check_payloads(conn: sqlite3.Connection, report: Report, tables: set[str]) 
                     if not decodes(columns[name], value):
                         key = " ".join(str(k) for k in row[:key_n])
                         bad.append(f"{table} {key}: {name} cannot be read")
-    except sqlite3.DatabaseError as exc:
+    except db_errors() as exc:
         report.problem("payloads", f"cannot read every stored record: {exc}")
         report.checks["payloads"] = "failed"
         return
@@ -325,7 +343,7 @@ def _check_search(conn: sqlite3.Connection, report: Report, tables: set[str]) ->
         pass
 
 
-def _check_consistency(conn: sqlite3.Connection, report: Report, tables: set[str]) -> None:
+def _check_consistency(conn: Any, report: Report, tables: set[str]) -> None:
     """Each session's stored totals against its messages; rows whose session is gone."""
     if not {"sessions", "messages"} <= tables:
         report.checks["consistency"] = "skipped"
@@ -361,7 +379,7 @@ def _check_consistency(conn: sqlite3.Connection, report: Report, tables: set[str
                              ).fetchone()[0]
             if n:
                 orphans.append(f"{n} {table} rows belong to no session")
-    except sqlite3.DatabaseError as exc:
+    except db_errors() as exc:
         report.problem("consistency", f"cannot compare the totals with the messages: {exc}")
         report.checks["consistency"] = "failed"
         return

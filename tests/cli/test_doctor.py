@@ -289,3 +289,39 @@ def test_a_daemon_serving_another_database_is_not_blamed(cli: Cli) -> None:
     mine = cli.json("doctor", "--data-dir", str(other))
     assert mine["daemonRunning"] is True
     cli("daemon", "stop")
+
+
+def test_postgresql_database_checked_and_damage_reported(cli: Cli, pg_server) -> None:
+    """doctor on the database storage.url names (or --url): the same checks in one read-only
+    transaction, damage named; no --recover (ctxd-cli migrate --to FILE instead)."""
+    import psycopg
+
+    url = pg_server.create_database()
+    cli.env["CTXD_STORAGE_URL"] = url
+    make_database(cli, sessions=2, messages=6)
+    report = cli.json("doctor")
+    assert report["ok"] and report["database"] == url, report
+    assert report["check"]["checks"] == {"file": "ok", "integrity": "skipped", "schema": "ok", "search": "ok",
+                                         "consistency": "ok", "payloads": "ok"}
+    assert report["check"]["sessions"] == 2 and report["check"]["messages"] == 12
+    assert report["check"]["schemaVersion"] == report["check"]["expectedSchemaVersion"]
+    assert report["diskUse"]["database"] > 0
+    text = cli("doctor", "--url", url).stdout
+    assert "healthy" in text and url in text
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute("UPDATE sessions SET message_count = 99 WHERE id = 's0'")
+        pg.execute("UPDATE sessions SET context_state = '{\"not\": ' WHERE id = 's1'")
+        pg.execute("DELETE FROM messages_fts WHERE id = (SELECT min(id) FROM messages)")
+    damaged = cli("--json", "doctor", "--url", url, expect=1).json()
+    problems = {p["check"]: p["message"] for p in damaged["check"]["problems"]}
+    assert "message_count 99 (messages say 6)" in problems["consistency"]
+    assert "sessions s1: context_state cannot be read" in problems["payloads"]
+    assert "1 messages are neither in the search index nor queued" in problems["search"]
+
+    refused = cli("doctor", "--url", url, "--recover", expect=2).error_line()
+    assert "ctxd-cli migrate --to FILE" in refused
+    gone = cli("--json", "doctor", "--url", url.replace("/t_", "/missing_"), expect=1).json()
+    assert gone["check"]["checks"]["file"] == "failed" and "cannot reach" in gone["check"]["problems"][0]["message"]
+    secret = cli("doctor", "--url", url.replace("ctxd_test@", "ctxd_test:hunter2@"), expect=2)
+    assert "hunter2" not in secret.stderr + secret.stdout

@@ -17,7 +17,10 @@ def bodies(cli: Cli, session_id: str) -> list[dict]:
     return [m["message"] for m in cli.json("history", session_id, "--all")["messages"]]
 
 
-def test_export_import_round_trip_in_every_format(cli: Cli) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_export_import_round_trip_in_every_format(cli: Cli, backend: str, request: pytest.FixtureRequest) -> None:
+    if backend == "postgresql":  # the daemon ctxd-cli starts stores in PostgreSQL
+        cli.env["CTXD_STORAGE_URL"] = request.getfixturevalue("pg_server").create_database()
     # A real agent run: tool calls, tool results, usage, timestamps.
     cli("replay", str(FIXTURES / "mini_swe_agent.traj.json"), "--session", "src")
     cli("push", "src", "--content", "a last word with ünïcode ✓")
