@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from starlette.applications import Starlette
@@ -86,21 +86,10 @@ class Proxy:
                                            headers=self.forward_headers(request, json_body=True),
                                            params=request.query_params, content=dumps(out))
         streaming = apis.is_streaming(api, body)
-        try:
-            response = await self._send(upstream)
-        except httpx.TimeoutException as exc:
-            return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
-        except httpx.HTTPError as exc:
-            return self._upstream_error(api, 502, f"the upstream could not be reached: {type(exc).__name__}: {exc}")
+        response = await self._exchange(api, upstream, whole="unless-ok" if streaming else "always")
+        if isinstance(response, Response):
+            return response
         if not streaming or response.status_code != 200:
-            try:
-                await response.aread()
-            except httpx.TimeoutException as exc:
-                return self._upstream_error(api, 504, f"the upstream stopped sending its answer ({type(exc).__name__})")
-            except httpx.HTTPError as exc:
-                return self._upstream_error(api, 502, f"the upstream's answer was cut: {type(exc).__name__}: {exc}")
-            finally:
-                await response.aclose()
             if response.status_code == 200:
                 await self._push_whole(api, conv, tracked, chain_then, response)
             return Response(response.content, status_code=response.status_code,
@@ -192,6 +181,28 @@ class Proxy:
         finally:
             await response.aclose()
 
+    async def _exchange(self, api: Api, upstream: httpx.Request, *, whole: Literal["always", "unless-ok", "never"],
+                        replayable: bool = True) -> httpx.Response | Response:
+        """The upstream's answer, its body read (``whole``: always, unless it is a 200 to
+        relay as a stream, never), or the error the client gets instead: 504 for a
+        timeout, 502 for anything else."""
+        try:
+            response = await self._send(upstream, replayable=replayable)
+        except httpx.TimeoutException as exc:
+            return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
+        except httpx.HTTPError as exc:
+            return self._upstream_error(api, 502, f"the upstream could not be reached: {type(exc).__name__}: {exc}")
+        if whole == "always" or (whole == "unless-ok" and response.status_code != 200):
+            try:
+                await response.aread()
+            except httpx.TimeoutException as exc:
+                return self._upstream_error(api, 504, f"the upstream stopped sending its answer ({type(exc).__name__})")
+            except httpx.HTTPError as exc:
+                return self._upstream_error(api, 502, f"the upstream's answer was cut: {type(exc).__name__}: {exc}")
+            finally:
+                await response.aclose()
+        return response
+
     async def _send(self, upstream: httpx.Request, *, replayable: bool = True) -> httpx.Response:
         """The upstream's answer, returned once its headers are in (the body is read or
         relayed by the caller).
@@ -252,16 +263,9 @@ class Proxy:
         upstream = self.http.build_request("POST", self.upstream_url(api, request.url.path), content=dumps(out),
                                            headers=self.forward_headers(request, json_body=True),
                                            params=request.query_params)
-        try:
-            response = await self._send(upstream)
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-        except httpx.TimeoutException as exc:
-            return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
-        except httpx.HTTPError as exc:
-            return self._upstream_error(api, 502, f"the upstream could not be reached: {type(exc).__name__}")
+        response = await self._exchange(api, upstream, whole="always")
+        if isinstance(response, Response):
+            return response
         return Response(response.content, status_code=response.status_code,
                         headers=self.back_headers(response, decoded=True))
 
@@ -284,12 +288,9 @@ class Proxy:
         upstream = self.http.build_request(request.method, self.upstream_url(api, request.url.path),
                                            headers=self.forward_headers(request, json_body=False),
                                            params=request.query_params, content=content)
-        try:
-            response = await self._send(upstream, replayable=body is not None)
-        except httpx.TimeoutException as exc:
-            return self._upstream_error(api, 504, f"the upstream did not answer in time ({type(exc).__name__})")
-        except httpx.HTTPError as exc:
-            return self._upstream_error(api, 502, f"the upstream could not be reached: {type(exc).__name__}")
+        response = await self._exchange(api, upstream, whole="never", replayable=body is not None)
+        if isinstance(response, Response):
+            return response
 
         async def relay() -> AsyncIterator[bytes]:
             try:

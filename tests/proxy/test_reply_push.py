@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ctxd.proxy.apis import split
-from ctxd.proxy.sessions import Conversation, DaemonLink, Sessions
+from ctxd.proxy.sessions import Conversation, DaemonLink, Sessions, Tracked
 from tests.proxy.conftest import history
 from tests.proxy.upstream import MODEL
 
@@ -21,13 +21,17 @@ def _read(sessions: Sessions, messages: list[dict[str, Any]]) -> Conversation:
     return sessions.read("openai", body, split("openai", body), session="reply-push", window=None)
 
 
+async def _first_turn(sessions: Sessions) -> tuple[list[dict[str, Any]], Conversation, Tracked, list[str]]:
+    first = [{"role": "user", "content": "one"}]
+    conv = _read(sessions, first)
+    tracked, chain, _ = await sessions.turn(conv, "openai")
+    return first, conv, tracked, chain
+
+
 async def test_the_reply_is_stored_before_the_next_turn_without_being_waited_for(ctxd_daemon) -> None:
-    assert ctxd_daemon.socket_path is not None
     sessions = Sessions(DaemonLink(ctxd_daemon.socket_path, autostart=False))
     try:
-        first = [{"role": "user", "content": "one"}]
-        conv = _read(sessions, first)
-        tracked, chain, _ = await sessions.turn(conv, "openai")
+        first, conv, tracked, chain = await _first_turn(sessions)
         reply = {"role": "assistant", "content": "the first answer"}
         assert await sessions.push_reply(tracked, chain, conv, [reply], USAGE)
         assert tracked.pending is not None  # sent; its answer is not awaited by the request that got the reply
@@ -43,12 +47,9 @@ async def test_the_reply_is_stored_before_the_next_turn_without_being_waited_for
 
 
 async def test_a_failed_reply_push_is_made_good_by_the_next_turn(ctxd_daemon) -> None:
-    assert ctxd_daemon.socket_path is not None
     sessions = Sessions(DaemonLink(ctxd_daemon.socket_path, autostart=False))
     try:
-        first = [{"role": "user", "content": "one"}]
-        conv = _read(sessions, first)
-        tracked, chain, _ = await sessions.turn(conv, "openai")
+        first, conv, tracked, chain = await _first_turn(sessions)
         ctxd_daemon.stop()  # the reply's push cannot reach it
         reply = {"role": "assistant", "content": "the first answer"}
         assert await sessions.push_reply(tracked, chain, conv, [reply], USAGE)
