@@ -84,7 +84,7 @@ class Proxy:
                   prompt.get("tokens", 0))
         upstream = self.http.build_request("POST", self.upstream_url(api, request.url.path),
                                            headers=self.forward_headers(request, json_body=True),
-                                           params=request.query_params, content=dumps(out))
+                                           params=request.query_params or None, content=dumps(out))
         streaming = apis.is_streaming(api, body)
         response = await self._exchange(api, upstream, whole="unless-ok" if streaming else "always")
         if isinstance(response, Response):
@@ -262,7 +262,7 @@ class Proxy:
                                 status_code=503)
         upstream = self.http.build_request("POST", self.upstream_url(api, request.url.path), content=dumps(out),
                                            headers=self.forward_headers(request, json_body=True),
-                                           params=request.query_params)
+                                           params=request.query_params or None)
         response = await self._exchange(api, upstream, whole="always")
         if isinstance(response, Response):
             return response
@@ -287,7 +287,7 @@ class Proxy:
         content: Any = body if body is not None else request.stream()
         upstream = self.http.build_request(request.method, self.upstream_url(api, request.url.path),
                                            headers=self.forward_headers(request, json_body=False),
-                                           params=request.query_params, content=content)
+                                           params=request.query_params or None, content=content)
         response = await self._exchange(api, upstream, whole="never", replayable=body is not None)
         if isinstance(response, Response):
             return response

@@ -101,3 +101,13 @@ async def test_count_tokens_counts_what_would_be_sent(proxy, upstream) -> None:
     assert _strip_cache(request.json["messages"]) == _strip_cache(messages)
     # Counting pushes nothing: the next real request pushes the two new messages.
     await client.messages.create(model=MODEL, max_tokens=100, system="Sys.", messages=messages)
+
+
+async def test_the_query_string_reaches_the_upstream(proxy, upstream) -> None:
+    """Claude Code sends ``/v1/messages?beta=true``."""
+    client = sdk(proxy)
+    await client.messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "Hi."}],
+                                 extra_query={"beta": "true"})
+    await client.messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "Hi."}])
+    await client.models.list(extra_query={"limit": "5"})
+    assert [r.query for r in upstream.received] == ["beta=true", "", "limit=5"]

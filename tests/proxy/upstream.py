@@ -39,6 +39,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     json: Any
+    query: str = ""
 
 
 def _last_user_text(api: str, body: dict[str, Any]) -> tuple[str, bool]:
@@ -127,7 +128,7 @@ class FakeUpstream:
             data = None
         with self._lock:
             self.received.append(Received(request.url.path, {k.lower(): v for k, v in request.headers.items()},
-                                          raw, data))
+                                          raw, data, request.url.query))
         return data
 
     async def _models(self, request: Request) -> Response:
