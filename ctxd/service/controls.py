@@ -64,6 +64,7 @@ async def watermark(svc: Service, params: WatermarkParams) -> WatermarkResult:
     if params.tool_use_id is None and params.seq is None:
         raise invalid_params("give toolUseId or seq", "toolUseId")
     state = await svc.cache.get(params.session_id)
+    await svc.cache.catch_up(state)  # shared storage: start from what another daemon stored
     async with state.lock:
         ctx = await svc.cache.context(state)
         planned = plan_watermark(ctx, tool_use_id=params.tool_use_id, seq=params.seq)
@@ -116,6 +117,7 @@ async def pin(svc: Service, params: PinParams) -> PinResult:
     already behind the boundary comes back into the prompt. A tool call and its result
     are pinned (and unpinned) together."""
     state = await svc.cache.get(params.session_id)
+    await svc.cache.catch_up(state)  # shared storage: start from what another daemon stored
     if not 1 <= params.seq <= state.row.last_seq:
         raise CtxdError(ErrorCode.MessageNotFound, f"no message {params.seq} in session {state.id!r}",
                         {"field": "seq", "seq": params.seq})

@@ -14,7 +14,7 @@ from ctxd import __version__
 from ctxd.config import Config
 from ctxd.service.events import EventSink, NullEvents
 from ctxd.service.indexer import SearchIndexer
-from ctxd.service.relay import RelayedEvents
+from ctxd.service.relay import RelayedEvents, resync_later
 from ctxd.service.state import SessionCache
 from ctxd.service.summarizers import Summarizers
 from ctxd.store.backend import Storage, open_storage
@@ -47,7 +47,7 @@ class Service:
             await db.close()
             raise
         if service.relay is not None:
-            await db.subscribe(service.relay.received)
+            await db.subscribe(service.relay.received, resync=resync_later(service))
         service.indexer.start()
         return service
 

@@ -37,6 +37,7 @@ async def set_goal(svc: Service, params: GoalSetParams) -> GoalResult:
     if not params.description.strip():
         raise invalid_params("description must not be empty", "description")
     state = await svc.cache.get(params.session_id)
+    await svc.cache.catch_up(state)  # shared storage: the goal another daemon stored
     goal = new_goal(params.description.strip(), now_iso(), params.priority)
     if state.row.goal is not None:
         # A new goal never loses a locked or architecture decision (seed 000).
@@ -48,6 +49,7 @@ async def set_goal(svc: Service, params: GoalSetParams) -> GoalResult:
 
 async def update_goal(svc: Service, params: GoalUpdateParams) -> GoalResult:
     state = await svc.cache.get(params.session_id)
+    await svc.cache.catch_up(state)  # shared storage: the goal another daemon stored
     current = state.row.goal
     if current is None:
         raise CtxdError(ErrorCode.InvalidParams, "the session has no goal; set one with goal/set",

@@ -192,6 +192,7 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
     pushed after the snapshot are marked rolled back, not removed. A snapshot of the
     current context is taken first, so a restore can itself be undone."""
     state = await svc.cache.get(params.session_id)
+    await svc.cache.catch_up(state)  # shared storage: what was pushed through another daemon is rolled back
     task = state.compression_task
     if task is not None:
         task.cancel()

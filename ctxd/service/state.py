@@ -158,6 +158,14 @@ def resolve_window(row: SessionRow, config: Config) -> tuple[int, int | None]:
     return int(window), output
 
 
+def _prompt_shape(c: CompressionState) -> tuple[object, ...]:
+    """What of the stored state the prompt is made from. Compared whole, not by ``revision``:
+    two daemons each bump their own count, so another's pin can leave it where this one's
+    memory already is."""
+    return (c.boundary, c.kept_seqs, c.pinned, c.watermark_seq, c.watermark_tool_use_id, c.prunes,
+            c.compression_count, c.rolled_back, c.clips)
+
+
 class SessionCache:
     def __init__(self, db: Storage, config: Config, max_cached_tokens: int = 8_000_000) -> None:
         self.db = db
@@ -231,8 +239,8 @@ class SessionCache:
                 self.forget(state.id)
                 raise session_not_found(state.id)
             stored, memory = decode_stored(row.context_state).compression, state.cstate
-            if (row.last_seq > state.row.last_seq or stored.compression_count > memory.compression_count
-                    or stored.revision > memory.revision or stored.boundary != memory.boundary):
+            if (row.last_seq > state.row.last_seq or stored.revision > memory.revision
+                    or _prompt_shape(stored) != _prompt_shape(memory) or row.goal != state.row.goal):
                 await self.reload(state)
 
     def forget(self, session_id: str) -> None:

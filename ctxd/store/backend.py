@@ -75,8 +75,11 @@ class Storage(Protocol):
         """Tell the other daemons on this store (in order; nothing without any)."""
         ...
 
-    async def subscribe(self, deliver: Callable[[str], None]) -> None:
-        """Have ``deliver(message)`` called with what other daemons publish."""
+    async def subscribe(self, deliver: Callable[[str], None],
+                        resync: Callable[[float], None] | None = None) -> None:
+        """Have ``deliver(message)`` called with what other daemons publish, and
+        ``resync(since)`` when what they published since ``since`` (``time.time()``) was
+        lost (the connection that listens was down)."""
         ...
 
 

@@ -304,7 +304,8 @@ class Database:
     def publish(self, message: str) -> None:
         """No other daemon to tell."""
 
-    async def subscribe(self, deliver: Callable[[str], None]) -> None:
+    async def subscribe(self, deliver: Callable[[str], None],
+                        resync: Callable[[float], None] | None = None) -> None:
         """No other daemon to hear from."""
 
     @asynccontextmanager

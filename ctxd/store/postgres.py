@@ -30,6 +30,7 @@ import asyncio
 import logging
 import os
 import stat
+import time
 from contextlib import asynccontextmanager
 from functools import partial
 from importlib import resources
@@ -57,7 +58,11 @@ CONNECT_TIMEOUT_SECONDS = 10
 MIGRATION_LOCK = "ctxd:migrations"
 CHANNEL = "ctxd_events"
 MAX_NOTIFY_BYTES = 7900
-"""PostgreSQL's NOTIFY payload limit is 8000 bytes."""
+"""PostgreSQL's NOTIFY payload limit is 8000 bytes: a larger message goes in parts."""
+MAX_RELAYED_BYTES = 8 << 20
+"""Larger than this, a message is not relayed at all (logged)."""
+PART = "~"
+"""A part of a larger message: ``~<index>/<count>~<text>`` (a whole message is JSON, ``{``)."""
 RELISTEN_SECONDS = 1.0
 
 
@@ -194,10 +199,11 @@ class PostgresDatabase(Database):
 
     def publish(self, message: str) -> None:
         """Queue ``message`` for the other daemons; one connection sends them in order
-        (a NOTIFY is delivered in commit order). Larger than NOTIFY allows: dropped, logged."""
-        if len(message.encode()) > MAX_NOTIFY_BYTES:
-            log.warning("a notification of %d bytes is too large for the other daemons; not relayed",
-                        len(message.encode()))
+        (a NOTIFY is delivered in commit order). One larger than a NOTIFY goes as parts
+        sent in one transaction, which PostgreSQL delivers together."""
+        size = len(message.encode())
+        if size > MAX_RELAYED_BYTES:
+            log.warning("a notification of %d bytes is too large for the other daemons; not relayed", size)
             return
         if not any(t.get_name() == "ctxd-pg-notify" for t in self._relay_tasks):
             self._relay_tasks.append(asyncio.create_task(self._send_loop(), name="ctxd-pg-notify"))
@@ -210,7 +216,13 @@ class PostgresDatabase(Database):
             try:
                 if conn is None or conn.closed:
                     conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._kwargs())
-                await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, message))
+                parts = split_message(message)
+                if len(parts) == 1:
+                    await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, message))
+                else:
+                    async with conn.transaction():
+                        for part in parts:
+                            await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, part))
             except asyncio.CancelledError:
                 if conn is not None:
                     await conn.close()
@@ -219,29 +231,47 @@ class PostgresDatabase(Database):
                 log.warning("could not tell the other daemons (%s)", exc)
                 conn = None
 
-    async def subscribe(self, deliver: Callable[[str], None]) -> None:
-        """LISTEN on a connection of its own; reconnects (and listens again) after a failure."""
+    async def subscribe(self, deliver: Callable[[str], None], resync: Callable[[float], None] | None = None) -> None:
+        """LISTEN on a connection of its own; reconnects (and listens again) after a failure,
+        then calls ``resync(since)``: what other daemons published since ``since`` (a
+        ``time.time()``) is lost, and the caller must find out what changed another way."""
         ready = asyncio.get_running_loop().create_future()
-        self._relay_tasks.append(asyncio.create_task(self._listen_loop(deliver, ready), name="ctxd-pg-listen"))
+        self._relay_tasks.append(asyncio.create_task(self._listen_loop(deliver, ready, resync),
+                                                     name="ctxd-pg-listen"))
         await asyncio.wait([ready], timeout=CONNECT_TIMEOUT_SECONDS)
 
-    async def _listen_loop(self, deliver: Callable[[str], None], ready: asyncio.Future[None]) -> None:
+    async def _listen_loop(self, deliver: Callable[[str], None], ready: asyncio.Future[None],
+                           resync: Callable[[float], None] | None) -> None:
+        lost_at: float | None = None
         while True:
+            joined = Reassembly()
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True,
                                                                  **self._kwargs()) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     if not ready.done():
                         ready.set_result(None)
-                    async for note in conn.notifies():
+                    if lost_at is not None and resync is not None:
+                        log.info("listening to the other daemons again; catching up with what was missed")
                         try:
-                            deliver(note.payload)
+                            resync(lost_at)
+                        except Exception:
+                            log.exception("catching up after a lost LISTEN connection failed")
+                    lost_at = None
+                    async for note in conn.notifies():
+                        message = joined.add(note.payload)
+                        if message is None:
+                            continue
+                        try:
+                            deliver(message)
                         except Exception:
                             log.exception("a notification from another daemon could not be delivered")
             except asyncio.CancelledError:
                 raise
             except (psycopg.Error, StoreOpenError) as exc:
                 log.warning("listening to the other daemons failed (%s); trying again", exc)
+            if lost_at is None:
+                lost_at = time.time() - RELISTEN_SECONDS
             await asyncio.sleep(RELISTEN_SECONDS)
 
     # --- reads ---------------------------------------------------------------------
@@ -340,6 +370,51 @@ class PostgresDatabase(Database):
         self.commits += 1
         self.jobs += len(batch)
         return outcomes
+
+
+def split_message(message: str, limit: int = MAX_NOTIFY_BYTES) -> list[str]:
+    """``message`` as NOTIFY payloads of at most ``limit`` bytes: itself, or parts
+    ``~i/n~text`` cut between characters (never inside a UTF-8 sequence)."""
+    data = message.encode()
+    if len(data) <= limit:
+        return [message]
+    room = limit - 32  # the part's header
+    pieces: list[bytes] = []
+    start = 0
+    while start < len(data):
+        end = min(start + room, len(data))
+        while end < len(data) and (data[end] & 0xC0) == 0x80:  # a continuation byte: cut before its sequence
+            end -= 1
+        pieces.append(data[start:end])
+        start = end
+    return [f"{PART}{i}/{len(pieces)}{PART}{piece.decode()}" for i, piece in enumerate(pieces, start=1)]
+
+
+class Reassembly:
+    """Parts of a larger message joined again (they arrive together: one transaction's
+    notifications are delivered consecutively, in order)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def add(self, payload: str) -> str | None:
+        """The whole message once ``payload`` completes one (or is one), else None."""
+        if not payload.startswith(PART):
+            self.parts = []
+            return payload
+        header, _, text = payload[1:].partition(PART)
+        index, _, count = header.partition("/")
+        if int(index) == 1:
+            self.parts = []
+        if int(index) != len(self.parts) + 1:  # a part went missing: drop what was gathered
+            log.warning("parts of a notification from another daemon were lost; dropped")
+            self.parts = []
+            return None
+        self.parts.append(text)
+        if int(index) < int(count):
+            return None
+        message, self.parts = "".join(self.parts), []
+        return message
 
 
 def _rollback(raw: Any) -> None:

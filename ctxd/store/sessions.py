@@ -373,3 +373,9 @@ def retention_victims(conn: sqlite3.Connection, keep: int, older_than: str | Non
         for sid, title, messages, last in survivors[max(0, keep - kept):]:
             out.append((sid, "max_sessions", title, messages, last))
     return out
+
+
+def active_since(conn: sqlite3.Connection, since: str) -> list[SessionRow]:
+    """Sessions pushed to at or after ``since`` (an ISO timestamp as stored)."""
+    return [_row(v) for v in conn.execute(f"SELECT {COLUMNS} FROM sessions WHERE last_activity >= ? ORDER BY id",
+                                          (since,)).fetchall()]

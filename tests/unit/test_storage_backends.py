@@ -16,7 +16,7 @@ from ctxd.config import Config, DaemonConfig, StorageConfig
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.notifications import SessionUpdated
 from ctxd.protocol.snapshot import SnapshotCreated
-from ctxd.service import history, ingest, prompt, sessions, snapshots
+from ctxd.service import controls, goals, history, ingest, prompt, sessions, snapshots
 from ctxd.service.core import Service
 from ctxd.service.events import CollectingEvents
 from ctxd.store.backend import Storage
@@ -218,5 +218,129 @@ async def test_notifications_reach_the_clients_of_another_daemon(service: Servic
             await asyncio.sleep(0.01)
         assert events.methods("n")[len(sent):] == own
         assert events.of(SessionUpdated, "n")[-1].message_count == 6
+    finally:
+        await other.close()
+
+
+async def test_another_daemons_pin_goal_and_decision_reach_a_loaded_context(service: Service, service_config: Config,
+                                                                            tmp_path: Path) -> None:
+    """Both daemons have the session's active context loaded and have each changed it; a
+    pin, a goal and a locked decision set through one are in the next prompt of the other
+    (their own change counts can be equal: what is compared is what the prompt is made of)."""
+    if service.db.dialect != "postgresql":
+        pytest.skip("two daemons on one database is PostgreSQL's case")
+    other = await Service.open(_twin(service_config, tmp_path), events=CollectingEvents())
+
+    async def anthropic(svc: Service) -> Any:
+        return await prompt.prompt(svc, params("context/prompt", sessionId="g", format="anthropic"))
+
+    try:
+        await _create(service, "g")
+        await _push(service, "g", [{"role": "user", "content": f"question {i} " + "words " * 40} for i in range(6)])
+        await anthropic(service)
+        await anthropic(other)
+        # Each daemon changes the context once (each bumps its own count to the same number).
+        await controls.pin(service, params("message/pin", sessionId="g", seq=2))
+        await goals.set_goal(other, params("goal/set", sessionId="g", description="ship the parser",
+                                           decisions=[{"description": "use msgspec", "locked": True}]))
+        first = await anthropic(service)
+        assert "ship the parser" in str(first.system) and "use msgspec" in str(first.system)
+        assert first.budget.pinned_tokens > 0
+        # The other daemon's memory holds its own goal; the pin came from the first daemon.
+        await controls.pin(service, params("message/pin", sessionId="g", seq=4))
+        seen = await anthropic(other)
+        assert seen.budget.pinned_tokens == first.budget.pinned_tokens * 2 or seen.budget.pinned_tokens > \
+            first.budget.pinned_tokens
+        # A goal update through the first daemon (which starts from the stored goal, not a stale one).
+        await goals.update_goal(service, params("goal/update", sessionId="g", decisions=[
+            {"description": "no global state", "locked": True}]))
+        system = str((await anthropic(other)).system)
+        assert "use msgspec" in system and "no global state" in system and "ship the parser" in system
+        await controls.pin(other, params("message/pin", sessionId="g", seq=2, pinned=False))
+        assert (await anthropic(service)).budget.pinned_tokens == seen.budget.pinned_tokens - \
+            first.budget.pinned_tokens
+    finally:
+        await other.close()
+
+
+def test_messages_larger_than_a_notify_go_in_parts_and_come_back_whole() -> None:
+    """NOTIFY takes at most 8000 bytes: a larger message is cut into parts between UTF-8
+    characters and joined again; a part that went missing drops the message, never
+    delivers half of it."""
+    pytest.importorskip("psycopg")
+    from ctxd.store.postgres import MAX_NOTIFY_BYTES, Reassembly, split_message
+
+    small = '{"d": "x"}'
+    assert split_message(small) == [small]
+    big = '{"label": "' + "é✓ snapshot " * 3000 + '"}'
+    parts = split_message(big)
+    assert len(parts) > 3 and all(len(p.encode()) <= MAX_NOTIFY_BYTES for p in parts)
+    joined = Reassembly()
+    out = [joined.add(p) for p in parts]
+    assert out[:-1] == [None] * (len(parts) - 1) and out[-1] == big
+    assert joined.add(small) == small
+    broken = Reassembly()
+    assert [broken.add(p) for p in parts[:1] + parts[2:]] == [None] * (len(parts) - 1)
+    assert [joined.add(p) for p in parts][-1] == big  # the next message arrives whole again
+
+
+async def test_a_notification_larger_than_notify_allows_reaches_the_other_daemon(
+        service: Service, service_config: Config, events: CollectingEvents, tmp_path: Path) -> None:
+    if service.db.dialect != "postgresql":
+        pytest.skip("two daemons on one database is PostgreSQL's case")
+    heard = CollectingEvents()
+    other = await Service.open(_twin(service_config, tmp_path), events=heard)
+    try:
+        await _create(service, "big")
+        await _push(service, "big", [{"role": "user", "content": "hello"}])
+        label = "a long label, ünïcode ✓ " * 1000  # ~25 KB of JSON: four NOTIFY payloads
+        await snapshots.create(service, params("snapshot/create", sessionId="big", label=label))
+        for _ in range(1000):  # until the other daemon heard it (no time limit asserted)
+            if heard.of(SnapshotCreated, "big"):
+                break
+            await asyncio.sleep(0.01)
+        assert heard.of(SnapshotCreated, "big")[0].snapshot.label == label
+        assert heard.methods("big") == events.methods("big")
+    finally:
+        await other.close()
+
+
+async def test_what_was_missed_while_not_listening_is_caught_up(service: Service, service_config: Config,
+                                                                events: CollectingEvents, pg_server: Any,
+                                                                tmp_path: Path) -> None:
+    """The LISTEN connections are cut (as a network failure or a server restart would) and
+    another daemon pushes meanwhile: its notification never reaches this daemon, which,
+    once listening again, reloads the session (no stale prompt) and tells its subscribers
+    with a ``session/updated`` carrying the stored figures."""
+    if service.db.dialect != "postgresql":
+        pytest.skip("two daemons on one database is PostgreSQL's case")
+    import psycopg
+
+    other = await Service.open(_twin(service_config, tmp_path), events=CollectingEvents())
+    url = service_config.storage.url
+    listening = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+    try:
+        await _create(service, "gap")
+        await _push(service, "gap", [{"role": "user", "content": "one"}])
+        await prompt.prompt(service, params("context/prompt", sessionId="gap", format="openai"))  # loaded
+        with psycopg.connect(url, autocommit=True) as admin:
+            assert admin.execute(listening).fetchone()[0] == 2
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND query LIKE 'LISTEN%'")
+            for _ in range(1000):
+                if admin.execute(listening).fetchone()[0] == 0:
+                    break
+                await asyncio.sleep(0.005)
+            assert admin.execute(listening).fetchone()[0] == 0, "the LISTEN connections did not go"
+            before = len(events.of(SessionUpdated, "gap"))
+            await _push(other, "gap", [{"role": "assistant", "content": "two"}])  # nobody hears this
+            for _ in range(2000):
+                if admin.execute(listening).fetchone()[0] == 2 and len(events.of(SessionUpdated, "gap")) > before:
+                    break
+                await asyncio.sleep(0.01)
+        caught = events.of(SessionUpdated, "gap")[before:]
+        assert [(u.reason, u.message_count, u.last_seq) for u in caught] == [("updated", 2, 2)]
+        result = await prompt.prompt(service, params("context/prompt", sessionId="gap", format="openai"))
+        assert [m["content"] if isinstance(m, dict) else m.content for m in result.messages] == ["one", "two"]
     finally:
         await other.close()
