@@ -119,8 +119,11 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
         sessions = Sessions(link, default_window=config.proxy.context_window)
         proxy = Proxy(config.proxy, sessions, http)
+        # No X-Forwarded-* rewriting (clients are local) and no Server/Date headers of its
+        # own: the upstream's go back as they came.
         server = uvicorn.Server(uvicorn.Config(build_app(proxy), log_level="warning", access_log=False,
-                                               lifespan="off", timeout_graceful_shutdown=5))
+                                               lifespan="off", timeout_graceful_shutdown=5, proxy_headers=False,
+                                               server_header=False, date_header=False))
         port = sock.getsockname()[1]
         print(f"ctxd proxy: listening on http://127.0.0.1:{port}", flush=True)
         try:
