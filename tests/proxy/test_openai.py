@@ -60,3 +60,7 @@ async def test_a_conversation_with_tool_calls_whole_and_streamed(proxy, upstream
     assert stored[3]["usage"]["outputTokens"] > 0  # include_usage's last chunk
     assert stored[5]["content"] == "Answer to: Thanks. And tomorrow?"
     assert "sk-test-secret-key" not in proxy.log()
+    # Nor stored: no file of the daemon's data directory holds it (the database, its WAL).
+    for path in ctxd_daemon.data_dir.rglob("*"):
+        if path.is_file():
+            assert b"sk-test-secret-key" not in path.read_bytes(), path
