@@ -73,30 +73,23 @@ class SessionStats(msgspec.Struct):
             totals[1] += tokens.total
             content = message.content
             calls = message.tool_calls
-            if role == "tool":  # all tool output, whatever form its content takes
-                results = 0
-                if isinstance(content, list):
-                    for block in content:
-                        if isinstance(block, ToolResultBlock):
-                            results += 1
-                        elif isinstance(block, ToolUseBlock):
-                            n_call += 1
-                        elif isinstance(block, ThinkingBlock):
-                            n_thinking += 1
-                n_result += results or 1
-            elif isinstance(content, str):
-                if content:
-                    n_text += 1
-            elif content:
-                for block in content:
+            texts = results = 0
+            if isinstance(content, str):
+                texts = 1 if content else 0
+            else:
+                for block in content or ():
                     if isinstance(block, TextBlock):
-                        n_text += 1
+                        texts += 1
                     elif isinstance(block, ToolUseBlock):
                         n_call += 1
                     elif isinstance(block, ToolResultBlock):
-                        n_result += 1
+                        results += 1
                     elif isinstance(block, ThinkingBlock):
                         n_thinking += 1
+            if role == "tool":  # all tool output, whatever form its content takes
+                texts, results = 0, max(results, 1)
+            n_text += texts
+            n_result += results
             if calls:
                 n_call += len(calls)
             n_framing += 1

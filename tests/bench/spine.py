@@ -346,14 +346,25 @@ class DecodeCountFloor:
             start = time.perf_counter()
             n = 0
             for f in batch_frames:
-                body = f[f.index(b"\r\n\r\n") + 4:]
-                params = msgspec.convert(self.decoder.decode(body)["params"], self.params_type)
-                for m in params.messages:
-                    self.counter.count_message(m)
-                n += len(params.messages)
+                n += self.batch(self.decode(f))
             elapsed = time.perf_counter() - start
             self.cpu += time.thread_time() - cpu
-            return elapsed, n
+        self.after_round()
+        return elapsed, n
+
+    def batch(self, params: Any) -> int:
+        """One push's work; how many messages it had."""
+        for m in params.messages:
+            self.counter.count_message(m)
+        return len(params.messages)
+
+    def after_round(self) -> None:
+        """Outside the clock, after each round."""
+
+    def decode(self, request_frame: bytes) -> Any:
+        """The frame's params as ctxd's Structs (its body decoded, then converted)."""
+        body = request_frame[request_frame.index(b"\r\n\r\n") + 4:]
+        return msgspec.convert(self.decoder.decode(body)["params"], self.params_type)
 
 
 class DecodeCountWriteFloor(DecodeCountFloor):
@@ -384,29 +395,21 @@ class DecodeCountWriteFloor(DecodeCountFloor):
                           "VALUES ('floor', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z', 'cl100k_base', 0)")
         self.seq = 0
 
-    def run(self, batch_frames: list[bytes]) -> tuple[float, int]:
-        conn, insert, encode, count = self.conn, self.insert, self.encode, self.counter.count_message
-        with Quiet():
-            cpu = time.thread_time()
-            start = time.perf_counter()
-            n = 0
-            for f in batch_frames:
-                body = f[f.index(b"\r\n\r\n") + 4:]
-                params = msgspec.convert(self.decoder.decode(body)["params"], self.params_type)
-                rows = []
-                for m in params.messages:
-                    t = count(m)
-                    self.seq += 1
-                    rows.append(("floor", self.seq, m.role, "2026-01-01T00:00:00Z", t.total, t.overhead, t.text,
-                                 t.tool_call, t.tool_result, t.thinking, None, encode(m)))
-                conn.execute("BEGIN IMMEDIATE")
-                conn.executemany(insert, rows)
-                conn.execute("COMMIT")
-                n += len(params.messages)
-            elapsed = time.perf_counter() - start
-            self.cpu += time.thread_time() - cpu
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return elapsed, n
+    def batch(self, params: Any) -> int:
+        count, encode = self.counter.count_message, self.encode
+        rows = []
+        for m in params.messages:
+            t = count(m)
+            self.seq += 1
+            rows.append(("floor", self.seq, m.role, "2026-01-01T00:00:00Z", t.total, t.overhead, t.text,
+                         t.tool_call, t.tool_result, t.thinking, None, encode(m)))
+        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.executemany(self.insert, rows)
+        self.conn.execute("COMMIT")
+        return len(rows)
+
+    def after_round(self) -> None:
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def bench_push_batch(lab: Lab, plan: Plan, corpus: Corpus) -> list[Result]:
