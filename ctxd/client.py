@@ -14,6 +14,8 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 import msgspec
 
 from ctxd import __version__
+from ctxd.ownership import me, owner
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -44,6 +47,11 @@ class DaemonUnavailable(Exception):
     """No daemon could be reached (or started); the message says where and why."""
 
 
+class ForeignDaemon(DaemonUnavailable):
+    """The socket is served by another user's process: not a daemon to talk to, nor one to
+    replace by starting ours."""
+
+
 def _brief(value: Any, limit: int = 2000) -> str:
     """A value as JSON for the debug log, cut at ``limit`` characters."""
     try:
@@ -51,6 +59,26 @@ def _brief(value: Any, limit: int = 2000) -> str:
     except (TypeError, msgspec.EncodeError):
         text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
+
+
+def check_peer(writer: asyncio.StreamWriter, path: str | Path) -> None:
+    """Talk only to a daemon of this user's: whoever serves a socket (one in a shared
+    directory, or a stale path another user took over) would receive every request, pushed
+    conversations included. The peer's uid comes from the kernel (``SO_PEERCRED``, Linux);
+    elsewhere nothing is checked. Closes the connection and raises DaemonUnavailable."""
+    sock = writer.get_extra_info("socket")
+    option = getattr(socket, "SO_PEERCRED", None)
+    if sock is None or option is None:
+        return
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+    except OSError:
+        return
+    if uid != os.geteuid():
+        writer.close()
+        raise ForeignDaemon(f"the socket {path} is served by a process of {owner(uid)}, not of this user "
+                                f"({me()}): nothing was sent to it. Use a socket in a directory of your own "
+                                f"(--socket, daemon.socket)")
 
 
 class Client:
@@ -80,6 +108,7 @@ class Client:
             reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 24)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise DaemonUnavailable(f"no ctxd daemon at {path} ({exc.strerror})") from None
+        check_peer(writer, path)
         log.info("connected to %s", path)
         return cls(reader, writer)
 
@@ -299,6 +328,8 @@ async def try_connect_unix(socket_path: Path) -> Client | None:
     """A connection to the daemon on ``socket_path`` (not initialized), or None when none answers."""
     try:
         return await Client.connect_unix(socket_path)
+    except ForeignDaemon:
+        raise
     except DaemonUnavailable:
         return None
     except OSError as exc:  # a permission problem, a path too long for a socket...

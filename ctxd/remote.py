@@ -37,7 +37,7 @@ from pathlib import Path
 
 import msgspec
 
-from ctxd.client import DaemonUnavailable, daemon_log_path, start_daemon
+from ctxd.client import DaemonUnavailable, check_peer, daemon_log_path, start_daemon
 from ctxd.config import Config
 from ctxd.ownership import PrivateFileError, read_private_file
 from ctxd.server.connection import Writer
@@ -186,7 +186,7 @@ async def open_daemon(target: Target, config: Config, *, config_file: str | None
                                     f"start one with: ctxd --tcp {target.port}") from None
     assert target.path is not None
     try:
-        return await asyncio.open_unix_connection(str(target.path), limit=_STREAM_LIMIT)
+        return _checked(await asyncio.open_unix_connection(str(target.path), limit=_STREAM_LIMIT), target.path)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         if target.kind != "auto":
             raise DaemonUnavailable(f"no ctxd daemon is running on {target.path} ({exc.strerror}); start one "
@@ -199,9 +199,16 @@ async def open_daemon(target: Target, config: Config, *, config_file: str | None
         log.info("started ctxd (pid %d) on %s; it logs to %s", probe.started_daemon, target.path, probe.daemon_log)
     await probe.close(shutdown=False)
     try:
-        return await asyncio.open_unix_connection(str(target.path), limit=_STREAM_LIMIT)
+        return _checked(await asyncio.open_unix_connection(str(target.path), limit=_STREAM_LIMIT), target.path)
     except OSError as exc:
         raise DaemonUnavailable(f"ctxd started on {target.path} but does not answer: {exc.strerror or exc}") from None
+
+
+def _checked(pair: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+             path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The connection, once its daemon is known to be this user's (``check_peer``)."""
+    check_peer(pair[1], path)
+    return pair
 
 
 def _read_token(config: Config) -> str | None:
