@@ -418,10 +418,14 @@ class Sessions:
         except Exception:  # logged by _pushed
             tracked.chain = pending.before
 
-    async def drain(self) -> None:
-        """Wait for every reply push in flight (before the proxy closes its daemon link)."""
-        while self._pushing:
-            await asyncio.gather(*self._pushing, return_exceptions=True)
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Wait for every reply push in flight (before the proxy closes its daemon link),
+        ``timeout`` seconds at most: a daemon that stopped answering must not hold the
+        proxy's exit (a reply not stored is pushed by the client's next request)."""
+        if self._pushing:
+            _, late = await asyncio.wait(set(self._pushing), timeout=timeout)
+            if late:
+                log.warning("%d reply pushes unanswered after %g s; not waiting for them", len(late), timeout)
 
     async def peek(self, conv: Conversation) -> tuple[Tracked | None, int]:
         """For count_tokens: the session as it is (nothing pushed, nothing created) and how
