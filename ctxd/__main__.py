@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import os
+import stat
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from ctxd import __version__
 from ctxd.config import ConfigError, load_config, parse_assignment
+from ctxd.ownership import foreign, owner
 
 
 GC_THRESHOLDS = (10_000, 10, 10)
@@ -82,13 +85,33 @@ PRIVATE_UMASK = 0o077
 its user only, from their first byte, whatever umask it was started with."""
 
 
+def open_log_file(path: str) -> TextIO:
+    """The log file, opened to append: created 0600, never through a symbolic link, and
+    only a regular file of this user's. Its lines quote what clients sent (ids, method
+    names), so a log in a shared directory must not let another user point it at one of
+    ours (a shell's startup file). Raises OSError saying why."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(exc.errno, "it is a symbolic link, which is not followed (give the file itself)") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or foreign(st):
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"it belongs to {owner(st.st_uid)}"
+        raise OSError(errno.EPERM, f"{what}, not a log file of this user's")
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
     """Raises OSError when the log file cannot be opened."""
     if verbose >= 2:
         level = "debug"
     elif verbose == 1 and level in ("warning", "error"):
         level = "info"
-    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(open_log_file(log_file) if log_file else sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
