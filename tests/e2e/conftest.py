@@ -22,8 +22,29 @@ from tests.e2e.lsp import finish_client, initialize, make_client
 def storage_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run the test once per backend: a module opts in with
     ``pytestmark = pytest.mark.usefixtures("storage_backend")`` (its daemons must be
-    started by ``stdio_factory``/``daemon_factory`` and it must not read the SQLite file).
+    started by ``stdio_factory``/``daemon_factory``/``Daemon``/``CtxdProc``, which add
+    ``storage_args``, and it reads the database through ``helpers.db_query``); a test of the
+    SQLite file itself is marked ``@pytest.mark.sqlite_only("why")``.
     On PostgreSQL every daemon of the test gets a fresh database of the session's server."""
+    if request.param == "sqlite":
+        yield "sqlite"
+        return
+    only = request.node.get_closest_marker("sqlite_only")
+    if only is not None:
+        pytest.skip(f"SQLite only: {only.args[0] if only.args else 'a test of the SQLite file'}")
+    helpers.PG_SERVER = request.getfixturevalue("pg_server")
+    try:
+        yield "postgresql"
+    finally:
+        helpers.PG_SERVER = None
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``storage_backend`` for a module whose daemon is shared by its tests (a module-scoped
+    fixture, which takes this one as an argument): the module's tests run once per backend,
+    grouped, and every daemon started meanwhile stores where the backend says. A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("module_backend")``."""
     if request.param == "sqlite":
         yield "sqlite"
         return
@@ -32,6 +53,15 @@ def storage_backend(request: pytest.FixtureRequest) -> Iterator[str]:
         yield "postgresql"
     finally:
         helpers.PG_SERVER = None
+
+
+@pytest.fixture(autouse=True)
+def _sqlite_only(request: pytest.FixtureRequest) -> None:
+    """Skip a test marked ``sqlite_only`` in a module run on PostgreSQL by ``module_backend``."""
+    only = request.node.get_closest_marker("sqlite_only")
+    if only is not None and "module_backend" in request.fixturenames \
+            and request.getfixturevalue("module_backend") == "postgresql":
+        pytest.skip(f"SQLite only: {only.args[0] if only.args else 'a test of the SQLite file'}")
 
 
 # --- pytest-lsp over stdio ------------------------------------------------------------
@@ -61,12 +91,15 @@ async def stdio_factory(tmp_path: Path) -> AsyncIterator[StdioFactory]:
         await finish_client(client)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def shared_lsp(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LanguageClient]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["sqlite", "postgresql"])
+async def shared_lsp(request: pytest.FixtureRequest,
+                     tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LanguageClient]:
     """An initialized pytest-lsp client on one stdio daemon shared by a whole module
-    (whose tests run in the module's event loop and use their own session ids)."""
+    (whose tests run in the module's event loop and use their own session ids), once per
+    storage backend (on PostgreSQL, a fresh database of the session's server)."""
     directory = tmp_path_factory.mktemp("shared") / "data"
-    config = ClientServerConfig(server_command=[*CTXD, "--data-dir", str(directory)],
+    storage = [] if request.param == "sqlite" else storage_args(directory, request.getfixturevalue("pg_server"))
+    config = ClientServerConfig(server_command=[*CTXD, "--data-dir", str(directory), *storage],
                                 client_factory=make_client, server_env=daemon_env())
     client = await config.start()
     client.data_dir = directory  # type: ignore[attr-defined]

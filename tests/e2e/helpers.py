@@ -54,16 +54,18 @@ PostgreSQL: every daemon started then stores in a database of that server."""
 _PG_URLS: dict[str, str] = {}
 
 
-def storage_args(data_dir: Path) -> list[str]:
+def storage_args(data_dir: Path, pg_server: Any = None) -> list[str]:
     """The flags that put a daemon's storage where the test's backend is: nothing for SQLite
     (the data directory's file); for PostgreSQL one database per data directory, so a
-    daemon restarted on the same data directory finds its data again."""
-    if PG_SERVER is None:
+    daemon restarted on the same data directory finds its data again. ``pg_server``: that
+    server whatever the test's backend (``shared_lsp`` runs on both)."""
+    server = pg_server or PG_SERVER
+    if server is None:
         return []
     key = str(Path(data_dir).resolve())
     url = _PG_URLS.get(key)
     if url is None:
-        url = _PG_URLS[key] = PG_SERVER.create_database()
+        url = _PG_URLS[key] = server.create_database()
     return ["--set", f"storage.url={url}"]
 
 
@@ -426,33 +428,71 @@ def run_ctxd(args: list[str], *, env: dict[str, str] | None = None, timeout: flo
 # --- the database, read directly ----------------------------------------------------------
 
 
+def pg_url_of(data_dir: Path) -> str | None:
+    """The PostgreSQL database a daemon on ``data_dir`` stores in (None: its SQLite file)."""
+    return _PG_URLS.get(str(Path(data_dir).resolve()))
+
+
+def db_query(data_dir: Path, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` (``?`` placeholders) from the database of the daemon on ``data_dir``,
+    whichever backend it is: its SQLite file opened read-only, or its PostgreSQL database
+    (the daemon may be running)."""
+    url = pg_url_of(data_dir)
+    if url is None:
+        conn = sqlite3.connect(f"file:{Path(data_dir) / 'ctxd.db'}?mode=ro", uri=True, timeout=30)
+        try:
+            return conn.execute(sql, args).fetchall()
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        cursor = pg.execute(sql.replace("?", "%s"), args or None)
+        return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in cursor.fetchall()] \
+            if cursor.description else []
+
+
+def db_write(data_dir: Path, *statements: str) -> None:
+    """Run ``statements`` in one transaction on the database of the daemon on ``data_dir``
+    (a test changing stored data behind a stopped daemon's back)."""
+    url = pg_url_of(data_dir)
+    if url is None:
+        conn = sqlite3.connect(Path(data_dir) / "ctxd.db", timeout=30)
+        try:
+            with conn:
+                for sql in statements:
+                    conn.execute(sql)
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url) as pg, pg.transaction():
+        for sql in statements:
+            pg.execute(sql)
+
+
 def db_rows(data_dir: Path, session_id: str) -> list[tuple[int, dict[str, Any], str | None]]:
     """(seq, message, idempotency key) of every stored message of a session, from the
-    SQLite file itself (read-only; the daemon may be running)."""
-    uri = f"file:{data_dir / 'ctxd.db'}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=30)
-    try:
-        rows = conn.execute("SELECT seq, body, idempotency_key FROM messages WHERE session_id = ? ORDER BY seq",
-                            (session_id,)).fetchall()
-    finally:
-        conn.close()
+    database itself (read-only; the daemon may be running)."""
+    rows = db_query(data_dir, "SELECT seq, body, idempotency_key FROM messages WHERE session_id = ? ORDER BY seq",
+                    (session_id,))
     return [(seq, json.loads(body), key) for seq, body, key in rows]
 
 
+SESSION_COLUMNS = ("id", "message_count", "token_count", "last_seq", "context_tokens", "stats")
+
+
 def db_session(data_dir: Path, session_id: str) -> dict[str, Any] | None:
-    uri = f"file:{data_dir / 'ctxd.db'}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=30)
-    conn.row_factory = sqlite3.Row
-    try:
-        row = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        total = conn.execute("SELECT count(*), coalesce(sum(tokens), 0) FROM messages WHERE session_id = ?",
-                             (session_id,)).fetchone()
-    finally:
-        conn.close()
-    if row is None:
+    """A session's stored totals, and the count and tokens of its message rows."""
+    rows = db_query(data_dir, f"SELECT {', '.join(SESSION_COLUMNS)}, "
+                              "(SELECT count(*) FROM messages WHERE session_id = ?), "
+                              "(SELECT coalesce(sum(tokens), 0) FROM messages WHERE session_id = ?) "
+                              "FROM sessions WHERE id = ?", (session_id, session_id, session_id))
+    if not rows:
         return None
-    out = dict(row)
-    out["rows"], out["row_tokens"] = total[0], total[1]
+    out = dict(zip(SESSION_COLUMNS, rows[0]))
+    out["rows"], out["row_tokens"] = int(rows[0][-2]), int(rows[0][-1])
     return out
 
 

@@ -21,7 +21,6 @@ import asyncio
 import json
 import random
 import re
-import sqlite3
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import pytest
 from ctxd.client import RpcError
 from ctxd.protocol.message import Message
 from tests.e2e.compression_helpers import WORDS, Conn, CtxdProc, remove_root, short_root
+from tests.e2e.helpers import db_query, pg_url_of
 
 # --- daemons -----------------------------------------------------------------------------
 
@@ -84,22 +84,31 @@ async def running(*sets: str) -> AsyncIterator[Running]:
 
 
 def read_db(path: Path, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows of ``sql`` from the database file, opened read-only."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
+    """Rows of ``sql`` from the database of the daemon whose file would be ``path``
+    (``Running.db_path``): that file opened read-only, or the test's PostgreSQL database."""
+    return db_query(path.parent, sql, args)
+
+
+def index_progress(path: Path) -> tuple[int, int]:
+    """(how far the search index is, where it is going), read from the database: on SQLite
+    the last message id indexed and the newest id; on PostgreSQL the messages no longer
+    waiting in ``search_pending`` and every message."""
+    if pg_url_of(path.parent) is not None:
+        (waiting, total), = read_db(path, "SELECT (SELECT count(*) FROM search_pending), "
+                                          "(SELECT count(*) FROM messages)")
+        return total - waiting, total
+    (through, last), = read_db(path, "SELECT (SELECT indexed_through FROM search_state), "
+                                     "(SELECT coalesce(max(id), 0) FROM messages)")
+    return through, last
 
 
 async def index_settled(path: Path, timeout: float = 30.0) -> None:
-    """Wait until the search index holds every stored message (read from the database
-    file): no indexing is then under way or pending, so a search cannot race the
-    background indexer (see test_history's race test for why that matters)."""
+    """Wait until the search index holds every stored message (read from the database):
+    no indexing is then under way or pending, so a search cannot race the background
+    indexer (see test_history's race test for why that matters)."""
     deadline = time.monotonic() + timeout
     while True:
-        (through, last), = read_db(path, "SELECT (SELECT indexed_through FROM search_state), "
-                                         "(SELECT coalesce(max(id), 0) FROM messages)")
+        through, last = index_progress(path)
         if through >= last:
             return
         assert time.monotonic() < deadline, f"the search index stayed at {through} of {last} messages"

@@ -16,13 +16,15 @@ import pytest
 
 from tests.e2e.helpers import Daemon, RawClient, db_rows, frame, request_frame, short_dir, user
 
+pytestmark = pytest.mark.usefixtures("module_backend")
+
 MAX_FRAME = 100_000
 MAX_MESSAGE = 2000
 MAX_BATCH = 50
 
 
 @pytest.fixture(scope="module")
-def limited_daemon():
+def limited_daemon(module_backend):
     base = short_dir()
     daemon = Daemon(base / "data", socket_path=base / "run" / "ctxd.sock", args=[
         "--set", "limits.frame_stall_seconds=0.5",

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.e2e.history_helpers import read_db, rpc_error, running
 from tests.llm_servers import FakeLLMServer
+
+pytestmark = pytest.mark.usefixtures("storage_backend")
 
 MODEL = "slow-info:3b"
 

@@ -32,6 +32,8 @@ from tests.e2e.compression_helpers import (
     user_texts,
 )
 
+pytestmark = pytest.mark.usefixtures("module_backend")
+
 CONTEXT_OVERFLOW = -33010
 CHECKPOINT_NOT_FOUND = -33013
 MESSAGE_NOT_FOUND = -33014
@@ -42,7 +44,7 @@ STAGES = {"identification": 0, "preparation": 15, "summarization": 25, "checkpoi
 
 
 @pytest.fixture(scope="module")
-def daemon():
+def daemon(module_backend):
     """One daemon with the default configuration; every test uses its own sessions."""
     root = short_root()
     proc = CtxdProc(root).start()

@@ -32,6 +32,8 @@ from tests.e2e.compression_helpers import (
 )
 from tests.llm_servers import FakeLLMServer
 
+pytestmark = pytest.mark.usefixtures("module_backend")
+
 MODEL = "acme-chat"
 KEY = "sk-e2e-Zq81Lm3vTtW9cYpQ0aNDSECRET"
 KEY_ENV = "CX_E2E_SUMMARIZER_KEY"
@@ -177,7 +179,7 @@ async def check_fallback(conn: Conn, session_id: str, why: str, seed: int, serve
 
 
 @pytest.fixture(scope="module")
-def failing_openai():
+def failing_openai(module_backend):
     """One OpenAI-backend daemon and its server for the failure modes (each test sets
     the server's mode and uses its own session). A large summarizer window puts a whole
     input in one call, so a long answer is "longer than its input" (not chunk merges

@@ -35,6 +35,8 @@ from tests.e2e.compression_helpers import (
     user_texts,
 )
 
+pytestmark = pytest.mark.usefixtures("storage_backend")
+
 CONTEXT_OVERFLOW = -33010
 LEVELS = ["ultra", "compact", "moderate", "detailed"]
 

@@ -16,6 +16,8 @@ import random
 import statistics
 from collections.abc import AsyncIterator
 
+import pytest
+
 from tests.e2e.compression_helpers import (
     Conn,
     CtxdProc,
@@ -28,6 +30,8 @@ from tests.e2e.compression_helpers import (
     short_root,
     user_texts,
 )
+
+pytestmark = pytest.mark.usefixtures("storage_backend")
 
 
 async def _session(conn: Conn, sid: str, window: int, **extra) -> Driver:

@@ -12,6 +12,8 @@ import pytest
 from ctxd.client import Client, DaemonUnavailable, RpcError
 from tests.e2e.helpers import db_rows, db_session
 
+pytestmark = pytest.mark.usefixtures("storage_backend")
+
 # Content that would not survive a careless round trip: multi-byte UTF-8, escapes,
 # quotes, control characters, lone-surrogate-free emoji, JSON-looking text.
 TRICKY = ["é ✓ 漢字 \U0001F600", 'say "hi"\\n', "tab\there\r\nnewline", '{"role": "system"}', "\u2028\u2029",

@@ -97,6 +97,7 @@ def both_transports(base: Path, name: str, args: list[str] | None = None, **kwar
 # --- before initialize ----------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("storage_backend")
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 async def test_frames_before_initialize_are_small(base_dir, daemons, transport):
     """A frame over 64 KiB before ``initialize`` is answered -32700 and skipped, never
@@ -137,6 +138,7 @@ async def test_frames_before_initialize_are_small(base_dir, daemons, transport):
     assert "Traceback" not in daemon.stderr_text()
 
 
+@pytest.mark.usefixtures("storage_backend")
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 async def test_connection_that_never_initializes_is_closed(base_dir, daemons, transport):
     daemon = start(both_transports(base_dir, "deadline", ["--set", "limits.initialize_timeout_seconds=1"]),
@@ -154,6 +156,7 @@ async def test_connection_that_never_initializes_is_closed(base_dir, daemons, tr
     assert "Traceback" not in daemon.stderr_text()
 
 
+@pytest.mark.usefixtures("storage_backend")
 async def test_pending_connections_over_the_cap_are_closed_at_once(base_dir, daemons):
     """Past ``limits.max_pending_connections`` connections waiting for ``initialize``
     (per transport), a new one is closed at once, without a traceback in the log; the

@@ -33,13 +33,15 @@ from tests.e2e.history_helpers import (
     full_history,
     marker_of,
     prompt,
+    index_progress,
     index_settled,
     prompt_text,
     push,
-    read_db,
     rpc_error,
     running,
 )
+
+pytestmark = pytest.mark.usefixtures("storage_backend")
 
 WINDOW = 2048
 
@@ -268,8 +270,7 @@ async def test_search_while_the_background_indexer_runs_sees_every_acknowledged_
         # No search yet: the background indexer takes this push in batches of 2000. Catch it part-way
         # (some batches committed, not all), then search for the newest message.
         while True:
-            (through, last), = read_db(d.db_path, "SELECT (SELECT indexed_through FROM search_state), "
-                                                  "(SELECT max(id) FROM messages)")
+            through, last = index_progress(d.db_path)
             if 0 < through < last:
                 break
             if through >= last:
@@ -362,6 +363,7 @@ async def test_deleted_sessions_are_not_searched():
 # --- integrity -----------------------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_only("damages the SQLite file itself")
 async def test_corrupt_database_is_refused_and_left_as_it_was(tmp_path):
     async with running() as d:
         conn = await d.connect()

@@ -145,6 +145,7 @@ def test_bad_configuration_file(tmp_path):
     assert str(missing) in one_line(result)
 
 
+@pytest.mark.usefixtures("storage_backend")
 async def test_configuration_file_is_applied(tmp_path, daemon_factory):
     config = tmp_path / "config.toml"
     config.write_text("[storage]\ndurability = 'full'\n[limits]\nmax_batch_messages = 3\n")
@@ -162,6 +163,7 @@ async def test_configuration_file_is_applied(tmp_path, daemon_factory):
         await client.close()
 
 
+@pytest.mark.usefixtures("storage_backend")
 def test_log_file_takes_the_logs(daemon_factory, base_dir):
     log = base_dir / "ctxd.log"
     daemon = daemon_factory(name="log", args=["--log-file", str(log), "-v"])

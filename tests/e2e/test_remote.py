@@ -19,7 +19,7 @@ import pytest_asyncio
 from tests.e2e.helpers import (CTXD, REPLY_TIMEOUT, START_TIMEOUT, Daemon, RawClient, async_wait_for, daemon_env,
                                frame, process_gone)
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("storage_backend")]
 
 
 class Forwarder(RawClient):

@@ -22,13 +22,15 @@ from tests.e2e.helpers import (
     short_dir,
 )
 
+pytestmark = pytest.mark.usefixtures("module_backend")
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "transcripts"
 FILES = sorted(p for p in FIXTURES.iterdir() if p.suffix != ".md")
 MISSING = "[no result was recorded"
 
 
 @pytest.fixture(scope="module")
-def replay_daemon():
+def replay_daemon(module_backend):
     base = short_dir()
     daemon = Daemon(base / "data", socket_path=base / "run" / "ctxd.sock")
     daemon.start()

@@ -13,8 +13,13 @@
 from __future__ import annotations
 
 import asyncio
+
+import pytest
+
 from tests.e2e.compression_helpers import Conn, Driver
 from tests.e2e.history_helpers import chat_turns, flatten, index_settled, push, read_db, rpc_error, running
+
+pytestmark = pytest.mark.usefixtures("storage_backend")
 
 OWNED_TABLES = ("messages", "snapshots", "checkpoints", "compressions", "session_events")
 

@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
-import sqlite3
+import pytest
 
+from tests.e2e.helpers import db_write
 from tests.e2e.history_helpers import push, read_db, running
+
+pytestmark = pytest.mark.usefixtures("storage_backend")
 
 
 async def listed(conn) -> list[str]:
@@ -66,10 +69,7 @@ async def test_an_age_limit_removes_inactive_sessions_at_startup():
             await conn.call("session/create", {"sessionId": sid})
             await push(conn, sid, [{"role": "user", "content": f"hello from {sid}"}])
         await d.stop()
-        db = sqlite3.connect(d.db_path)
-        with db:
-            db.execute("UPDATE sessions SET last_activity = '2020-01-01T00:00:00.000Z' WHERE id = 'old'")
-        db.close()
+        db_write(d.proc.data_dir, "UPDATE sessions SET last_activity = '2020-01-01T00:00:00.000Z' WHERE id = 'old'")
 
         d.proc.sets = ["sessions.max_age_days=30", "daemon.log_level=info"]
         d.proc.start()

@@ -9,7 +9,6 @@ import random
 import shutil
 import signal
 import socket
-import sqlite3
 import stat
 import sys
 import textwrap
@@ -23,8 +22,11 @@ from tests.e2e.helpers import (
     RawClient,
     async_wait_for,
     daemon_env,
+    db_query,
     db_rows,
     db_session,
+    db_write,
+    pg_url_of,
     process_gone,
     request_frame,
     run_ctxd,
@@ -33,10 +35,11 @@ from tests.e2e.helpers import (
     wait_for,
 )
 
+pytestmark = pytest.mark.usefixtures("module_backend")
 
 
 @pytest.fixture(scope="module")
-def daemon():
+def daemon(module_backend):
     """One socket daemon for the tests of this module that leave it running (each works
     in sessions of its own); tests that stop or restart a daemon make their own."""
     base = short_dir()
@@ -80,7 +83,8 @@ def test_socket_file_and_directory_are_private(daemon_factory, base_dir, existin
     assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
     assert lock.read_text().strip() == str(daemon.pid)
     # The database is private too.
-    assert stat.S_IMODE(os.stat(daemon.data_dir / "ctxd.db").st_mode) == 0o600
+    if pg_url_of(daemon.data_dir) is None:
+        assert stat.S_IMODE(os.stat(daemon.data_dir / "ctxd.db").st_mode) == 0o600
 
 
 async def test_default_socket_path_under_xdg_runtime_dir(base_dir):
@@ -316,7 +320,7 @@ async def test_daemon_status_and_stop(daemon_factory):
         assert status["sessions"] == 1
         assert status["durability"] == "normal"
         assert status["dataDir"] == str(daemon.data_dir)
-        assert status["database"] == str(daemon.data_dir / "ctxd.db")
+        assert status["database"] == (pg_url_of(daemon.data_dir) or str(daemon.data_dir / "ctxd.db"))
         assert status["uptimeSeconds"] >= 0
         assert status["version"]
 
@@ -473,16 +477,6 @@ def test_idle_exit(daemon_factory, args):
     assert not daemon.socket_path.exists()
 
 
-def _sql(path, query: str, write: bool = False):
-    conn = sqlite3.connect(f"file:{path}" + ("" if write else "?mode=ro"), uri=True, timeout=30)
-    try:
-        row = conn.execute(query).fetchone()
-        conn.commit()
-        return row
-    finally:
-        conn.close()
-
-
 async def test_sigterm_while_search_index_catches_up(daemon_factory):
     """Stopping a background task by cancelling it must work even while it waits on a
     write that has started (regression: the search indexer swallowed the cancel and the
@@ -496,12 +490,15 @@ async def test_sigterm_while_search_index_catches_up(daemon_factory):
             user(f"message {k} {i} about topic {i % 97}") for i in range(10_000)]})
     await client.close()
     assert daemon.stop() == 0
-    db = daemon.data_dir / "ctxd.db"
-    _sql(db, "DELETE FROM messages_fts", write=True)
-    _sql(db, "UPDATE search_state SET indexed_through = 0", write=True)
+    if pg_url_of(daemon.data_dir) is None:
+        db_write(daemon.data_dir, "DELETE FROM messages_fts", "UPDATE search_state SET indexed_through = 0")
+        progress = "SELECT indexed_through FROM search_state"
+    else:  # the queue of messages to index (store/search_pg.py)
+        db_write(daemon.data_dir, "DELETE FROM messages_fts", "INSERT INTO search_pending SELECT id FROM messages ON CONFLICT DO NOTHING")
+        progress = "SELECT count(*) FROM messages_fts"
 
     daemon.start()
-    wait_for(lambda: _sql(db, "SELECT indexed_through FROM search_state")[0] > 0, interval=0.005,
+    wait_for(lambda: db_query(daemon.data_dir, progress)[0][0] > 0, interval=0.005,
              what="the search index to catch up")
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.wait(60) == 0

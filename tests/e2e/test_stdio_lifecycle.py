@@ -17,6 +17,8 @@ from ctxd.protocol.methods import METHODS
 from tests.e2e.helpers import daemon_env, db_rows, user
 from tests.e2e.lsp import create, initialize, push, request, rpc_error
 
+pytestmark = pytest.mark.usefixtures("storage_backend")
+
 # --- lifecycle --------------------------------------------------------------------------
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.e2e.helpers import Daemon, RawClient, request_frame, run_ctxd, short_dir
 
+pytestmark = pytest.mark.usefixtures("storage_backend")
+
 
 @pytest.fixture(scope="module")
 def tcp_daemon():

@@ -263,9 +263,7 @@ def _bad_documents(good_json: str, good_jsonl: str, good_md: str) -> list[tuple[
     ]
 
 
-async def test_bad_documents_fail_and_store_nothing(storage_backend):
-    if storage_backend == "postgresql":
-        pytest.skip("counts rows in the SQLite file itself")
+async def test_bad_documents_fail_and_store_nothing():
     async with running() as d:
         conn = await d.connect()
         await make_rich(conn, "orig")
