@@ -344,3 +344,22 @@ async def test_what_was_missed_while_not_listening_is_caught_up(service: Service
         assert [m["content"] if isinstance(m, dict) else m.content for m in result.messages] == ["one", "two"]
     finally:
         await other.close()
+
+
+def test_fts5_queries_become_tsqueries_or_clear_errors() -> None:
+    """``syntax: "fts"`` means FTS5's syntax on PostgreSQL too: translated, never guessed."""
+    pytest.importorskip("psycopg")
+    from ctxd.store.search import QueryError
+    from ctxd.store.search_pg import tsquery
+
+    assert tsquery('"zebra" "Road"') == "('zebra' & 'Road')"  # words mode (to_tsquery lower-cases)
+    assert tsquery("zebra OR giraffe") == "('zebra' | 'giraffe')"
+    assert tsquery('"zebra has" stripes*') == "(('zebra' <-> 'has') & 'stripes':*)"
+    assert tsquery("a NOT b OR (c AND d)") == "(('a' & !'b') | ('c' & 'd'))"
+    assert tsquery("a + b") == "('a' <-> 'b')"
+    assert tsquery("NEAR(a b, 1)") == "('a' <1> 'b' | 'b' <1> 'a' | 'a' <2> 'b' | 'b' <2> 'a')"
+    assert tsquery("NEAR(a b, 500)") == "('a' & 'b')"
+    for bad in ("", "NEAR(", "a AND", "(a", "OR", "col:a", "a)", "NOT a", ".", "x'y", '"open', "^a", "*",
+                "NEAR(a b, x)", "NEAR(a b, -1)", '"..."'):
+        with pytest.raises(QueryError, match="invalid search syntax"):
+            tsquery(bad, QueryError)
