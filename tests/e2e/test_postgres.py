@@ -132,3 +132,42 @@ async def test_a_daemon_sigkilled_mid_push_loses_nothing_acknowledged(pg_server,
         assert result["messages"][0]["seq"] == len(rows) + 1 and result["messageCount"] == len(rows) + 1
     finally:
         await again.close()
+
+
+async def test_a_client_of_one_daemon_hears_what_is_done_through_another(pg_server, daemon_factory):
+    """Cross-daemon notifications between two real daemon processes: a client subscribed on
+    daemon A hears the pushes, the goal, the pin and the snapshot done through daemon B, in
+    order (a snapshot label of 20 KB, larger than a NOTIFY, included), and A's next prompt
+    holds what B changed."""
+    url = pg_server.create_database()
+    args = ["--set", f"storage.url={url}"]
+    a = daemon_factory(name="a", args=args)
+    b = daemon_factory(name="b", args=args)
+    listener, worker = await connect(a), await connect(b)
+    heard: list[tuple[str, dict[str, Any]]] = []
+    listener.on_notification(lambda method, params: heard.append((method, params)))
+    try:
+        await worker.request("session/create", {"sessionId": "x", "contextWindow": WINDOW})
+        await listener.request("session/subscribe", {"sessionId": "x"})
+        before = await listener.request("context/prompt", {"sessionId": "x", "format": "anthropic"})
+        assert before["messages"] == []
+        for i in range(3):
+            await worker.request("session/push", {"sessionId": "x", "messages": [
+                {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]})
+        await worker.request("goal/set", {"sessionId": "x", "description": "finish the relay"})
+        await worker.request("message/pin", {"sessionId": "x", "seq": 1})
+        label = "ünïcode label " * 1500
+        await worker.request("snapshot/create", {"sessionId": "x", "label": label})
+        for _ in range(3000):  # until A's client heard everything (no time limit asserted)
+            if any(m == "snapshot/created" for m, _ in heard):
+                break
+            await asyncio.sleep(0.01)
+        updates = [(p["reason"], p["lastSeq"]) for m, p in heard if m == "session/updated"]
+        assert updates[:5] == [("push", 2), ("push", 4), ("push", 6), ("goal", 6), ("pin", 6)], updates
+        assert [p["snapshot"]["label"] for m, p in heard if m == "snapshot/created"] == [label]
+        prompt = await listener.request("context/prompt", {"sessionId": "x", "format": "anthropic"})
+        assert "finish the relay" in str(prompt["system"]) and len(prompt["messages"]) == 6
+        assert prompt["budget"]["pinnedTokens"] > 0
+    finally:
+        await listener.close()
+        await worker.close()
