@@ -160,6 +160,38 @@ def never_compressed(entry: "Entry") -> bool:
     return entry.has_user_text or entry.message.role == "system"
 
 
+def is_session_marker(entry: "Entry") -> bool:
+    """A system message that only opens a session of a multi-session chat (``[Session 3:
+    8 May 2023]``, ``metadata.sessionStart``, as the LoCoMo importer writes): a date for
+    the messages after it, not an instruction."""
+    metadata = entry.message.metadata
+    return entry.message.role == "system" and bool(metadata) and metadata.get("sessionStart") is True  # type: ignore[union-attr]
+
+
+def retire_markers(ctx: "ActiveContext") -> None:
+    """Take out of the kept messages the session markers that date nothing any more: no
+    verbatim message of their session (other than system messages) is left in the prompt
+    (the summaries quote its turns with their date, ``[8 May 2023] Caroline: ...``). They
+    stay whole in history."""
+    sent = ctx.kept + ctx.recent
+    drop: set[int] = set()
+    for i in range(len(ctx.kept)):
+        if not is_session_marker(sent[i]):
+            continue
+        dated = False
+        for later in sent[i + 1:]:
+            if is_session_marker(later):
+                break
+            if later.message.role != "system":
+                dated = True
+                break
+        if not dated:
+            drop.add(sent[i].seq)
+    if drop:
+        ctx.kept = [e for e in ctx.kept if e.seq not in drop]
+        ctx.state.kept_seqs = [e.seq for e in ctx.kept]
+
+
 def _strip_tool_blocks(message: Message) -> Message | None:
     """Seed 002's block filter: tool_use/tool_result blocks out, conversation in."""
     if message.role == "tool":

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id
 from ctxd.engine.clip import excerpt
-from ctxd.engine.context import ActiveContext, Entry
+from ctxd.engine.context import ActiveContext, Entry, retire_markers
 from ctxd.protocol.compression import Checkpoint, seq_ranges
 from ctxd.protocol.message import TextBlock
 
@@ -193,6 +193,7 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     folded = {e.seq for e in entries}
     ctx.kept = [e for e in ctx.kept if e.seq not in folded]
     ctx.state.kept_seqs = [e.seq for e in ctx.kept]
+    retire_markers(ctx)
     ctx.checkpoints = [cp] + [c for c in ctx.checkpoints if c.kind != "folded"]
     ctx.state.lossy = True
     return cp

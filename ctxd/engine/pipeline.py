@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id, truncation_notice
-from ctxd.engine.context import ActiveContext, ClipEvent, Entry, never_compressed
+from ctxd.engine.context import ActiveContext, ClipEvent, Entry, never_compressed, retire_markers
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.protocol.compression import Checkpoint, ToolUse, merge_ranges, seq_ranges
 from ctxd.protocol.context import Budget
@@ -272,6 +272,7 @@ def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkp
     state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
     state.clips = [c for c in state.clips if c.seq > state.boundary]
     state.compression_count += 1
+    retire_markers(ctx)
 
 
 def advance(ctx: ActiveContext, selection: Selection) -> bool:
@@ -290,6 +291,7 @@ def advance(ctx: ActiveContext, selection: Selection) -> bool:
     state.kept_seqs = [e.seq for e in ctx.kept]
     state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
     state.clips = [c for c in state.clips if c.seq > state.boundary]
+    retire_markers(ctx)
     return True
 
 

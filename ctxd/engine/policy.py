@@ -45,7 +45,10 @@ class CompressionPolicy:
     user_share: float = 0.5
     """The user's messages stay verbatim in the conversation while they take at most this
     share of the largest prompt; only past it does the overflow policy fold the oldest."""
-    critical_fraction: float = 0.95
+    critical_fraction: float = 0.98
+    """``context/threshold`` says "critical" when the prompt reaches this share of the largest
+    prompt: above the trigger (0.95 of what the conversation may use), so a client hears
+    "warning" first, and "critical" only when a pass could not keep up."""
 
     def prune_thresholds(self, available: int) -> tuple[int, int]:
         """(minimum, protect) for pruning: seed 004's 20k/40k, scaled down for windows

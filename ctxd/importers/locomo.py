@@ -23,8 +23,10 @@ Mapping (LoCoMo is a dialogue between two people, not a user and a model):
 * Each session that has a date opens with one short **system message**,
   ``[Session N: <session_N_date_time>]`` (``metadata = {session: N, sessionDateTime,
   sessionStart: true}``, no ``dia_id``): the date reaches the prompt without touching
-  the speakers' words. ctxd never compresses system messages, so the dates stay next
-  to the turns they date, compressed or not (about 15 tokens a session).
+  the speakers' words. ctxd keeps such a marker in the prompt while a verbatim message
+  of its session is there to date (about 15 tokens a session); once its turns are all
+  summarized (the summary lines carry the date) or folded, it leaves the prompt
+  (``engine/context.retire_markers``); history keeps it.
 * ``timestamp`` = the session's date/time as ISO 8601 (``"1:56 pm on 8 May, 2023"`` →
   ``"2023-05-08T13:56:00"``, no time zone, as in the source) when it parses; the
   original text is always in ``metadata.sessionDateTime``.

@@ -267,13 +267,14 @@ async def _make_room(svc: Service, state: SessionState, ctx: ActiveContext, run:
     """A pass that summarized all it could and still left the conversation within a loop
     guard's step of the trigger (what remains is mostly the user's words, verbatim)
     shortens the summary checkpoints until that step is free: otherwise every few turns
-    compress again, each pass freeing a few tokens and breaking the prompt cache. (One
-    step, not the low-water mark: summaries are where older turns live, and shortening
-    them further costs more than the passes it saves; docs/decisions.md.)"""
+    compress again, each pass freeing a few tokens and breaking the prompt cache. (A
+    step down to the low-water mark, but never less than one loop guard's: summaries are
+    where older turns live, and shortening them further costs more than the passes it
+    saves; docs/decisions.md.)"""
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
-    share = budget.trigger_fraction - policy.min_growth_fraction
+    share = min(budget.trigger_fraction - policy.min_growth_fraction, policy.low_water_fraction)
     if share <= 0 or ctx.used <= math.floor(share * budget.available):
         return
     # Every token the checkpoints give back raises available by one, the goal by ``share``.

@@ -20,7 +20,7 @@ def session_reliability(state: SessionState, budget: Budget) -> Reliability:
                        state.cstate.compression_count, budget, state.cstate.lossy)
 
 
-def threshold_level(budget: Budget, critical_fraction: float = 0.95) -> str | None:
+def threshold_level(budget: Budget, critical_fraction: float) -> str | None:
     if budget.max_prompt_tokens > 0 and budget.prompt_tokens >= critical_fraction * budget.max_prompt_tokens:
         return "critical"
     if budget.used > budget.trigger_at:
@@ -31,13 +31,18 @@ def threshold_level(budget: Budget, critical_fraction: float = 0.95) -> str | No
 def after_change(svc: Service, state: SessionState, budget: Budget) -> None:
     """Send ``context/threshold`` and ``context/reliability`` when their level changed."""
     cstate = state.cstate
-    level = threshold_level(budget)
+    level = threshold_level(budget, svc.cache.policy(state).critical_fraction)
     if level != cstate.threshold_level:
+        # One push can pass the trigger and the critical level at once: a client still
+        # hears the warning first (the trigger sits close below the critical level).
+        levels = ["warning", "critical"] if level == "critical" and cstate.threshold_level is None \
+            and budget.used > budget.trigger_at else [level]
         cstate.threshold_level = level
-        if level is not None:
-            svc.events.emit(state.id, ThresholdNotification(
-                session_id=state.id, level=level, prompt_tokens=budget.prompt_tokens,  # type: ignore[arg-type]
-                max_prompt_tokens=budget.max_prompt_tokens, used=budget.used, trigger_at=budget.trigger_at))
+        for each in levels:
+            if each is not None:
+                svc.events.emit(state.id, ThresholdNotification(
+                    session_id=state.id, level=each, prompt_tokens=budget.prompt_tokens,  # type: ignore[arg-type]
+                    max_prompt_tokens=budget.max_prompt_tokens, used=budget.used, trigger_at=budget.trigger_at))
     rel = session_reliability(state, budget)
     if rel.level != cstate.reliability_level:
         previous = cstate.reliability_level

@@ -29,7 +29,8 @@ sentences.
   few ``Label: a; b`` lines. ``extract`` reads these sections back, so facts survive
   when the checkpoint is merged later.
 * Chat (no tools: two people talking, e.g. LoCoMo): a condensed transcript, in the
-  original order, one line per chosen turn, ``[8 May 2023] Caroline: <her words>``.
+  original order, one line per chosen turn, ``Caroline: <her words>``, under a
+  ``[8 May 2023]`` line for each day (dates once, not on every line).
   A chosen turn is quoted whole and verbatim when it is short (under ~60 tokens),
   otherwise its best sentences are (verbatim, joined with ``…`` where some were left
   out). The speaker is ``metadata.speaker``, else the message's ``name``, else its
@@ -150,6 +151,8 @@ you've you'll that's there's what's let's he's she's they're we're we've they've
 _CHAT_LINE = re.compile(r"^(?:\[([^\]\n]{0,39}\d[^\]\n]{0,39})\]\s+)?([^\s:\[\]\-*•#>|`][^:\n]{0,63}):\s+(?=\S)")
 """A line of a condensed transcript, ``[8 May 2023] Caroline: `` (the match is the prefix;
 a date has a digit, so ``[DECISION] x: y`` is not one, and a bullet is not a speaker)."""
+_DATE_HEADING = re.compile(r"^\[([^\]\n]{0,39}\d[^\]\n]{0,39})\]$")
+"""A condensed transcript's date line, ``[8 May 2023]``: the turns under it were said that day."""
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
            "October", "November", "December")
 _MONTH_BY_PREFIX = {m[:3].lower(): m for m in _MONTHS}
@@ -181,7 +184,8 @@ class _Unit:
 
 @dataclass(slots=True)
 class _Line:
-    prefix: str          # "[8 May 2023] Caroline: " (empty for lines of older summaries)
+    date: str            # "8 May 2023", shown once above the turns of that day ("": none)
+    prefix: str          # "Caroline: " (empty for lines of older summaries)
     parts: int           # how many units the turn was cut into (1: whole)
 
 
@@ -379,12 +383,12 @@ class ExtractiveSummarizer:
                 continue
             turn = len(lines)
             speaker, date = speaker_of(message), date_of(message)
-            prefix = (f"[{date}] " if date else "") + f"{speaker}: "
+            prefix = f"{speaker}: "
             if len(text) <= 160 or (len(text) <= WHOLE_TURN_TOKENS * 8 and self._count(text) < WHOLE_TURN_TOKENS):
                 pieces = [text]
             else:
                 pieces = [p for p in _CHAT_SPLIT.split(text) if p.strip()] or [text]
-            lines.append(_Line(prefix, len(pieces)))
+            lines.append(_Line(date or "", prefix, len(pieces)))
             user = message.role == "user"
             for part, piece in enumerate(pieces):
                 unit = _Unit(turn, part, piece)
@@ -401,12 +405,21 @@ class ExtractiveSummarizer:
         units: list[_Unit] = []
         for message in request.messages:
             for text in _texts(message):
+                date = ""
                 for raw in text.splitlines():
                     line = raw.strip()
                     if not line:
                         continue
+                    heading = _DATE_HEADING.match(line)
+                    if heading:
+                        date = heading.group(1)
+                        continue
+                    line_date = date
+                    found = _CHAT_LINE.match(line)
+                    if found and found.group(1):  # a line written before dates became headings
+                        line_date, line = found.group(1), line[found.start(2):]
                     units.append(_Unit(len(lines), 0, line))
-                    lines.append(_Line("", 1))
+                    lines.append(_Line(line_date, "", 1))
         if not units:
             return ""
         _Analysis.of(request, chat=True).score_units(units, len(lines), lines=True)
@@ -427,6 +440,7 @@ class ExtractiveSummarizer:
         first_floor = best / 2 if best > 0 else float("-inf")
         chosen: list[_Unit] = []
         opened: set[int] = set()
+        dated: set[str] = set()
         used = 0
         misses = 0
         for unit in ranked:
@@ -434,10 +448,13 @@ class ExtractiveSummarizer:
                 break  # nothing worth keeping is left
             if not chosen and unit.score < first_floor:
                 break
+            line = lines[unit.turn]
             if unit.turn in opened:
                 cost = count(" … " + unit.text)
             else:
-                cost = count(lines[unit.turn].prefix + unit.text + "\n")
+                cost = count(line.prefix + unit.text + "\n")
+                if line.date and line.date not in dated:
+                    cost += count(f"[{line.date}]\n")
             if used + cost > target:
                 misses += 1
                 if misses > 200 or used >= target:
@@ -445,12 +462,15 @@ class ExtractiveSummarizer:
                 continue
             used += cost
             opened.add(unit.turn)
+            if line.date:
+                dated.add(line.date)
             chosen.append(unit)
         if not chosen:
             if whole:
                 return ""  # lines of older summaries are kept whole or not at all
             best = ranked[0]
-            prefix = lines[best.turn].prefix + ("… " if best.part else "")
+            line = lines[best.turn]
+            prefix = (f"[{line.date}]\n" if line.date else "") + line.prefix + ("… " if best.part else "")
             cut = self._clip_to(best.text, target, lambda t: prefix + t)
             return prefix + cut if cut is not None else ""
         text = _render_units(chosen, lines)
@@ -481,8 +501,12 @@ def _render_units(chosen: Sequence[_Unit], lines: Sequence[_Line]) -> str:
     for unit in chosen:
         by_turn.setdefault(unit.turn, []).append(unit)
     out: list[str] = []
+    shown_date = ""
     for turn in sorted(by_turn):
         line = lines[turn]
+        if line.date and line.date != shown_date:
+            out.append(f"[{line.date}]")  # once for the turns of one day: ~8 tokens a line saved
+            shown_date = line.date
         parts = sorted(by_turn[turn], key=lambda u: u.part)
         pieces: list[str] = ["… "] if parts[0].part else []  # sentences were left out before it
         previous = parts[0].part
@@ -619,7 +643,7 @@ def _chat_summaries(messages: Sequence[Message]) -> bool:
         for text in _texts(message):
             for raw in text.splitlines():
                 line = raw.strip()
-                if not line:
+                if not line or _DATE_HEADING.match(line):
                     continue
                 match = _CHAT_LINE.match(line)
                 if match and (match.group(1) or match.group(2).strip().lower() not in _SECTION_LABELS):
@@ -1087,7 +1111,10 @@ def must_survive(request: SummaryRequest, *, max_items: int = 12) -> MustSurvive
             if merge:
                 for text in _texts(message):
                     for raw in text.splitlines():
-                        if raw.strip():
+                        heading = _DATE_HEADING.match(raw.strip())
+                        if heading:
+                            dates.setdefault(heading.group(1))
+                        elif raw.strip():
                             units.append(_Unit(turns, 0, raw.strip()))
                             turns += 1
                 continue

@@ -189,7 +189,8 @@ async def test_a_huge_tool_result_beside_the_users_words_is_excerpted():
 async def test_a_user_message_bigger_than_any_prompt_changes_nothing():
     async with _daemon() as conn:
         drive = await _session(conn, "keep", window=4096)
-        await drive.push_until(agent_session(seed=3, messages=200), lambda d: len(d.runs) >= 2)
+        await drive.push_until(agent_session(seed=3, messages=200),
+                               lambda d: any("summarize" in r.note["layers"] for r in d.runs))
         before = (await conn.call("context/checkpoints", {"sessionId": "keep"}))["checkpoints"]
         assert before
         await drive.push([{"role": "user", "content": "word " * 6000}])

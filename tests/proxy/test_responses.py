@@ -100,7 +100,7 @@ async def test_a_long_conversation_is_compressed_and_stays_valid(proxy, upstream
     output = " ".join(f"line {i}: build step finished, file src/module_{i}.py compiled" for i in range(40))
     items: list[dict] = []
     users: list[str] = []
-    for turn in range(24):
+    for turn in range(32):
         users.append(f"Request {turn}: please use the tool to check the build of module {turn}.")
         items.append({"role": "user", "content": users[-1]})
         reply = await client.responses.create(model=MODEL, instructions="You are a build agent.", input=items,
@@ -117,7 +117,7 @@ async def test_a_long_conversation_is_compressed_and_stays_valid(proxy, upstream
         assert text == "Answer to: the result of tool"
     assert sum(counter.count(json.dumps(i)) for i in items) > 2 * 8192
     sent = upstream.chats("/v1/responses")
-    assert len(sent) == 48  # each one accepted by the fake upstream's item checks
+    assert len(sent) == 64  # each one accepted by the fake upstream's item checks
     [info] = await sessions(ctxd_daemon)
     assert info["compressionCount"] >= 1
     last = sent[-1].json

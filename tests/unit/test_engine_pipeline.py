@@ -30,7 +30,7 @@ from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.render import render_anthropic, render_ollama, render_openai
 from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
-from ctxd.protocol.message import TextBlock
+from ctxd.protocol.message import Message, TextBlock
 
 from ._engine_helpers import (
     COUNTER,
@@ -754,3 +754,53 @@ def test_fold_with_a_rank_keeps_the_best_lines_in_their_order():
     assert [int(line[len("[message "):line.index("]")]) for line in _folded_lines(cp.summary)] == [1, 2, 4]
     assert cp.summary.startswith("[2 older user messages (messages 3, 5) are folded out of the prompt")
     assert cp.message_seqs == [1, 2, 3, 4, 5]
+
+
+# --- session markers ---------------------------------------------------------------------
+
+def marker(n: int) -> Message:
+    """A session-opening system message, as the LoCoMo importer writes it."""
+    return Message(role="system", content=f"[Session {n}: 1:56 pm on {n} May, 2023]",
+                   metadata={"session": n, "sessionDateTime": f"1:56 pm on {n} May, 2023", "sessionStart": True})
+
+
+def sessions_chat() -> list[Message]:
+    return [
+        marker(1), user("I adopted a puppy called Oscar"), assistant(words(400, "tree")),
+        marker(2), assistant(words(400, "bird")), assistant(words(400, "road")),
+        system("Answer in French from now on."), assistant(words(400, "page")),
+        marker(3), user("We moved to Lisbon"), assistant(words(400, "note")),
+        user("continue"), assistant(words(400, "item")), user("continue"), assistant(words(400, "plan")),
+    ]
+
+
+def test_a_session_marker_with_nothing_verbatim_after_it_leaves_the_prompt():
+    ctx = make_ctx(sessions_chat())
+    summarized(ctx, identify(ctx, BIG, POLICY))
+    assert ctx.state.boundary == 10
+    # session 1 still dates the user's words after it; session 2's turns are all summarized
+    # (the summary dates them); an instruction is never dropped; session 3 has its user turn.
+    assert seqs(ctx.kept) == [1, 2, 7, 9, 10]
+    assert ctx.state.kept_seqs == [1, 2, 7, 9, 10]
+    sent = [m.content for m in ctx.conversation()]
+    assert "[Session 2: 1:56 pm on 2 May, 2023]" not in sent
+    assert "Answer in French from now on." in sent
+    render_all_valid(ctx)
+
+
+def test_a_session_marker_leaves_when_its_user_words_are_folded():
+    ctx = make_ctx(sessions_chat())
+    summarized(ctx, identify(ctx, BIG, POLICY))
+    fold(ctx, [by_seq(ctx, 2)], allowance=1000, now=NOW, number=2, count=count)
+    refresh(ctx)
+    assert seqs(ctx.kept) == [7, 9, 10]
+    assert "I adopted a puppy called Oscar" in ctx.system_text  # the folded words, verbatim
+
+
+def test_a_marker_before_the_recent_messages_stays():
+    chat = [marker(1), user("first"), assistant(words(400, "tree")), assistant(words(400, "bird")),
+            marker(2)] + [assistant(words(50, "data")), user("more")] * 3
+    ctx = make_ctx(chat)
+    sel = identify(ctx, BIG, POLICY)
+    summarized(ctx, sel)
+    assert 5 in seqs(ctx.kept) or 5 in seqs(ctx.recent)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -113,9 +114,21 @@ async def test_large_chat_input_uses_most_of_a_large_target() -> None:
         SummaryRequest(messages=messages, level="detailed", target_tokens=2000))
     assert 1400 <= result.output_tokens <= 2000
     # there are more answer-bearing turns than fit: they are what the target is spent on
-    lines = result.text.splitlines()
+    lines = dated_lines(result.text)
     assert sum("Last week I went to a" in line for line in lines) >= 0.9 * len(lines)
     assert all(line.startswith(("[8 May 2023] Caroline: ", "[8 May 2023] Melanie: ")) for line in lines)
+    assert result.text.count("[8 May 2023]") == 1  # the date once, above the day's turns
+
+
+def dated_lines(text: str) -> list[str]:
+    """A condensed transcript's turns, each with the date of the ``[date]`` line above it."""
+    out, date = [], ""
+    for line in text.splitlines():
+        if re.fullmatch(r"\[[^\]]*\d[^\]]*\]", line):
+            date = line
+        else:
+            out.append(f"{date} {line}" if date else line)
+    return out
 
 
 # ---- salience -----------------------------------------------------------------------------------
@@ -168,7 +181,7 @@ async def test_locomo_chat_lines_carry_speaker_and_date() -> None:
     [transcript, _] = load_transcripts(LOCOMO)
     result = await ExtractiveSummarizer(tiktoken_count).summarize(
         SummaryRequest(messages=transcript.messages, level="detailed", target_tokens=400))
-    lines = result.text.splitlines()
+    lines = dated_lines(result.text)
     assert "[3 March 2024] Ada: Her name is Pixel. Look at her! [shares a photo: a photo of a grey cat on a sofa]" \
         in lines
     assert "[1 April 2024] Ben: I started learning the cello." in lines
@@ -187,7 +200,7 @@ async def test_chat_turns_are_quoted_whole_and_verbatim_long_ones_by_their_best_
     messages = chat([("Dana", short), ("Melanie", long)] + [("Caroline", f) for f in FILLER])
     result = await ExtractiveSummarizer(tiktoken_count).summarize(
         SummaryRequest(messages=messages, level="compact", target_tokens=80))
-    assert f"[8 May 2023] Dana: {short}" in result.text
+    assert f"[8 May 2023] Dana: {short}" in dated_lines(result.text)
     melanie = next(line for line in result.text.splitlines() if "Melanie:" in line)
     assert "Bruno told me the bakery on Elm Street closes on 14 July 2024 for good." in melanie
     assert "…" in melanie and long not in result.text  # its best sentences, not all of it
@@ -200,7 +213,7 @@ async def test_a_tiny_target_gets_the_best_turn_cut_rather_than_a_scrap() -> Non
     messages = chat([("Caroline", "Yep!"), ("Melanie", best), ("Caroline", "Me too, Mel."), ("Melanie", "Cool.")])
     result = await ExtractiveSummarizer(tiktoken_count).summarize(
         SummaryRequest(messages=messages, level="ultra", target_tokens=25))
-    assert result.text.startswith("[8 May 2023] Melanie: Yesterday Melanie finished the 42 km Berlin marathon")
+    assert result.text.startswith("[8 May 2023]\nMelanie: Yesterday Melanie finished the 42 km Berlin marathon")
     assert result.text.endswith("…") and "Yep" not in result.text
     assert tiktoken_count(result.text) <= 25
 
@@ -283,7 +296,7 @@ async def test_checkpoint_merge_keeps_dated_lines_whole() -> None:
     merged = await ExtractiveSummarizer(tiktoken_count).summarize(SummaryRequest(
         messages=[Message(role="assistant", content=first), Message(role="assistant", content=second)],
         level="ultra", target_tokens=75, kind="checkpoint_merge"))
-    lines = merged.text.splitlines()
+    lines = dated_lines(merged.text)
     assert lines and all(line in inputs for line in lines)  # whole lines, or none
     assert [inputs.index(line) for line in lines] == sorted(inputs.index(line) for line in lines)
     assert any("charity race" in line for line in lines) and any("Emma turns 7" in line for line in lines)
@@ -293,6 +306,11 @@ async def test_checkpoint_merge_keeps_dated_lines_whole() -> None:
         messages=[Message(role="assistant", content=first)], level="ultra", target_tokens=10,
         kind="checkpoint_merge"))
     assert tiny.text == ""  # no line fits whole: none is cut
+    # merged again, the grouped form reads back with each turn's date
+    again = await ExtractiveSummarizer(tiktoken_count).summarize(SummaryRequest(
+        messages=[Message(role="assistant", content=merged.text)], level="ultra", target_tokens=200,
+        kind="checkpoint_merge"))
+    assert again.text == merged.text
 
 
 # ---- the LLM prompt: same target, same must-survive list -----------------------------------------
