@@ -42,6 +42,13 @@ class PgConn:
         cursor.executemany(pg_sql(sql), list(parameters))
         return cursor
 
+    def copy_rows(self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+        """``rows`` into ``table`` by one COPY (far fewer round trips and less parsing than
+        INSERTs; triggers fire as for an INSERT)."""
+        with self.raw.cursor().copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+
     @property
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus

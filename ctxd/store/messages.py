@@ -13,6 +13,7 @@ from typing import Iterable
 import msgspec
 
 from ctxd.protocol.message import Message
+from ctxd.store.dialect import is_postgres
 from ctxd.tokens import MessageTokens
 
 _decoder = msgspec.json.Decoder(Message)
@@ -41,11 +42,9 @@ class StoredMessage:
         return self.message.role
 
 
-_INSERT = (
-    "INSERT INTO messages (session_id, seq, role, created_at, tokens, tok_overhead, tok_text, "
-    "tok_tool_call, tok_tool_result, tok_thinking, idempotency_key, body) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_COLUMNS = ("session_id", "seq", "role", "created_at", "tokens", "tok_overhead", "tok_text", "tok_tool_call",
+            "tok_tool_result", "tok_thinking", "idempotency_key", "body")
+_INSERT = f"INSERT INTO messages ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 _SELECT = (
     "SELECT seq, created_at, tokens, tok_overhead, tok_text, tok_tool_call, tok_tool_result, "
     "tok_thinking, body FROM messages"
@@ -68,12 +67,15 @@ def find_keys(conn: sqlite3.Connection, session_id: str, keys: list[str]) -> dic
 
 
 def insert_messages(conn: sqlite3.Connection, session_id: str, rows: Iterable[tuple[int, NewMessage]]) -> None:
-    """Write messages in the caller's transaction (the search indexer picks them up after)."""
-    conn.executemany(_INSERT, [
-        (session_id, seq, m.message.role, m.created_at, m.tokens.total, m.tokens.overhead,
-         m.tokens.text, m.tokens.tool_call, m.tokens.tool_result, m.tokens.thinking, m.key, m.body)
-        for seq, m in rows
-    ])
+    """Write messages in the caller's transaction (the search indexer picks them up after).
+    On PostgreSQL by COPY: one statement for the batch, about twice as fast as INSERTs."""
+    values = [(session_id, seq, m.message.role, m.created_at, m.tokens.total, m.tokens.overhead,
+               m.tokens.text, m.tokens.tool_call, m.tokens.tool_result, m.tokens.thinking, m.key, m.body)
+              for seq, m in rows]
+    if is_postgres(conn):
+        conn.copy_rows("messages", _COLUMNS, values)  # type: ignore[attr-defined]
+        return
+    conn.executemany(_INSERT, values)
 
 
 def _stored(row: tuple) -> StoredMessage:  # type: ignore[type-arg]
