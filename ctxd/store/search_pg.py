@@ -1,6 +1,6 @@
 r"""Full-text search on PostgreSQL: tsvector + GIN, the same calls and hits as ``search.py``.
 
-``messages_fts`` holds each message's text and its tsvector (the ``simple``
+``messages_fts`` holds each message's text, session, role and tsvector (the ``simple``
 configuration over the text's ``\w+`` words: lower-cased, no stemming, split where FTS5's
 unicode61 splits); a GIN index
 answers ``@@``. Messages wait in ``search_pending`` (filled by a trigger in the push's
@@ -230,17 +230,12 @@ def search(conn: Any, query: str, *, session_id: str | None, role: str | None, l
     tsq, arg = f"to_tsquery('{CONFIG}', %s)", tsquery(query, query_error)
     rank_sql = f"SELECT f.id, ts_rank_cd(f.tsv, q, {RANK_NORMALIZATION}) AS score FROM messages_fts f, {tsq} AS q"
     args: list[object] = [arg]
-    filtered = session_id is not None or role is not None
-    if filtered:  # joined to messages only to filter
-        rank_sql += ", messages m"
     rank_sql += " WHERE f.tsv @@ q"
-    if filtered:
-        rank_sql += " AND m.id = f.id"
-    if session_id is not None:
-        rank_sql += " AND m.session_id = %s"
+    if session_id is not None:  # (filtered before ranking: only that session's matches are ranked)
+        rank_sql += " AND f.session_id = %s"
         args.append(session_id)
     if role is not None:
-        rank_sql += " AND m.role = %s"
+        rank_sql += " AND f.role = %s"
         args.append(role)
     rank_sql += " ORDER BY score DESC, f.id LIMIT %s"
     args.append(limit)
@@ -289,11 +284,13 @@ def index_pending(conn: Any, limit: int, max_bytes: int | None) -> int:
         total += size
         taken.append(rowid)
     raw.execute("DELETE FROM search_pending WHERE id = ANY(%s)", (taken,))
-    rows = raw.execute("SELECT id, body FROM messages WHERE id = ANY(%s) ORDER BY id", (taken,)).fetchall()
+    rows = raw.execute("SELECT id, session_id, role, body FROM messages WHERE id = ANY(%s) ORDER BY id",
+                       (taken,)).fetchall()
     if rows:
         cursor = raw.cursor()
         cursor.executemany(
-            f"INSERT INTO messages_fts (id, text, tsv) VALUES (%s, %s, to_tsvector('{CONFIG}', %s)) "
-            "ON CONFLICT (id) DO NOTHING",
-            [(i, text, words(text)) for i, text in ((i, message_text(_decoder.decode(b))) for i, b in rows)])
+            f"INSERT INTO messages_fts (id, session_id, role, text, tsv) VALUES (%s, %s, %s, %s, "
+            f"to_tsvector('{CONFIG}', %s)) ON CONFLICT (id) DO NOTHING",
+            [(i, sid, r, text, words(text))
+             for i, sid, r, text in ((i, sid, r, message_text(_decoder.decode(b))) for i, sid, r, b in rows)])
     return len(taken)

@@ -363,3 +363,36 @@ def test_fts5_queries_become_tsqueries_or_clear_errors() -> None:
                 "NEAR(a b, x)", "NEAR(a b, -1)", '"..."'):
         with pytest.raises(QueryError, match="invalid search syntax"):
             tsquery(bad, QueryError)
+
+
+async def test_a_postgresql_database_of_an_older_schema_is_migrated_with_its_data(pg_server: Any,
+                                                                                  tmp_path: Path) -> None:
+    """A database a daemon of schema 1 wrote (its search index without session and role) is
+    brought to the newest schema by the next daemon, the index rows filled in: a search in
+    one session finds what was indexed before."""
+    import psycopg
+
+    from ctxd.store.postgres import migrations
+
+    url = pg_server.create_database()
+    config = Config(daemon=DaemonConfig(data_dir=str(tmp_path / "d")), storage=StorageConfig(url=url))
+    svc = await Service.open(config)
+    try:
+        await _create(svc, "old")
+        await _push(svc, "old", [{"role": "user", "content": "a walrus on the ice"}])
+        await history.search(svc, params("session/search", query="walrus"))  # indexed now
+    finally:
+        await svc.close()
+    with psycopg.connect(url, autocommit=True) as conn:  # back to schema 1, as a daemon of then left it
+        conn.execute("ALTER TABLE messages_fts DROP COLUMN session_id, DROP COLUMN role")
+        conn.execute("DELETE FROM ctxd_schema WHERE version > 1")
+    svc = await Service.open(config)
+    try:
+        found = await history.search(svc, params("session/search", query="walrus", sessionId="old"))
+        assert [(h.session_id, h.seq) for h in found.hits] == [("old", 1)]
+        users = await history.search(svc, params("session/search", query="walrus", role="user"))
+        assert len(users.hits) == 1
+    finally:
+        await svc.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT max(version) FROM ctxd_schema").fetchone()[0] == migrations()[-1][0] == 2
