@@ -32,15 +32,23 @@ class BudgetPolicy:
     reserved_output_fraction: float = 0.125
     safety_margin_fraction: float = 0.02
     trigger_fraction: float = 0.90
+    output_tokens: int | None = None
+    """The session's own reply size (``SessionSettings.outputTokens``: the client's
+    ``max_tokens``), reserved in place of the model's limit or the default share."""
 
 
 MAX_RESERVED_SHARE = 0.25
 
 
 def reserved_output(window: int, output_limit: int | None, policy: BudgetPolicy) -> int:
-    """Tokens kept for the reply. Seed 004: the model's output limit, capped (32k); a limit
-    that would take more than a quarter of the window is held to that quarter. For a
-    model whose limit is unknown, ``reserved_output_fraction`` of the window."""
+    """Tokens kept for the reply. The session's own ``output_tokens`` when set (what the
+    client asks the provider for, so prompt + reply fits the window), not capped by
+    ``reserved_output_cap``, which bounds a guess from the model, not a request. Else seed
+    004: the model's output limit, capped (32k). Either is held to a quarter of the window,
+    so a huge ``max_tokens`` cannot leave the prompt no room. For a model whose limit is
+    unknown, ``reserved_output_fraction`` of the window."""
+    if policy.output_tokens is not None:
+        return max(0, min(policy.output_tokens, math.ceil(window * MAX_RESERVED_SHARE)))
     if output_limit is not None:
         return max(0, min(output_limit, policy.reserved_output_cap, math.ceil(window * MAX_RESERVED_SHARE)))
     return max(0, min(policy.reserved_output_cap, math.ceil(window * policy.reserved_output_fraction)))

@@ -7,7 +7,7 @@ from typing import Literal, Union
 
 import msgspec
 
-from ctxd.protocol.common import Seq
+from ctxd.protocol.common import Seq, WindowSize
 from ctxd.protocol.message import Message
 
 Layer = Literal["prune", "watermark", "summarize", "truncate", "clip", "fold"]
@@ -86,13 +86,18 @@ class Checkpoint(msgspec.Struct, rename="camel", omit_defaults=True):
 
 
 class SessionSettings(msgspec.Struct, rename="camel", omit_defaults=True):
-    """Per-session overrides of the ``[compression]`` configuration (absent: use config)."""
+    """Per-session overrides of the ``[compression]`` and ``[budget]`` configuration
+    (absent: use config)."""
 
     auto_compress: Union[bool, None] = None
     strategy: Union[Literal["summarize", "truncate"], None] = None
     overflow_policy: Union[Literal["fold", "error"], None] = None
     keep_recent: Union[int, None] = None
     trigger_fraction: Union[float, None] = None
+    output_tokens: Union[WindowSize, None] = None
+    """Tokens reserved for the reply (the client's own ``max_tokens``): the budget's
+    ``reservedOutput`` in place of the model's output limit or the default share, held to a
+    quarter of the window so a prompt keeps room (``ctxd proxy`` sets it from each request)."""
 
 
 class CompressParams(msgspec.Struct, rename="camel", omit_defaults=True):

@@ -17,7 +17,10 @@ class Budget(msgspec.Struct, rename="camel"):
     """The dynamic budget of seeds 000/001/004, in tokens.
 
     ``usable = contextWindow * usableFraction``; a prompt never exceeds
-    ``maxPromptTokens = usable - reservedOutput``. ``available`` is what is left for
+    ``maxPromptTokens = usable - reservedOutput``. ``reservedOutput`` is kept for the reply:
+    the session's ``settings.outputTokens`` when set, else the model's output limit (at most
+    ``budget.reserved_output_cap``), else a share of the window; never more than a quarter
+    of the window. ``available`` is what is left for
     the conversation once the system prompt (with the goal block), pinned messages and
     checkpoints are paid for, less ``safetyMargin``; compression triggers when ``used``
     (the conversation's tokens) passes ``triggerAt = available * triggerFraction``.

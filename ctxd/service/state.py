@@ -118,6 +118,7 @@ def budget_policy(config: Config, row: SessionRow) -> BudgetPolicy:
         reserved_output_fraction=b.reserved_output_fraction,
         safety_margin_fraction=b.safety_margin_fraction,
         trigger_fraction=trigger_fraction if trigger_fraction is not None else b.trigger_fraction,
+        output_tokens=row.settings.output_tokens,
     )
 
 

@@ -137,3 +137,31 @@ def test_budget_for_passes_every_figure_through():
     assert (b.system_tokens, b.pinned_tokens, b.checkpoint_tokens, b.used) == (10, 20, 30, 40)
     assert b.context_window == 128_000
     assert b.prompt_tokens == PROMPT_PRIMING + 100
+
+
+# --- the session's own reply size (SessionSettings.outputTokens) -----------------------
+
+
+@pytest.mark.parametrize("window, output_limit, output_tokens, expected", [
+    (8192, None, 2000, 2000),        # reserved as asked, in place of 1/8 of the window (1024)
+    (8192, None, 256, 256),          # a small reply leaves the prompt more room than the default
+    (8192, 4096, 300, 300),          # in place of the model's limit too
+    (8192, None, 8192, 2048),        # never more than a quarter of the window
+    (1_000_000, None, 64_000, 64_000),  # not held to reserved_output_cap: it is what the client asks for
+    (1_000_000, 8192, 300_000, 250_000),
+])
+def test_reserved_output_of_the_session(window, output_limit, output_tokens, expected):
+    assert reserved_output(window, output_limit, BudgetPolicy(output_tokens=output_tokens)) == expected
+
+
+def test_the_sessions_reply_size_moves_the_max_prompt():
+    default = budget_for(BudgetPolicy(), context_window=8192, output_limit=None, system_tokens=500)
+    large = budget_for(BudgetPolicy(output_tokens=2000), context_window=8192, output_limit=None, system_tokens=500)
+    small = budget_for(BudgetPolicy(output_tokens=100), context_window=8192, output_limit=None, system_tokens=500)
+    assert (default.reserved_output, large.reserved_output, small.reserved_output) == (1024, 2000, 100)
+    assert large.max_prompt_tokens == default.max_prompt_tokens - 976 == 6963 - 2000
+    assert small.max_prompt_tokens == 6963 - 100
+    assert large.available == default.available - 976 and large.trigger_at < default.trigger_at < small.trigger_at
+    # What is reserved and what may be sent never pass the usable window together.
+    for b in (default, large, small):
+        assert b.max_prompt_tokens + b.reserved_output == b.usable
