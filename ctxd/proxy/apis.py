@@ -94,6 +94,28 @@ def _split_responses(body: dict[str, Any]) -> Split:
     return Split("\n\n".join(t for t in texts if t), leading, items[len(leading):])
 
 
+MAX_REPLY_LIMIT = 2**31 - 1  # what ``settings.outputTokens`` accepts
+
+
+def reply_limit(api: Api, body: dict[str, Any]) -> int | None:
+    """The most tokens the request lets the reply have, which ctxd's budget reserves:
+    OpenAI Chat ``max_completion_tokens`` (else the older ``max_tokens``), Responses
+    ``max_output_tokens``, Anthropic ``max_tokens``, Ollama ``options.num_predict`` when
+    positive (-1 and -2 mean "no limit"). None when absent or not a positive integer."""
+    if api == "ollama":
+        options = body.get("options")
+        value = options.get("num_predict") if isinstance(options, dict) else None
+    elif api == "openai":
+        value = body.get("max_completion_tokens")
+        if value is None:
+            value = body.get("max_tokens")
+    else:
+        value = body.get("max_output_tokens" if api == "responses" else "max_tokens")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return min(value, MAX_REPLY_LIMIT)
+
+
 def is_streaming(api: Api, body: dict[str, Any]) -> bool:
     if api == "ollama":
         return body.get("stream") is not False  # Ollama streams unless told not to

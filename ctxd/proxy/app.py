@@ -112,7 +112,7 @@ class Proxy:
             return None
         parts = apis.split(api, body)
         conv = self.sessions.read(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
-                                  window=self._window(api, request, body))
+                                  window=self._window(api, request, body), output=apis.reply_limit(api, body))
         return body, parts, conv
 
     def _window(self, api: Api, request: Request, body: dict[str, Any]) -> int | None:

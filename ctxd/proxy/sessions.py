@@ -88,11 +88,13 @@ class Pending:
 @dataclass
 class Tracked:
     """A session the proxy pushes to: its id, the hash chain of what it pushed (a reply in
-    flight included), its system prompt, the reply push in flight."""
+    flight included), its system prompt and reply reserve (``settings.outputTokens``), the
+    reply push in flight."""
 
     id: str
     chain: list[str]
     system: str | None
+    output: int | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pending: Pending | None = None
 
@@ -110,6 +112,13 @@ class Conversation:
     items: list[tuple[dict[str, Any], list[Any], dict[str, Any]]]  # (ctxd message, chain part, raw)
     chain: list[str]
     counts: list[int] = field(default_factory=list)  # counts[i]: len(items) after the first i client messages
+    output: int | None = None  # the request's reply limit (apis.reply_limit)
+
+
+def _output_of(info: dict[str, Any]) -> int | None:
+    """A session's reply reserve (``settings.outputTokens``) from its ``SessionInfo``."""
+    value = (info.get("settings") or {}).get("outputTokens")
+    return value if isinstance(value, int) else None
 
 
 def derive_session_id(api: Api, model: str | None, parts: Split) -> str:
@@ -121,7 +130,7 @@ def derive_session_id(api: Api, model: str | None, parts: Split) -> str:
 
 
 def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str | None, window: int | None,
-                 previous: Conversation | None = None) -> Conversation:
+                 output: int | None = None, previous: Conversation | None = None) -> Conversation:
     """The request's conversation: each client message as ctxd stores it, and the hash
     chain. ``previous``: the last request's conversation of the same session, whose work is
     reused for the messages both start with (equal as decoded JSON)."""
@@ -151,7 +160,7 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
             items.append((message, part, raw))
         counts.append(len(items))
     base = session if session else derive_session_id(api, model, parts)
-    return Conversation(api, model, base, bool(session), window, parts, items, chain, counts)
+    return Conversation(api, model, base, bool(session), window, parts, items, chain, counts, output)
 
 
 def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[Any]]]:
@@ -180,13 +189,14 @@ class Sessions:
         self._pushing: set[asyncio.Task[Any]] = set()
 
     def read(self, api: Api, body: dict[str, Any], parts: Split, *, session: str | None,
-             window: int | None) -> Conversation:
+             window: int | None, output: int | None = None) -> Conversation:
         """:func:`conversation`, reusing the previous request's work on the messages this
         one starts with (an agent resends its whole history each turn: hashing it again
         cost about 1 ms per 100 messages). The last ``remembered`` conversations are kept."""
         model = body.get("model") if isinstance(body.get("model"), str) else None
         key = (api, session or derive_session_id(api, model, parts))
-        conv = conversation(api, body, parts, session=session, window=window, previous=self._recent.get(key))
+        conv = conversation(api, body, parts, session=session, window=window, output=output,
+                            previous=self._recent.get(key))
         self._recent[key] = conv
         self._recent.move_to_end(key)
         while len(self._recent) > self._remembered:
@@ -216,7 +226,7 @@ class Sessions:
                 if isinstance(meta, dict) and isinstance(meta.get("hash"), str):
                     chain.append(meta["hash"])
             next_seq = page.get("nextSeq")
-        return Tracked(session_id, chain, info.get("systemPrompt"))
+        return Tracked(session_id, chain, info.get("systemPrompt"), _output_of(info))
 
     async def resolve(self, base_id: str) -> Tracked | None:
         """The session a conversation continues (following forks), or None."""
@@ -250,6 +260,8 @@ class Sessions:
             params["contextWindow"] = window
         if conv.parts.system_text:
             params["systemPrompt"] = conv.parts.system_text
+        if conv.output is not None:
+            params["settings"] = {"outputTokens": conv.output}
         first_user = next((m for m, _, _ in conv.items if m.get("role") == "user"), None)
         if first_user is not None:
             content = first_user.get("content")
@@ -268,7 +280,7 @@ class Sessions:
             tracked = await self._load(info)
             self._tracked[session_id] = tracked
             return tracked
-        tracked = Tracked(session_id, [], info.get("systemPrompt"))
+        tracked = Tracked(session_id, [], info.get("systemPrompt"), _output_of(info))
         self._tracked[session_id] = tracked
         return tracked
 
@@ -322,10 +334,21 @@ class Sessions:
 
     async def _push_and_prompt(self, conv: Conversation, tracked: Tracked,
                                fmt: Api) -> tuple[list[str], dict[str, Any]]:
+        # What the session is told besides the messages, only when it changed (so a turn
+        # stays one round trip): a new system prompt, another reply limit (the budget
+        # reserves it; a request without one leaves the session's as it is).
+        changes: dict[str, Any] = {}
         if conv.parts.system_text and conv.parts.system_text != (tracked.system or ""):
-            await self.link.request(tracked.id, "session/update",
-                                    {"sessionId": tracked.id, "systemPrompt": conv.parts.system_text})
-            tracked.system = conv.parts.system_text
+            changes["systemPrompt"] = conv.parts.system_text
+        if conv.output is not None and conv.output != tracked.output:
+            changes["settings"] = {"outputTokens": conv.output}
+        if changes:
+            await self.link.request(tracked.id, "session/update", {"sessionId": tracked.id, **changes})
+            tracked.system = changes.get("systemPrompt", tracked.system)
+            if "settings" in changes:
+                log.debug("session %s: %d tokens reserved for the reply (was %s)", tracked.id, conv.output,
+                          tracked.output)
+                tracked.output = conv.output
         begin = len(tracked.chain)
         while len(conv.items) - begin > PUSH_BATCH:  # a long history the session lacks: all but the last batch
             batch = [self._stamped(conv.items[i][0], conv.chain[i]) for i in range(begin, begin + PUSH_BATCH)]
