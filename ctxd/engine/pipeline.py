@@ -251,8 +251,11 @@ def summary_rejection(cp: Checkpoint) -> str | None:
     return None
 
 
-def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkpoint) -> None:
-    """Stage 5: the boundary moves forward; the checkpoint replaces what was removed."""
+def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkpoint, *,
+                    new_pass: bool = True) -> None:
+    """Stage 5: the boundary moves forward; the checkpoint replaces what was removed.
+    ``new_pass``: the first change of a compression pass, which counts it in
+    ``compression_count`` (a pass counts once, however many selections it applies)."""
     state = ctx.state
     # Pinned now, not when the selection was made (a pin may come while a summary is awaited).
     pinned = ctx.pinned_set
@@ -271,7 +274,8 @@ def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkp
     state.kept_seqs = [e.seq for e in ctx.kept]
     state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
     state.clips = [c for c in state.clips if c.seq > state.boundary]
-    state.compression_count += 1
+    if new_pass:
+        state.compression_count += 1
     retire_markers(ctx)
 
 

@@ -293,9 +293,7 @@ async def _summarize_selection(svc: Service, state: SessionState, ctx: ActiveCon
     stage("update", "updating the active context")
     await _before_change(svc, state, run)
     async with state.lock:
-        apply_selection(ctx, selection, checkpoint)
-        if run.counted:
-            ctx.state.compression_count -= 1  # (the engine counts every selection)
+        apply_selection(ctx, selection, checkpoint, new_pass=not run.counted)
         run.counted = True
         cache.refresh(state, system=True)
     run.created.append(checkpoint)

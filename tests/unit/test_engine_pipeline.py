@@ -804,3 +804,17 @@ def test_a_marker_before_the_recent_messages_stays():
     sel = identify(ctx, BIG, POLICY)
     summarized(ctx, sel)
     assert 5 in seqs(ctx.kept) or 5 in seqs(ctx.recent)
+
+
+def test_a_second_selection_of_the_same_pass_is_not_counted_again():
+    ctx = make_ctx(primes())
+    sel = identify(ctx, BIG, POLICY)
+    prepare(sel, BIG)
+    cp = make_checkpoint(sel, "first", "test", now=NOW, number=1, count=count)
+    apply_selection(ctx, sel, cp)
+    ctx.append(entries([assistant(words(1000, "tree")), user("continue")] * 3, start=12))
+    refresh(ctx)
+    sel = identify(ctx, BIG, POLICY)
+    prepare(sel, BIG)
+    apply_selection(ctx, sel, make_checkpoint(sel, "second", "test", now=NOW, number=1, count=count), new_pass=False)
+    assert ctx.state.compression_count == 1 and len(ctx.checkpoints) == 2
