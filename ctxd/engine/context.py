@@ -174,9 +174,10 @@ def retire_markers(ctx: "ActiveContext") -> None:
     (the summaries quote its turns with their date, ``[8 May 2023] Caroline: ...``). They
     stay whole in history."""
     sent = ctx.kept + ctx.recent
+    pinned = ctx.pinned_set
     drop: set[int] = set()
     for i in range(len(ctx.kept)):
-        if not is_session_marker(sent[i]):
+        if not is_session_marker(sent[i]) or sent[i].seq in pinned:
             continue
         dated = False
         for later in sent[i + 1:]:

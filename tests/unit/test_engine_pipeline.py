@@ -818,3 +818,11 @@ def test_a_second_selection_of_the_same_pass_is_not_counted_again():
     prepare(sel, BIG)
     apply_selection(ctx, sel, make_checkpoint(sel, "second", "test", now=NOW, number=1, count=count), new_pass=False)
     assert ctx.state.compression_count == 1 and len(ctx.checkpoints) == 2
+
+
+def test_a_pinned_session_marker_stays():
+    ctx = make_ctx(sessions_chat())
+    ctx.state.pinned = [4]
+    refresh(ctx)
+    summarized(ctx, identify(ctx, BIG, POLICY))
+    assert 4 in seqs(ctx.kept)  # pinned: sent whole whatever else happens
