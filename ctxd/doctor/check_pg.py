@@ -11,6 +11,7 @@ the daemon decodes it. Pages are PostgreSQL's own business (its WAL, data checks
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ctxd.doctor.check import TABLES, Report, _check_consistency, _check_payloads, db_errors, table_names
@@ -23,8 +24,6 @@ def _connect(url: str, password_file: str) -> Any:
 
     kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, "application_name": "ctxd-doctor"}
     if password_file:
-        from pathlib import Path
-
         kwargs["password"] = read_password_file(Path(password_file).expanduser())
     return psycopg.connect(url, autocommit=True, **kwargs)
 

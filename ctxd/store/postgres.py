@@ -403,15 +403,20 @@ class Reassembly:
             self.parts = []
             return payload
         header, _, text = payload[1:].partition(PART)
-        index, _, count = header.partition("/")
-        if int(index) == 1:
+        index_text, _, count_text = header.partition("/")
+        if not (index_text.isdigit() and count_text.isdigit()):
+            log.warning("a notification part from another daemon could not be read; dropped")
             self.parts = []
-        if int(index) != len(self.parts) + 1:  # a part went missing: drop what was gathered
+            return None
+        index, count = int(index_text), int(count_text)
+        if index == 1:
+            self.parts = []
+        if index != len(self.parts) + 1:  # a part went missing: drop what was gathered
             log.warning("parts of a notification from another daemon were lost; dropped")
             self.parts = []
             return None
         self.parts.append(text)
-        if int(index) < int(count):
+        if index < count:
             return None
         message, self.parts = "".join(self.parts), []
         return message

@@ -282,6 +282,7 @@ def test_messages_larger_than_a_notify_go_in_parts_and_come_back_whole() -> None
     broken = Reassembly()
     assert [broken.add(p) for p in parts[:1] + parts[2:]] == [None] * (len(parts) - 1)
     assert [joined.add(p) for p in parts][-1] == big  # the next message arrives whole again
+    assert joined.add("~x/y~garbage") is None and joined.add(small) == small  # unreadable: dropped, not fatal
 
 
 async def test_a_notification_larger_than_notify_allows_reaches_the_other_daemon(
