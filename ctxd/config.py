@@ -117,7 +117,9 @@ class BudgetConfig(_Section):
     """The same for hosted APIs (provider openai/anthropic/google, or a gpt/o-series/claude/gemini
     model), whose windows are exact (seed 004: window minus reserved output)."""
     reserved_output_cap: int = 32_000
-    """Most tokens reserved for the reply (seed 004)."""
+    """Most tokens reserved for the reply when taken from the model's output limit (seed 004).
+    A session's own ``settings.outputTokens`` (the client's ``max_tokens`` through ``ctxd
+    proxy``) is reserved as given, up to a quarter of the window."""
     reserved_output_fraction: float = 0.125
     """Reply reservation as a share of the window for a model whose output limit is unknown."""
     safety_margin_fraction: float = 0.02
