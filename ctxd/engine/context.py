@@ -24,7 +24,7 @@ import msgspec
 
 from ctxd.engine.clip import clip_any, clip_message
 from ctxd.engine.render import PromptPlan
-from ctxd.protocol.compression import Checkpoint
+from ctxd.protocol.compression import Checkpoint, merge_ranges
 from ctxd.protocol.message import (
     Message,
     TextBlock,
@@ -163,9 +163,13 @@ def never_compressed(entry: "Entry") -> bool:
 def is_session_marker(entry: "Entry") -> bool:
     """A system message that only opens a session of a multi-session chat (``[Session 3:
     8 May 2023]``, ``metadata.sessionStart``, as the LoCoMo importer writes): a date for
-    the messages after it, not an instruction."""
-    metadata = entry.message.metadata
-    return entry.message.role == "system" and bool(metadata) and metadata.get("sessionStart") is True  # type: ignore[union-attr]
+    the messages after it, not an instruction (a longer text marked so stays: it may be one)."""
+    message = entry.message
+    metadata = message.metadata
+    content = message.content
+    return (message.role == "system" and bool(metadata) and metadata.get("sessionStart") is True  # type: ignore[union-attr]
+            and isinstance(content, str) and len(content) <= 120
+            and content.startswith("[Session ") and content.endswith("]"))
 
 
 def retire_markers(ctx: "ActiveContext") -> None:
@@ -191,6 +195,12 @@ def retire_markers(ctx: "ActiveContext") -> None:
     if drop:
         ctx.kept = [e for e in ctx.kept if e.seq not in drop]
         ctx.state.kept_seqs = [e.seq for e in ctx.kept]
+        # The checkpoint whose span holds a retired marker now stands for it too, so
+        # checkpoint/expand returns it and history's "compressed" is true of it.
+        for seq in sorted(drop):
+            holder = next((c for c in ctx.checkpoints if c.kind != "folded" and c.seq_from <= seq <= c.seq_to), None)
+            if holder is not None:
+                holder.message_ranges = merge_ranges(holder.message_ranges, [(seq, seq)])
 
 
 def _strip_tool_blocks(message: Message) -> Message | None:

@@ -16,7 +16,7 @@ from ctxd.engine.checkpoints import measure, new_id
 from ctxd.engine.clip import excerpt
 from ctxd.engine.context import ActiveContext, Entry, retire_markers
 from ctxd.protocol.compression import Checkpoint, seq_ranges
-from ctxd.protocol.message import TextBlock
+from ctxd.protocol.message import Message, TextBlock
 
 
 def _user_text(entry: Entry) -> str:
@@ -26,9 +26,18 @@ def _user_text(entry: Entry) -> str:
     return "\n".join(b.text for b in content or () if isinstance(b, TextBlock))
 
 
-def _folded_line(entry: Entry) -> str:
-    """``[message N] words``; continuation lines are indented so entries stay separable."""
-    return f"[message {entry.seq}] " + _user_text(entry).replace("\n", "\n    ")
+def _folded_line(entry: Entry, date: Callable[[Message], str | None] | None = None) -> str:
+    """``[message N] words``, or ``[message N, 8 May 2023] words`` when the message has a day
+    (a chat's session date: the session's marker leaves the prompt once its words are
+    folded); continuation lines are indented so entries stay separable."""
+    day = date(entry.message) if date is not None else None
+    label = f"[message {entry.seq}, {day}] " if day else f"[message {entry.seq}] "
+    return label + _user_text(entry).replace("\n", "\n    ")
+
+
+def _line_seq(line: str) -> int:
+    """The message number of a folded line, ``[message N] ...`` or ``[message N, day] ...``."""
+    return int(line[len("[message "):line.index("]")].partition(",")[0])
 
 
 def _folded_notice(dropped: int, ranges: str = "", checkpoint_id: str = "") -> str:
@@ -41,7 +50,7 @@ def _folded_notice(dropped: int, ranges: str = "", checkpoint_id: str = "") -> s
 
 def _dropped_ranges(seqs: list[int], lines: list[str]) -> str:
     """The folded messages whose words no longer fit the folded checkpoint, as ranges."""
-    shown = {int(line[len("[message "):line.index("]")]) for line in lines}
+    shown = {_line_seq(line) for line in lines}
     gone = sorted(set(seqs) - shown)
     runs = seq_ranges(gone)
     if len(runs) > 4:  # user messages alternate with replies: name the span, not every seq
@@ -135,12 +144,14 @@ def plan_fold(ctx: ActiveContext, goal_tokens: int, allowance: int | None = None
 
 
 def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, number: int,
-         count: Callable[[str], int], rank: Callable[[list[str]], list[float]] | None = None) -> Checkpoint:
+         count: Callable[[str], int], rank: Callable[[list[str]], list[float]] | None = None,
+         date: Callable[[Message], str | None] | None = None) -> Checkpoint:
     """Move ``entries`` into the folded checkpoint (created or grown), keeping their words
     verbatim as far as ``allowance`` tokens allow: the best by ``rank`` (a worth per
-    message text, higher first), else the newest; shown in their order."""
+    message text, higher first), else the newest; shown in their order, each labelled
+    with its day when ``date`` gives one."""
     previous = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
-    lines = [_folded_line(e) for e in entries]
+    lines = [_folded_line(e, date) for e in entries]
     seqs = [e.seq for e in entries]
     prior_lines: list[str] = []
     if previous is not None:
@@ -152,7 +163,7 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     # The session's first user message (the task, for an agent) is kept first: whole when
     # it fits in half the allowance, else as an excerpt of that size; then the newest.
     first = _first_user_seq(ctx)
-    task = next((ln for ln in all_lines if first is not None and ln.startswith(f"[message {first}] ")), None)
+    task = next((ln for ln in all_lines if first is not None and _line_seq(ln) == first), None)
     if task is not None:
         all_lines = [ln for ln in all_lines if ln is not task]
         if count(task) + 1 > allowance // 2:
@@ -205,7 +216,7 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
     folded = next((cp for cp in ctx.checkpoints if cp.kind == "folded" and cp.covers(seq)), None)
     if folded is None:
         return False
-    lines = [line for line in _folded_lines(folded.summary) if not line.startswith(f"[message {seq}] ")]
+    lines = [line for line in _folded_lines(folded.summary) if _line_seq(line) != seq]
     seqs = [s for s in folded.message_seqs if s != seq]
     if not seqs:
         ctx.checkpoints = [c for c in ctx.checkpoints if c.id != folded.id]

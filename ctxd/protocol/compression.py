@@ -258,7 +258,8 @@ class CheckpointMergedNotification(msgspec.Struct, rename="camel"):
 
 class ThresholdNotification(msgspec.Struct, rename="camel"):
     """``context/threshold``: ``warning`` when the conversation passes the compression
-    trigger, ``critical`` when the prompt passes 95% of what may be sent."""
+    trigger, ``critical`` when the prompt passes 98% of what may be sent (both, in that
+    order, when one push passes both)."""
 
     session_id: str
     level: Literal["warning", "critical"]

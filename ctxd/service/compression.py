@@ -580,13 +580,14 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
 
 async def _apply_fold(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, chosen: list[Entry],
                       allowance: int) -> None:
-    from ctxd.summarize.extractive import salience  # (with the first fold, not at start-up)
+    from ctxd.summarize.extractive import salience, session_date_of  # (with the first fold, not at start-up)
 
     cache = svc.cache
     await _before_change(svc, state, run)
     async with state.lock:
         cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=run.number(state),
-                  count=state.counter.count, rank=lambda texts: salience(texts, state.counter.count, ctx.goal_text))
+                  count=state.counter.count, rank=lambda texts: salience(texts, state.counter.count, ctx.goal_text),
+                  date=session_date_of)
         if not run.counted:
             ctx.state.compression_count += 1
             run.counted = True

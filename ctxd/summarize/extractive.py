@@ -502,10 +502,13 @@ def _render_units(chosen: Sequence[_Unit], lines: Sequence[_Line]) -> str:
         by_turn.setdefault(unit.turn, []).append(unit)
     out: list[str] = []
     shown_date = ""
+    # The date once above the turns of each day (~8 tokens a line saved), unless some turns
+    # have no date: under a date line they would look dated, so then each dated line says it.
+    grouped = all(lines[turn].date for turn in by_turn)
     for turn in sorted(by_turn):
         line = lines[turn]
-        if line.date and line.date != shown_date:
-            out.append(f"[{line.date}]")  # once for the turns of one day: ~8 tokens a line saved
+        if grouped and line.date != shown_date:
+            out.append(f"[{line.date}]")
             shown_date = line.date
         parts = sorted(by_turn[turn], key=lambda u: u.part)
         pieces: list[str] = ["… "] if parts[0].part else []  # sentences were left out before it
@@ -517,7 +520,8 @@ def _render_units(chosen: Sequence[_Unit], lines: Sequence[_Line]) -> str:
             previous = unit.part
         if line.parts > 1 and parts[-1].part != line.parts - 1:
             pieces.append(" …")
-        out.append(line.prefix + "".join(pieces))
+        inline = f"[{line.date}] " if line.date and not grouped else ""
+        out.append(inline + line.prefix + "".join(pieces))
     return "\n".join(out)
 
 
@@ -606,6 +610,13 @@ def speaker_of(message: Message) -> str:
     if message.name:
         return message.name
     return message.role.capitalize()
+
+
+def session_date_of(message: Message) -> str | None:
+    """The day of the chat session it belongs to ("8 May 2023"), when the message says
+    (``metadata.sessionDateTime``, as multi-session chats carry it); None otherwise."""
+    raw = (message.metadata or {}).get("sessionDateTime")
+    return compact_date(raw) if isinstance(raw, str) and raw.strip() else None
 
 
 def date_of(message: Message) -> str | None:

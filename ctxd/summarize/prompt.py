@@ -120,7 +120,8 @@ def system_prompt(request: SummaryRequest, *, part: tuple[int, int] | None = Non
     if request.kind == "checkpoint_merge":
         task = ("You merge earlier summaries (checkpoints) of one conversation, given oldest first, "
                 "into ONE summary. When they disagree, the later one wins. ")
-        task += ("Keep the dated lines that still matter whole, in order, and drop the rest." if chat else
+        task += ("Keep the lines that still matter whole, in order, each with its date (a line that is "
+                 "only [a date] dates the lines under it), and drop the rest." if chat else
                  "Keep every decision, file and open next step that still matters.")
     elif chat:
         task = ("You summarize a long conversation between people so that questions about it (who, what, "

@@ -826,3 +826,45 @@ def test_a_pinned_session_marker_stays():
     refresh(ctx)
     summarized(ctx, identify(ctx, BIG, POLICY))
     assert 4 in seqs(ctx.kept)  # pinned: sent whole whatever else happens
+
+
+def dated_sessions_chat() -> list[Message]:
+    """sessions_chat() with every turn dated by its session, as the LoCoMo importer writes them."""
+    out, day = [], None
+    for message in sessions_chat():
+        if message.metadata and message.metadata.get("sessionStart"):
+            day = message.metadata["sessionDateTime"]
+        elif message.role != "system":
+            message = Message(role=message.role, content=message.content, metadata={"sessionDateTime": day})
+        out.append(message)
+    return out
+
+
+def test_folded_user_words_keep_their_session_date():
+    from ctxd.summarize.extractive import session_date_of
+
+    ctx = make_ctx(dated_sessions_chat())
+    summarized(ctx, identify(ctx, BIG, POLICY))
+    fold(ctx, [by_seq(ctx, 2)], allowance=1000, now=NOW, number=2, count=count, date=session_date_of)
+    refresh(ctx)
+    assert 1 not in seqs(ctx.kept)  # the marker left with the session's last verbatim words...
+    assert "[message 2, 1 May 2023] I adopted a puppy called Oscar" in ctx.system_text  # ...its date did not
+    # a dated folded line is still found by its number (pinning takes it back out)
+    assert _folded_lines(ctx.checkpoints[0].summary) == ["[message 2, 1 May 2023] I adopted a puppy called Oscar"]
+    from ctxd.engine.folding import unfold
+    assert unfold(ctx, 2, count) and not any(c.kind == "folded" for c in ctx.checkpoints)
+
+
+def test_a_retired_marker_is_covered_by_the_checkpoint_over_its_span():
+    ctx = make_ctx(sessions_chat())
+    cp = summarized(ctx, identify(ctx, BIG, POLICY))
+    assert 4 not in seqs(ctx.kept) and cp.covers(4)  # checkpoint/expand returns it; history says compressed
+
+
+def test_a_long_system_message_marked_as_a_session_start_stays():
+    chat = sessions_chat()
+    chat[3] = Message(role="system", content="Answer in French from now on, and keep answers short.",
+                      metadata={"session": 2, "sessionStart": True})
+    ctx = make_ctx(chat)
+    summarized(ctx, identify(ctx, BIG, POLICY))
+    assert 4 in seqs(ctx.kept)  # not a "[Session N: ...]" line: possibly an instruction, never dropped

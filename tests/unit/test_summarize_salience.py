@@ -379,3 +379,19 @@ def test_salience_per_token_prefers_facts_to_filler_and_to_length():
     assert worth[1] > worth[0] > worth[3]
     assert worth[1] > worth[2]  # the same facts six times over are not worth six times the tokens
     assert salience([], tiktoken_count) == []
+
+
+async def test_undated_turns_beside_dated_ones_are_not_put_under_a_date() -> None:
+    messages = [Message(role="user", content="I adopted a puppy called Oscar on Sunday in Lisbon.", name="Caroline",
+                        metadata={"speaker": "Caroline", "sessionDateTime": "1:56 pm on 8 May, 2023"}),
+                Message(role="assistant", content="I ran the charity race in Denver with 12 people.", name="Melanie",
+                        metadata={"speaker": "Melanie"})]
+    text = (await ExtractiveSummarizer(tiktoken_count).summarize(
+        SummaryRequest(messages=messages, level="detailed", target_tokens=400))).text
+    assert "\nMelanie: I ran the charity race in Denver with 12 people." in "\n" + text
+    assert dated_lines(text) == text.splitlines()  # no date line: each dated turn says its own date
+    assert "[8 May 2023] Caroline: I adopted a puppy" in text
+    merged = (await ExtractiveSummarizer(tiktoken_count).summarize(SummaryRequest(
+        messages=[Message(role="assistant", content=text)], level="ultra", target_tokens=400,
+        kind="checkpoint_merge"))).text
+    assert merged == text
