@@ -397,3 +397,36 @@ async def test_a_postgresql_database_of_an_older_schema_is_migrated_with_its_dat
         await svc.close()
     with psycopg.connect(url, autocommit=True) as conn:
         assert conn.execute("SELECT max(version) FROM ctxd_schema").fetchone()[0] == migrations()[-1][0] == 2
+
+
+async def test_a_compression_pass_of_one_session_runs_on_one_daemon_at_a_time(
+        service: Service, service_config: Config, tmp_path: Path) -> None:
+    """The lock a compression pass holds (``compress:<session>``, compression.py) keeps the
+    other daemon's pass of that session waiting, not that of another session, and is
+    released with its holder."""
+    if service.db.dialect != "postgresql":
+        pytest.skip("two daemons on one database is PostgreSQL's case")
+    other = await Service.open(_twin(service_config, tmp_path), events=CollectingEvents())
+    waiting = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+               "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+    entered: list[str] = []
+
+    async def second_pass() -> None:
+        async with other.db.exclusive("compress:s"):
+            entered.append("other")
+
+    try:
+        async with service.db.exclusive("compress:s"):
+            task = asyncio.create_task(second_pass())
+            for _ in range(2000):  # until the other daemon waits on the lock (no time limit asserted)
+                if (await service.db.read(lambda conn: conn.execute(waiting).fetchone()))[0] == 1:
+                    break
+                await asyncio.sleep(0.005)
+            assert (await service.db.read(lambda conn: conn.execute(waiting).fetchone()))[0] == 1
+            async with other.db.exclusive("compress:t"):  # another session's pass is not held up
+                entered.append("other t")
+            assert entered == ["other t"]
+        await asyncio.wait_for(task, 30)
+        assert entered == ["other t", "other"]
+    finally:
+        await other.close()
