@@ -274,6 +274,10 @@ class ProxyConfig(_Section):
     """Longest wait for the next bytes of an upstream answer; then the client gets a 504."""
     daemon_connections: int = 4
     """Connections to the ctxd daemon (sessions are spread over them; one session keeps one)."""
+    allow_unchecked: bool = False
+    """Where the kernel cannot tell which user a connection comes from (no sock_diag or
+    ``/proc/net/tcp``: not Linux), serve anyway: then every local user can use the proxy,
+    and through it the sessions' histories. Off: the proxy refuses to start there."""
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -577,7 +577,7 @@ class Assembler:
 def error_body(api: Api, status: int, message: str) -> dict[str, Any]:
     if api == "ollama":
         return {"error": message}
-    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
+    kind = {400: "invalid_request_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error",
             503: "overloaded_error" if api == "anthropic" else "service_unavailable",
             504: "timeout_error"}.get(status, "api_error")
     if api == "anthropic":

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.config import ConfigError, load_config, parse_assignment
+from ctxd.proxy import peers
 
 
 def _fail(message: str) -> None:
@@ -87,20 +88,35 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # The daemon client logs whole requests (conversation text) at debug: only at -vvv.
     logging.getLogger("ctxd.client").setLevel(logging.DEBUG if args.verbose >= 3 else logging.WARNING)
+    checked = True
+    try:
+        peers.self_test()
+    except peers.PeerCheckUnavailable as exc:
+        if not config.proxy.allow_unchecked:
+            _fail(f"cannot tell which user a connection comes from ({exc}), so any local user could use "
+                  "this proxy and the sessions' histories; refusing to start (proxy.allow_unchecked = true "
+                  "serves unchecked: docs/proxy.md)")
+            return 2
+        logging.getLogger("ctxd.proxy").warning(
+            "proxy.allow_unchecked: serving every local user (%s)", exc)
+        checked = False
     try:
         sock = listening_socket(config.proxy.port)
     except OSError as exc:
         _fail(f"cannot listen on 127.0.0.1:{config.proxy.port}: {exc.strerror or exc}")
         return 2
     try:
-        return asyncio.run(_serve(config, sock, autostart=not args.no_autostart, config_file=args.config))
+        return asyncio.run(_serve(config, sock, autostart=not args.no_autostart, config_file=args.config,
+                                  checked=checked))
     except KeyboardInterrupt:
         return 130
 
 
-async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_file: str | None) -> int:
+async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_file: str | None,
+                 checked: bool) -> int:
     import httpx
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     from ctxd.client import DaemonUnavailable
     from ctxd.proxy.app import Proxy, build_app
@@ -119,9 +135,13 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
         sessions = Sessions(link, default_window=config.proxy.context_window)
         proxy = Proxy(config.proxy, sessions, http)
+        # Only the user running the proxy is served (peers.py): each connection's uid is
+        # looked up as it is made, and another user's requests get a 403.
+        gate = peers.PeerGate(check=checked)
         # No X-Forwarded-* rewriting (clients are local) and no Server/Date headers of its
         # own: the upstream's go back as they came.
-        server = uvicorn.Server(uvicorn.Config(build_app(proxy), log_level="warning", access_log=False,
+        server = uvicorn.Server(uvicorn.Config(gate.wrap(build_app(proxy)), http=gate.protocol(AutoHTTPProtocol),
+                                               log_level="warning", access_log=False,
                                                lifespan="off", timeout_graceful_shutdown=5, proxy_headers=False,
                                                server_header=False, date_header=False))
         port = sock.getsockname()[1]
