@@ -124,7 +124,10 @@ describe("CtxdClient against ctxd --stdio", () => {
     }
     const stats = await client.stats(session.sessionId);
     assert.ok(stats.compressionCount >= 1);
-    assert.ok(stats.budget.promptTokens <= stats.budget.maxPromptTokens);
+    // The prompt handed out always fits; the figures between pushes may be past the
+    // limit while the next background pass (the trigger sits at 95%) is still running.
+    const prompt = await client.prompt(session.sessionId);
+    assert.ok(prompt.tokens <= prompt.budget.maxPromptTokens);
   });
 
   it("snapshots, restores, pins, sets the goal and locks a decision", async () => {
