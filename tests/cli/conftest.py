@@ -23,6 +23,13 @@ import ctxd
 CLI = [sys.executable, "-m", "ctxd.cli.main"]
 
 
+def _interruptible() -> None:
+    """In the child: Ctrl-C (SIGINT) does what it does at a terminal, even when pytest itself
+    runs with SIGINT ignored (started in the background by a non-interactive shell, as a CI
+    script may be), which a child would otherwise inherit and never see the tests' Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class Result:
     returncode: int
@@ -76,7 +83,7 @@ class Cli:
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen([*CLI, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self.env)
+                                stderr=subprocess.PIPE, text=True, env=self.env, preexec_fn=_interruptible)
         self.processes.append(proc)
         return proc
 
