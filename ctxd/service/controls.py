@@ -64,29 +64,29 @@ async def watermark(svc: Service, params: WatermarkParams) -> WatermarkResult:
     if params.tool_use_id is None and params.seq is None:
         raise invalid_params("give toolUseId or seq", "toolUseId")
     state = await svc.cache.get(params.session_id)
-    await svc.cache.catch_up(state)  # shared storage: start from what another daemon stored
-    async with state.lock:
-        ctx = await svc.cache.context(state)
-        planned = plan_watermark(ctx, tool_use_id=params.tool_use_id, seq=params.seq)
-        if not isinstance(planned, WatermarkMove):
-            return WatermarkResult(session_id=state.id, changed=False, watermark_seq=ctx.state.watermark_seq,
-                                   tool_use_id=ctx.state.watermark_tool_use_id, reason=planned)
-        before = ctx.prompt_tokens
-        apply_watermark(ctx, planned)
-        svc.cache.refresh(state)
-        await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
-                           context_tokens=state.row.context_tokens)
-        after = ctx.prompt_tokens
-        budget = svc.cache.budget(state)
-    svc.events.emit(state.id, CompressedNotification(
-        session_id=state.id, layers=["watermark"], before_tokens=before, after_tokens=after,
-        freed_tokens=before - after, ratio=round(after / before, 4) if before else 1.0, checkpoint_ids=[],
-        duration_ms=0.0, compression_number=ctx.state.compression_count, trigger="request"))
-    notify.updated(svc, state, "watermark")
-    notify.after_change(svc, state, budget)
-    return WatermarkResult(session_id=state.id, changed=True, watermark_seq=planned.seq,
-                           tool_use_id=planned.tool_use_id, blocks_removed=planned.blocks,
-                           tokens_freed=before - after)
+    async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
+        async with state.lock:
+            ctx = await svc.cache.context(state)
+            planned = plan_watermark(ctx, tool_use_id=params.tool_use_id, seq=params.seq)
+            if not isinstance(planned, WatermarkMove):
+                return WatermarkResult(session_id=state.id, changed=False, watermark_seq=ctx.state.watermark_seq,
+                                       tool_use_id=ctx.state.watermark_tool_use_id, reason=planned)
+            before = ctx.prompt_tokens
+            apply_watermark(ctx, planned)
+            svc.cache.refresh(state)
+            await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
+                               context_tokens=state.row.context_tokens)
+            after = ctx.prompt_tokens
+            budget = svc.cache.budget(state)
+        svc.events.emit(state.id, CompressedNotification(
+            session_id=state.id, layers=["watermark"], before_tokens=before, after_tokens=after,
+            freed_tokens=before - after, ratio=round(after / before, 4) if before else 1.0, checkpoint_ids=[],
+            duration_ms=0.0, compression_number=ctx.state.compression_count, trigger="request"))
+        notify.updated(svc, state, "watermark")
+        notify.after_change(svc, state, budget)
+        return WatermarkResult(session_id=state.id, changed=True, watermark_seq=planned.seq,
+                               tool_use_id=planned.tool_use_id, blocks_removed=planned.blocks,
+                               tokens_freed=before - after)
 
 
 PARTNER_WINDOW = 50
@@ -117,43 +117,43 @@ async def pin(svc: Service, params: PinParams) -> PinResult:
     already behind the boundary comes back into the prompt. A tool call and its result
     are pinned (and unpinned) together."""
     state = await svc.cache.get(params.session_id)
-    await svc.cache.catch_up(state)  # shared storage: start from what another daemon stored
-    if not 1 <= params.seq <= state.row.last_seq:
-        raise CtxdError(ErrorCode.MessageNotFound, f"no message {params.seq} in session {state.id!r}",
-                        {"field": "seq", "seq": params.seq})
-    async with state.lock:
-        ctx = await svc.cache.context(state)
-        nearby = await svc.db.read(message_store.load_range, state.id, max(0, params.seq - PARTNER_WINDOW - 1),
-                                   params.seq + PARTNER_WINDOW, None)
-        entries = {m.seq: Entry.of(m.seq, m.message, m.tokens) for m in nearby}
-        seqs = [params.seq] + tool_partners(list(entries.values()), params.seq)
-        pinned = set(ctx.state.pinned)
-        changed = any((seq in pinned) != params.pinned for seq in seqs)
-        if changed and params.pinned:
-            _check_pins_fit(svc, state, ctx, [entries[s] for s in seqs if s not in pinned and s in entries])
+    async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
+        if not 1 <= params.seq <= state.row.last_seq:
+            raise CtxdError(ErrorCode.MessageNotFound, f"no message {params.seq} in session {state.id!r}",
+                            {"field": "seq", "seq": params.seq})
+        async with state.lock:
+            ctx = await svc.cache.context(state)
+            nearby = await svc.db.read(message_store.load_range, state.id, max(0, params.seq - PARTNER_WINDOW - 1),
+                                       params.seq + PARTNER_WINDOW, None)
+            entries = {m.seq: Entry.of(m.seq, m.message, m.tokens) for m in nearby}
+            seqs = [params.seq] + tool_partners(list(entries.values()), params.seq)
+            pinned = set(ctx.state.pinned)
+            changed = any((seq in pinned) != params.pinned for seq in seqs)
+            if changed and params.pinned:
+                _check_pins_fit(svc, state, ctx, [entries[s] for s in seqs if s not in pinned and s in entries])
+            if changed:
+                kept_users = {e.seq for e in ctx.kept if never_compressed(e)}
+                for seq in seqs:
+                    if params.pinned:
+                        pinned.add(seq)
+                        unfold(ctx, seq, state.counter.count)
+                        if seq <= ctx.state.boundary and not any(e.seq == seq for e in ctx.kept) \
+                                and not ctx.state.is_rolled_back(seq):
+                            ctx.kept.append(entries[seq])
+                    else:
+                        pinned.discard(seq)
+                        ctx.kept = [e for e in ctx.kept if e.seq != seq or e.seq in kept_users]
+                ctx.kept.sort(key=lambda e: e.seq)
+                ctx.state.pinned = sorted(pinned)
+                ctx.state.kept_seqs = [e.seq for e in ctx.kept]
+                svc.cache.refresh(state, system=True)
+                await svc.db.write(checkpoint_store.save_active, state.id, list(ctx.checkpoints))
+                await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
+                                   context_tokens=state.row.context_tokens)
+            budget = svc.cache.budget(state)
         if changed:
-            kept_users = {e.seq for e in ctx.kept if never_compressed(e)}
-            for seq in seqs:
-                if params.pinned:
-                    pinned.add(seq)
-                    unfold(ctx, seq, state.counter.count)
-                    if seq <= ctx.state.boundary and not any(e.seq == seq for e in ctx.kept) \
-                            and not ctx.state.is_rolled_back(seq):
-                        ctx.kept.append(entries[seq])
-                else:
-                    pinned.discard(seq)
-                    ctx.kept = [e for e in ctx.kept if e.seq != seq or e.seq in kept_users]
-            ctx.kept.sort(key=lambda e: e.seq)
-            ctx.state.pinned = sorted(pinned)
-            ctx.state.kept_seqs = [e.seq for e in ctx.kept]
-            svc.cache.refresh(state, system=True)
-            await svc.db.write(checkpoint_store.save_active, state.id, list(ctx.checkpoints))
-            await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
-                               context_tokens=state.row.context_tokens)
-        budget = svc.cache.budget(state)
-    if changed:
-        notify.updated(svc, state, "pin")
-        notify.after_change(svc, state, budget)
-        compression.schedule(svc, state)
-    return PinResult(session_id=state.id, seq=params.seq, pinned=params.pinned, pinned_tokens=ctx.pinned_tokens,
-                     seqs=seqs)
+            notify.updated(svc, state, "pin")
+            notify.after_change(svc, state, budget)
+            compression.schedule(svc, state)
+        return PinResult(session_id=state.id, seq=params.seq, pinned=params.pinned, pinned_tokens=ctx.pinned_tokens,
+                         seqs=seqs)

@@ -37,38 +37,39 @@ async def set_goal(svc: Service, params: GoalSetParams) -> GoalResult:
     if not params.description.strip():
         raise invalid_params("description must not be empty", "description")
     state = await svc.cache.get(params.session_id)
-    await svc.cache.catch_up(state)  # shared storage: the goal another daemon stored
-    goal = new_goal(params.description.strip(), now_iso(), params.priority)
-    if state.row.goal is not None:
-        # A new goal never loses a locked or architecture decision (seed 000).
-        goal.decisions = [d for d in state.row.goal.decisions if d.locked or d.architecture]
-    merge_checkpoints(goal, params.checkpoints)
-    merge_decisions(goal, params.decisions)
-    return await _save(svc, state, goal)
+    async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
+        goal = new_goal(params.description.strip(), now_iso(), params.priority)
+        if state.row.goal is not None:
+            # A new goal never loses a locked or architecture decision (seed 000).
+            goal.decisions = [d for d in state.row.goal.decisions if d.locked or d.architecture]
+        merge_checkpoints(goal, params.checkpoints)
+        merge_decisions(goal, params.decisions)
+        return await _save(svc, state, goal)
 
 
 async def update_goal(svc: Service, params: GoalUpdateParams) -> GoalResult:
     state = await svc.cache.get(params.session_id)
-    await svc.cache.catch_up(state)  # shared storage: the goal another daemon stored
-    current = state.row.goal
-    if current is None:
-        raise CtxdError(ErrorCode.InvalidParams, "the session has no goal; set one with goal/set",
-                        {"field": "sessionId"})
-    goal = msgspec.structs.replace(current, checkpoints=list(current.checkpoints), decisions=list(current.decisions),
-                                   artifacts=list(current.artifacts), next_steps=list(current.next_steps))
-    if params.description is not None:
-        goal.description = params.description
-    if params.priority is not None:
-        goal.priority = params.priority
-    if params.status is not None:
-        goal.status = params.status
-        goal.completed_at = now_iso() if params.status == "completed" else None
-    merge_checkpoints(goal, params.checkpoints)
-    merge_decisions(goal, params.decisions, keep_locks=False)  # goal/update may unlock
-    merge_artifacts(goal, params.artifacts)
-    if params.next_steps is not None:
-        goal.next_steps = params.next_steps
-    return await _save(svc, state, goal)
+    async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
+        current = state.row.goal
+        if current is None:
+            raise CtxdError(ErrorCode.InvalidParams, "the session has no goal; set one with goal/set",
+                            {"field": "sessionId"})
+        goal = msgspec.structs.replace(current, checkpoints=list(current.checkpoints),
+                                       decisions=list(current.decisions), artifacts=list(current.artifacts),
+                                       next_steps=list(current.next_steps))
+        if params.description is not None:
+            goal.description = params.description
+        if params.priority is not None:
+            goal.priority = params.priority
+        if params.status is not None:
+            goal.status = params.status
+            goal.completed_at = now_iso() if params.status == "completed" else None
+        merge_checkpoints(goal, params.checkpoints)
+        merge_decisions(goal, params.decisions, keep_locks=False)  # goal/update may unlock
+        merge_artifacts(goal, params.artifacts)
+        if params.next_steps is not None:
+            goal.next_steps = params.next_steps
+        return await _save(svc, state, goal)
 
 
 async def get_goal(svc: Service, session_id: str) -> GoalResult:

@@ -192,54 +192,54 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
     pushed after the snapshot are marked rolled back, not removed. A snapshot of the
     current context is taken first, so a restore can itself be undone."""
     state = await svc.cache.get(params.session_id)
-    await svc.cache.catch_up(state)  # shared storage: what was pushed through another daemon is rolled back
-    task = state.compression_task
-    if task is not None:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    async with state.compress_lock, state.lock:
-        snap = await _row(svc, state, params.snapshot_id)
-        backup = await _take(svc, state, "restore", f"before restoring {params.snapshot_id}")
-        restored = decode_stored(snap.state)
-        cstate = restored.compression
-        last = state.row.last_seq
-        rolled: tuple[int, int] | None = None
-        if last > snap.info.last_seq:
-            rolled = (snap.info.last_seq + 1, last)
-            cstate.rolled_back = [*cstate.rolled_back, rolled]
-        cstate.snapshot_seq, cstate.snapshot_revision = last, cstate.revision  # it is a snapshot
-        cstate.snapshot_armed = False
-        encoded = msgspec.json.encode(restored)
-        now = now_iso()
+    async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
+        task = state.compression_task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        async with state.compress_lock, state.lock:
+            snap = await _row(svc, state, params.snapshot_id)
+            backup = await _take(svc, state, "restore", f"before restoring {params.snapshot_id}")
+            restored = decode_stored(snap.state)
+            cstate = restored.compression
+            last = state.row.last_seq
+            rolled: tuple[int, int] | None = None
+            if last > snap.info.last_seq:
+                rolled = (snap.info.last_seq + 1, last)
+                cstate.rolled_back = [*cstate.rolled_back, rolled]
+            cstate.snapshot_seq, cstate.snapshot_revision = last, cstate.revision  # it is a snapshot
+            cstate.snapshot_armed = False
+            encoded = msgspec.json.encode(restored)
+            now = now_iso()
 
-        def job(conn: Any) -> None:
-            checkpoint_store.save_active(conn, state.id, snap.checkpoints)
-            session_store.save_context(conn, state.id, context_state=encoded, goal=snap.goal)
-            store.add_event(conn, state.id, now, "restore", last, {
-                "snapshotId": snap.info.snapshot_id, "backupSnapshotId": backup.snapshot_id,
-                "rolledBack": list(rolled) if rolled else None})
+            def job(conn: Any) -> None:
+                checkpoint_store.save_active(conn, state.id, snap.checkpoints)
+                session_store.save_context(conn, state.id, context_state=encoded, goal=snap.goal)
+                store.add_event(conn, state.id, now, "restore", last, {
+                    "snapshotId": snap.info.snapshot_id, "backupSnapshotId": backup.snapshot_id,
+                    "rolledBack": list(rolled) if rolled else None})
 
-        try:
-            await svc.db.write(job)
-        except CtxdError as exc:
-            svc.events.emit(state.id, SnapshotError(session_id=state.id, operation="restore",
-                                                                      reason=exc.message))
-            raise CtxdError(ErrorCode.SnapshotFailed, f"restore failed, nothing changed: {exc.message}") from exc
-        state.stored = restored
-        state.row.goal = snap.goal
-        state.drop_context()
-        await svc.cache.context(state)
-        await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
-                           context_tokens=state.row.context_tokens)
-        budget = svc.cache.budget(state)
-    svc.events.emit(state.id, SnapshotRestored(
-        session_id=state.id, snapshot_id=snap.info.snapshot_id, backup_snapshot_id=backup.snapshot_id,
-        rolled_back_from=rolled[0] if rolled else None, rolled_back_to=rolled[1] if rolled else None))
-    notify.updated(svc, state, "restored")
-    notify.after_change(svc, state, budget)
-    return SnapshotRestoreResult(session_id=state.id, snapshot_id=snap.info.snapshot_id,
-                                 backup_snapshot_id=backup.snapshot_id,
-                                 rolled_back_from=rolled[0] if rolled else None,
-                                 rolled_back_to=rolled[1] if rolled else None,
-                                 context_tokens=state.row.context_tokens)
+            try:
+                await svc.db.write(job)
+            except CtxdError as exc:
+                svc.events.emit(state.id, SnapshotError(session_id=state.id, operation="restore",
+                                                                          reason=exc.message))
+                raise CtxdError(ErrorCode.SnapshotFailed, f"restore failed, nothing changed: {exc.message}") from exc
+            state.stored = restored
+            state.row.goal = snap.goal
+            state.drop_context()
+            await svc.cache.context(state)
+            await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
+                               context_tokens=state.row.context_tokens)
+            budget = svc.cache.budget(state)
+        svc.events.emit(state.id, SnapshotRestored(
+            session_id=state.id, snapshot_id=snap.info.snapshot_id, backup_snapshot_id=backup.snapshot_id,
+            rolled_back_from=rolled[0] if rolled else None, rolled_back_to=rolled[1] if rolled else None))
+        notify.updated(svc, state, "restored")
+        notify.after_change(svc, state, budget)
+        return SnapshotRestoreResult(session_id=state.id, snapshot_id=snap.info.snapshot_id,
+                                     backup_snapshot_id=backup.snapshot_id,
+                                     rolled_back_from=rolled[0] if rolled else None,
+                                     rolled_back_to=rolled[1] if rolled else None,
+                                     context_tokens=state.row.context_tokens)
 

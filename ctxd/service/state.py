@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import AsyncIterator
 
 import msgspec
 
@@ -243,6 +245,18 @@ class SessionCache:
             if (row.last_seq > state.row.last_seq or stored.revision > memory.revision
                     or _prompt_shape(stored) != _prompt_shape(memory) or row.goal != state.row.goal):
                 await self.reload(state)
+
+    @asynccontextmanager
+    async def changing(self, state: SessionState) -> AsyncIterator[None]:
+        """A pin, watermark, goal or restore: on shared storage one daemon at a time per
+        session, starting from what is stored; otherwise two daemons changing one session
+        at once would each save their own copy of its context, and one change would be lost."""
+        if not self.db.shared:
+            yield
+            return
+        async with self.db.exclusive(f"change:{state.id}"):
+            await self.catch_up(state)
+            yield
 
     def forget(self, session_id: str) -> None:
         state = self._states.pop(session_id, None)

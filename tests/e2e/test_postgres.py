@@ -171,3 +171,33 @@ async def test_a_client_of_one_daemon_hears_what_is_done_through_another(pg_serv
     finally:
         await listener.close()
         await worker.close()
+
+
+async def test_pins_and_a_goal_made_through_two_daemons_at_once_all_hold(pg_server, daemon_factory):
+    """Each pin saves the session's whole context state: two daemons pinning at the same
+    moment would each save their own copy, and one pin would be lost, without taking
+    turns on the session (SessionCache.changing)."""
+    url = pg_server.create_database()
+    args = ["--set", f"storage.url={url}"]
+    a, b = daemon_factory(name="a", args=args), daemon_factory(name="b", args=args)
+    ca, cb = await connect(a), await connect(b)
+    try:
+        await ca.request("session/create", {"sessionId": "p", "contextWindow": WINDOW})
+        await ca.request("session/push", {"sessionId": "p", "messages": [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(40)]})
+        for round_ in range(3):
+            seqs = list(range(1 + round_ * 12, 13 + round_ * 12))
+            await asyncio.gather(
+                *(client.request("message/pin", {"sessionId": "p", "seq": seq})
+                  for client, seq in zip([ca, cb] * 6, seqs)),
+                cb.request("goal/set", {"sessionId": "p", "description": f"goal {round_}"}))
+            expected = set(range(1, 13 + round_ * 12))
+            for client in (ca, cb):
+                await client.request("context/prompt", {"sessionId": "p"})  # (catches up with the other daemon)
+                stats = await client.request("context/stats", {"sessionId": "p"})
+                assert set(stats["pinned"]) == expected, (round_, client is ca)
+                goal = await client.request("goal/get", {"sessionId": "p"})
+                assert goal["goal"]["description"] == f"goal {round_}"
+    finally:
+        await ca.close()
+        await cb.close()
