@@ -51,9 +51,9 @@ def daemon(module_backend):
         shutil.rmtree(base, ignore_errors=True)
 
 
-async def connections_become(client: Client, count: int) -> None:
+async def connections_become(client: Client, count: int, timeout: float = REPLY_TIMEOUT) -> None:
     """Wait until the daemon counts ``count`` connections (closed ones leave asynchronously)."""
-    deadline = asyncio.get_running_loop().time() + REPLY_TIMEOUT
+    deadline = asyncio.get_running_loop().time() + timeout
     while (await client.request("daemon/status"))["connections"] != count:
         assert asyncio.get_running_loop().time() < deadline, f"the daemon never got to {count} connections"
         await asyncio.sleep(0.05)
@@ -410,7 +410,9 @@ async def test_client_that_stops_reading_is_dropped(daemon):
         await lazy.initialize()
         for i in range(25):  # ~125 MB of answers, never read
             await lazy.send_raw(request_frame(i, "context/prompt", {"sessionId": "big"}))
-        await connections_become(worker, 1)
+        # Each answer is a 5 MB prompt to render: on PostgreSQL under load, filling the
+        # pending-output limit has taken longer than one reply's timeout.
+        await connections_become(worker, 1, timeout=4 * REPLY_TIMEOUT)
         assert "not reading" in daemon.stderr_text()
         pushed = await worker.request("session/push", {"sessionId": "big", "messages": [user("still served")]})
         assert pushed["messageCount"] == 1001

@@ -57,7 +57,12 @@ async def test_a_cut_stream_is_an_error_and_pushes_no_partial_reply(proxy, upstr
     upstream.mode = "ok"
     ollama_like = await client.messages.create(model=MODEL, max_tokens=100, messages=messages)
     assert ollama_like.content[0].text == "Answer to: Tell me a long story."
-    assert len(await history(ctxd_daemon, info["sessionId"])) == 2
+    # The reply's push is not waited for (the session's next request waits for it).
+    deadline = asyncio.get_running_loop().time() + 20
+    while len(stored := await history(ctxd_daemon, info["sessionId"])) < 2:
+        assert asyncio.get_running_loop().time() < deadline, "the reply was never stored"
+        await asyncio.sleep(0.02)
+    assert stored[1]["role"] == "assistant" and "Answer to: Tell me a long story." in str(stored[1]["content"])
 
 
 async def test_a_client_that_hangs_up_cancels_the_upstream(proxy, upstream, ctxd_daemon) -> None:
