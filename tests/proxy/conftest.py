@@ -3,6 +3,8 @@ daemon on a Unix socket, and ``ctxd proxy`` in a subprocess between them."""
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 import select
 import shutil
@@ -117,16 +119,23 @@ async def ctxd_client(daemon: Daemon) -> Client:
 
 
 async def history(daemon: Daemon, session_id: str) -> list[dict[str, Any]]:
-    """Every message of a session, as stored."""
+    """Every message of a session, as stored once it stopped changing: the proxy does not
+    wait for a reply's push (the session's next request does), so right after a reply it
+    may still be on its way."""
     client = await ctxd_client(daemon)
     try:
-        out: list[dict[str, Any]] = []
-        seq: int | None = 1
-        while seq is not None:
-            page = await client.request("session/history", {"sessionId": session_id, "from": seq, "limit": 500})
-            out += [entry["message"] for entry in page["messages"]]
-            seq = page.get("nextSeq")
-        return out
+        previous: list[dict[str, Any]] | None = None
+        while True:
+            out: list[dict[str, Any]] = []
+            seq: int | None = 1
+            while seq is not None:
+                page = await client.request("session/history", {"sessionId": session_id, "from": seq, "limit": 500})
+                out += [entry["message"] for entry in page["messages"]]
+                seq = page.get("nextSeq")
+            if out == previous:
+                return out
+            previous = out
+            await asyncio.sleep(0.2)
     finally:
         await client.close()
 
