@@ -471,6 +471,12 @@ def _runtime_dir_fallback() -> None:
         pass
 
 
+
+def _fail(message: str) -> None:
+    """A start-up failure, on stderr (stdout carries the MCP protocol; the exit code is 2)."""
+    sys.stderr.write(f"ctxd mcp: {message}\n")
+    sys.stderr.flush()
+
 def main(argv: list[str] | None = None) -> int:
     from ctxd.config import ConfigError, load_config
 
@@ -486,12 +492,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             max_tokens = int(os.environ[MAX_TOKENS_ENV])
         except ValueError:
-            print(f"ctxd mcp: {MAX_TOKENS_ENV}={os.environ[MAX_TOKENS_ENV]!r} is not a number", file=sys.stderr)
+            _fail(f"{MAX_TOKENS_ENV}={os.environ[MAX_TOKENS_ENV]!r} is not a number")
             return 2
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if not MIN_MAX_TOKENS <= max_tokens <= HARD_MAX_TOKENS:
-        print(f"ctxd mcp: --max-tokens must be {MIN_MAX_TOKENS}-{HARD_MAX_TOKENS}", file=sys.stderr)
+        _fail(f"--max-tokens must be {MIN_MAX_TOKENS}-{HARD_MAX_TOKENS}")
         return 2
 
     _runtime_dir_fallback()
@@ -503,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
-        print(f"ctxd mcp: configuration error: {exc}", file=sys.stderr)
+        _fail(f"configuration error: {exc}")
         return 2
     link = DaemonLink(Path(config.socket_path), data_dir=args.data_dir, config_file=args.config,
                       autostart=not args.no_autostart, default_session=args.session)
