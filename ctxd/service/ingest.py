@@ -44,6 +44,9 @@ THREAD_COUNT_BYTES = 256 * 1024
 _encode = msgspec.json.Encoder().encode
 
 
+_FIELDS: dict[type, tuple[msgspec.structs.FieldInfo, ...]] = {}
+
+
 def check_message(message: Message, index: int) -> None:
     """Rules the schema cannot express; each error names the offending field."""
     where = f"messages[{index}]"
@@ -80,7 +83,10 @@ def check_message(message: Message, index: int) -> None:
                                  f"{where}.timestamp") from None
     usage = message.usage
     if usage is not None:
-        for field in msgspec.structs.fields(usage):
+        fields = _FIELDS.get(type(usage))
+        if fields is None:  # (msgspec.structs.fields evaluates the annotations on each call: ~0.3 ms)
+            fields = _FIELDS[type(usage)] = msgspec.structs.fields(usage)
+        for field in fields:
             value = getattr(usage, field.name)
             if value is not None and not 0 <= value <= MAX_COUNT:
                 raise invalid_params(f"{where}.usage.{field.encode_name}: {value} is not a token count "
