@@ -124,9 +124,9 @@ class BudgetConfig(_Section):
     """Reply reservation as a share of the window for a model whose output limit is unknown."""
     safety_margin_fraction: float = 0.02
     """Extra headroom kept free of conversation, as a share of the window."""
-    trigger_fraction: float = 0.95
+    trigger_fraction: float = 0.97
     """Compress when the conversation passes this share of the available budget (seed 000 says
-    80%; 95% with an 80% low-water mark keeps the prompt fuller and still compresses in
+    80%; 97% with an 82% low-water mark keeps the prompt fuller and still compresses in
     steps of 15% of it, see docs/decisions.md)."""
 
 
@@ -145,7 +145,7 @@ class CompressionConfig(_Section):
     with an error carrying the figures."""
     keep_recent: int = 5
     """Newest messages never summarized (a floor: a pass summarizes only as much as it must)."""
-    low_water_fraction: float = 0.8
+    low_water_fraction: float = 0.82
     """A compression takes the oldest part of the conversation just far enough to leave it at
     this share of the available budget, and no further."""
     min_growth_fraction: float = 0.10
@@ -165,7 +165,7 @@ class CompressionConfig(_Section):
     """Tool calls that set the watermark (seed 002); ``mcp__x__name`` matches ``name``."""
     max_checkpoints: int = 4
     """More summary checkpoints than this and the two oldest merge into one."""
-    fold_share: float = 0.15
+    fold_share: float = 0.12
     """Folded user words may take at most this share of the largest prompt (the rest of the
     older conversation's room goes to the summaries, which pick the other speakers' turns)."""
     checkpoint_share: float = 0.25

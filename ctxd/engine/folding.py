@@ -4,12 +4,16 @@ summarized (the user's messages, kept verbatim) takes too much of the prompt.
 :func:`plan_fold_users` (past ``compression.user_share``) and :func:`plan_fold` (the
 prompt does not fit) choose the oldest kept user messages, the session's first one (the
 task) last; :func:`fold` moves them into the one folded checkpoint, their words verbatim
-as far as its allowance goes (the task first, then the newest); :func:`unfold` takes a
-message back out when it is pinned. Pure functions over the active context.
+as far as its allowance goes (the task first, then the ones that say most per token),
+each day's date once above its messages (``[8 May 2023]`` then ``[message 19] words``),
+without the description of an attachment an importer appended (``[shares a photo: ...]``,
+:func:`split_attachment`); :func:`unfold` takes a message back out when it is pinned. Pure
+functions over the active context.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id
@@ -32,12 +36,63 @@ def _folded_line(entry: Entry, date: Callable[[Message], str | None] | None = No
     folded); continuation lines are indented so entries stay separable."""
     day = date(entry.message) if date is not None else None
     label = f"[message {entry.seq}, {day}] " if day else f"[message {entry.seq}] "
-    return label + _user_text(entry).replace("\n", "\n    ")
+    text, _ = split_attachment(_user_text(entry))
+    return label + text.replace("\n", "\n    ")
 
 
 def _line_seq(line: str) -> int:
     """The message number of a folded line, ``[message N] ...`` or ``[message N, day] ...``."""
     return int(line[len("[message "):line.index("]")].partition(",")[0])
+
+
+def _line_day(line: str) -> str:
+    """The day of a folded line, ``[message N, day] ...`` ("" without one)."""
+    return line[len("[message "):line.index("]")].partition(",")[2].strip()
+
+
+def _undated(line: str) -> str:
+    """``[message N, day] words`` as shown under its day's heading: ``[message N] words``."""
+    return f"[message {_line_seq(line)}]" + line[line.index("]") + 1:]
+
+
+def _day_heading(day: str) -> str:
+    return f"[{day}]"
+
+
+def _render_lines(lines: list[str]) -> list[str]:
+    """Folded lines as shown: the day once, on a line of its own above that day's messages
+    (``[8 May 2023]`` then ``[message 19] words``: ~7 tokens a line saved), unless some
+    lines have no day (under a heading they would look dated: then each says its own)."""
+    if not lines or not all(_line_day(line) for line in lines):
+        return list(lines)
+    out: list[str] = []
+    shown = ""
+    for line in lines:
+        day = _line_day(line)
+        if day != shown:
+            out.append(_day_heading(day))
+            shown = day
+        out.append(_undated(line))
+    return out
+
+
+_ATTACHMENT = re.compile(r"\s+(\[shares [^\[\]\n:]{1,30}: [^\[\]\n]{1,400}\])\s*$")
+
+
+def split_attachment(text: str) -> tuple[str, str]:
+    """``(words, attachment)``: a message's words and the description of what came with it
+    that ctxd's chat importers append (``[shares a photo: <caption>]``, importers/locomo.py),
+    or ``(text, "")``. The description is not the speaker's words: a folded line leaves it
+    out (history and ``checkpoint/expand`` keep it), a chat summary quotes it only when
+    there is room."""
+    found = _ATTACHMENT.search(text)
+    if found is None or found.start() == 0:
+        return text, ""
+    return text[:found.start()], found.group(1)
+
+
+_DAY_LINE = re.compile(r"^\[(?!message )[^\]\n]{1,40}\]$")
+"""A day's heading in the folded checkpoint, ``[8 May 2023]`` (the notice is longer)."""
 
 
 def _folded_notice(dropped: int, ranges: str = "", checkpoint_id: str = "") -> str:
@@ -64,12 +119,19 @@ def _line_text(line: str) -> str:
 
 
 def _folded_lines(summary: str) -> list[str]:
+    """The folded checkpoint's lines, each ``[message N, day] words`` again when it was shown
+    under its day's heading."""
     out: list[str] = []
+    day = ""
     for line in summary.split("\n"):
         if line.startswith("[message "):
+            if day and "," not in line[:line.index("]")]:
+                line = f"[message {_line_seq(line)}, {day}]" + line[line.index("]") + 1:]
             out.append(line)
         elif line.startswith("    ") and out:
             out[-1] += "\n" + line
+        elif _DAY_LINE.match(line):
+            day = line[1:-1]
     return out
 
 
@@ -171,6 +233,11 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
             text = excerpt(text.replace("\n    ", "\n"), allowance // 2 - 8, count)
             task = f"{head}] " + text.replace("\n", "\n    ")
         used = count(task) + 1
+    grouped = all(_line_day(ln) for ln in all_lines + ([task] if task is not None else []))
+    days: set[str] = set()
+    if task is not None and grouped:
+        used = count(_undated(task)) + 1 + count(_day_heading(_line_day(task))) + 1
+        days.add(_line_day(task))
     if rank is not None and all_lines:
         worth = rank([_line_text(ln) for ln in all_lines])
         order = sorted(range(len(all_lines)), key=lambda i: (-worth[i], -i))
@@ -178,13 +245,20 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
         order = list(reversed(range(len(all_lines))))
     chosen: list[int] = []
     for i in order:
-        cost = count(all_lines[i]) + 1
+        line = all_lines[i]
+        if grouped:
+            day = _line_day(line)
+            cost = count(_undated(line)) + 1 + (0 if day in days else count(_day_heading(day)) + 1)
+        else:
+            cost = count(line) + 1
         if used + cost > allowance:
             if rank is None:
                 break
             continue
         chosen.append(i)
         used += cost
+        if grouped:
+            days.add(_line_day(line))
     kept_lines = [all_lines[i] for i in sorted(chosen)]
     if task is not None and used <= allowance:
         kept_lines.insert(0, task)
@@ -192,7 +266,7 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     dropped = len(set(seqs)) - len(kept_lines)
     cp_id = previous.id if previous is not None else new_id()
     parts = [_folded_notice(dropped, _dropped_ranges(seqs, kept_lines), cp_id)] if dropped else []
-    parts += kept_lines
+    parts += _render_lines(kept_lines)
     cp = Checkpoint(
         id=cp_id, kind="folded", level="compact",
         seq_from=min(seqs), seq_to=max(seqs), message_ranges=seq_ranges(seqs), summary="\n".join(parts),
@@ -223,7 +297,7 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
         return True
     dropped = len(seqs) - len(lines)
     head = [_folded_notice(dropped, _dropped_ranges(seqs, lines), folded.id)] if dropped else []
-    folded.summary = "\n".join(head + lines)
+    folded.summary = "\n".join(head + _render_lines(lines))
     folded.message_ranges = seq_ranges(seqs)
     folded.seq_from, folded.seq_to = min(seqs), max(seqs)
     measure(folded, count)

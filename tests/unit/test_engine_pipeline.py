@@ -848,7 +848,8 @@ def test_folded_user_words_keep_their_session_date():
     fold(ctx, [by_seq(ctx, 2)], allowance=1000, now=NOW, number=2, count=count, date=session_date_of)
     refresh(ctx)
     assert 1 not in seqs(ctx.kept)  # the marker left with the session's last verbatim words...
-    assert "[message 2, 1 May 2023] I adopted a puppy called Oscar" in ctx.system_text  # ...its date did not
+    # ...its date did not: shown once above that day's folded messages
+    assert "[1 May 2023]\n[message 2] I adopted a puppy called Oscar" in ctx.system_text
     # a dated folded line is still found by its number (pinning takes it back out)
     assert _folded_lines(ctx.checkpoints[0].summary) == ["[message 2, 1 May 2023] I adopted a puppy called Oscar"]
     from ctxd.engine.folding import unfold
@@ -868,3 +869,23 @@ def test_a_long_system_message_marked_as_a_session_start_stays():
     ctx = make_ctx(chat)
     summarized(ctx, identify(ctx, BIG, POLICY))
     assert 4 in seqs(ctx.kept)  # not a "[Session N: ...]" line: possibly an instruction, never dropped
+
+
+def test_folded_lines_date_each_day_once_and_leave_out_attached_descriptions():
+    from ctxd.engine.folding import split_attachment, unfold
+    from ctxd.summarize.extractive import session_date_of
+
+    messages = dated_sessions_chat()
+    index = next(i for i, m in enumerate(messages) if m.content == "I adopted a puppy called Oscar")
+    photo = " [shares a photo: a photo of a puppy on a red blanket]"
+    messages[index] = Message(role="user", content=messages[index].content + photo,
+                              metadata=messages[index].metadata)
+    ctx = make_ctx(messages)
+    summarized(ctx, identify(ctx, BIG, POLICY))
+    fold(ctx, [by_seq(ctx, 2)], allowance=1000, now=NOW, number=2, count=count, date=session_date_of)
+    summary = ctx.checkpoints[0].summary
+    assert "[1 May 2023]\n[message 2] I adopted a puppy called Oscar" in summary
+    assert "shares a photo" not in summary  # not the user's words: history keeps it
+    assert split_attachment("Look! [shares a photo: a cat]") == ("Look!", "[shares a photo: a cat]")
+    assert split_attachment("I said it [twice]") == ("I said it [twice]", "")  # the user's own brackets stay
+    assert unfold(ctx, 2, count)

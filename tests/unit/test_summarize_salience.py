@@ -395,3 +395,32 @@ async def test_undated_turns_beside_dated_ones_are_not_put_under_a_date() -> Non
         messages=[Message(role="assistant", content=text)], level="ultra", target_tokens=400,
         kind="checkpoint_merge"))).text
     assert merged == text
+
+
+async def test_a_shared_photos_description_is_quoted_only_when_there_is_room() -> None:
+    """What came with a turn (the importer's ``[shares a photo: ...]``) is not the speaker's
+    words: the words are quoted whole without it, and it follows them only once every
+    worthwhile turn is in."""
+    words = "We finally painted the mural at the Denver library with 14 kids on Saturday."
+    photo = "[shares a photo: a photo of a colorful mural of a whale on a brick wall]"
+    other = "Bruno said the bakery on Elm Street closes on 14 July 2024 for good."
+    messages = chat([("Caroline", "How did the weekend go?"), ("Melanie", f"{words} {photo}"),
+                     ("Caroline", "Nice!"), ("Melanie", other)])
+    small = (await ExtractiveSummarizer(tiktoken_count).summarize(
+        SummaryRequest(messages=messages, level="compact", target_tokens=tiktoken_count(words + other) + 25))).text
+    assert words in small and other in small
+    assert "shares a photo" not in small and "…" not in small  # no ellipsis for a description left out
+    roomy = (await ExtractiveSummarizer(tiktoken_count).summarize(
+        SummaryRequest(messages=messages, level="detailed", target_tokens=400))).text
+    assert f"Melanie: {words} {photo}" in roomy  # the turn as it was, with room for all of it
+
+
+def test_praise_is_not_a_rare_word_in_a_chat():
+    from ctxd.summarize.extractive import salience
+
+    praise = "Wow, that is so inspiring and admirable, your dedication is truly heartwarming!"
+    fact = "My brother Tomas opened a bike repair shop in Porto last spring."
+    filler = [FILLER[i % len(FILLER)] for i in range(8)]
+    worth = salience(filler + [praise, fact], tiktoken_count)
+    assert worth[-1] > worth[-2]
+    assert worth[-2] <= max(worth[:-2]) + 0.5  # praise ranks with the other small talk, not above it
