@@ -411,6 +411,7 @@ def _copy_all(src: sqlite3.Connection, out: sqlite3.Connection, src_tables: set[
         out.execute("UPDATE sessions SET context_state = '{}', context_tokens = token_count WHERE id = ?", (sid,))
         result.notes.append(f"session {sid}: its compression state was unreadable and was reset (history is whole; "
                             "ctxd compresses it again when it needs to)")
+    _drop_unfinished(src, out, src_tables, result)
     # Messages whose session row was lost: rebuild the session from them.
     _rebuild_sessions(out, result)
     for table in OWNED:
@@ -419,6 +420,28 @@ def _copy_all(src: sqlite3.Connection, out: sqlite3.Connection, src_tables: set[
             rec = result.table(table)
             rec.orphans += cursor.rowcount
             rec.copied -= cursor.rowcount
+
+
+def _drop_unfinished(src: sqlite3.Connection, out: sqlite3.Connection, src_tables: set[str],
+                     result: RecoveryResult) -> None:
+    """Rows of an unfinished push (``store/messages.py``, "Staged pushes") were never
+    acknowledged: they are left out (else the totals below would take them in)."""
+    if "unfinished_pushes" not in src_tables:
+        return
+    try:
+        marks = src.execute("SELECT session_id FROM unfinished_pushes").fetchall()
+    except sqlite3.DatabaseError:
+        return
+    for (sid,) in marks:
+        cursor = out.execute("DELETE FROM messages WHERE session_id = ? AND seq > "
+                             "(SELECT last_seq FROM sessions WHERE id = ?)", (sid, sid))
+        if cursor.rowcount:
+            rec = result.table("messages")
+            rec.copied -= cursor.rowcount
+            if rec.expected is not None:
+                rec.expected -= cursor.rowcount
+            result.notes.append(f"session {sid}: {cursor.rowcount} message rows of an unfinished push (never "
+                                "acknowledged) were left out")
 
 
 def _rebuild_sessions(out: sqlite3.Connection, result: RecoveryResult) -> None:

@@ -92,6 +92,7 @@ def _query(text: str, syntax: str) -> str:
 
 async def _run(svc: Service, query: str, **kwargs: object) -> list[search_store.Hit]:
     await svc.indexer.catch_up()
+    kwargs["unfinished"] = svc.indexer.unfinished  # (rows of pushes being written: ranked, then dropped)
     try:
         return await svc.db.read(lambda conn: search_store.search(conn, query, **kwargs))  # type: ignore[arg-type]
     except search_store.QueryError as exc:

@@ -39,6 +39,9 @@ class SearchIndexer:
         self._last_stored = 0.0
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self.unfinished = 0
+        """Message rows of pushes still being written (``ingest.py``, staged pushes): they are
+        indexed like any other, and a search drops them (it ranks this many more)."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ctxd-search-indexer")

@@ -5,11 +5,24 @@ before anything is written, the batch is written in one transaction, and the
 result is returned only after that transaction committed. Messages carrying an
 ``idempotencyKey`` already stored in the session are answered with their original
 sequence number and token count and are not stored again.
+
+A large push on SQLite (over ``STAGE_BYTES`` of stored bodies) is *staged* instead, so
+that it never holds the one writer for long (other clients' pushes wait for the writer):
+its rows are written in transactions of about ``STAGE_CHUNK_BYTES``, above the session's
+committed ``last_seq`` where no reader looks, and a last small transaction makes them
+part of the session exactly as the one transaction would have (totals, stats, goal,
+watermark, ``last_seq``). It is still all-or-nothing for every reader, acknowledged after
+that last COMMIT only, and ordered by the session lock, held throughout. Rows of a staged
+push that failed are removed at once, else before the session's next push or when the
+daemon next starts (``store/messages.py``, "Staged pushes"). PostgreSQL keeps one
+transaction: its writers do not wait for each other's rows.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import time
 from dataclasses import dataclass
 
 import anyio
@@ -36,10 +49,23 @@ from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionStat
 from ctxd.store.state import Figures, StoredState
 from ctxd.tokens import PROMPT_PRIMING, MessageTokens, TokenCounter
 
+log = logging.getLogger(__name__)
+
 MAX_KEY_LENGTH = 200
 STALE_RETRIES = 50
 # Counting a large batch on the event loop would stall every other client.
 THREAD_COUNT_BYTES = 256 * 1024
+STAGE_BYTES = 4 * 1024 * 1024
+"""A push storing more than this (its messages' stored bodies) on SQLite is staged (see the
+module doc); smaller ones take one transaction, as they always did."""
+STAGE_CHUNK_BYTES = 2 * 1024 * 1024
+"""About how much of a staged push one transaction writes (at least one message, so up to
+``limits.max_message_bytes``): what another client's push may find the writer busy with."""
+STAGE_YIELD = 2.0
+"""While other writes come in, a staged push leaves the writer to them for this many times
+as long as its last transaction took, before its next one (a third of the writer's time):
+a client pushing every 10 ms would otherwise find the writer busy at every push, and fall
+behind."""
 
 _encode = msgspec.json.Encoder().encode
 
@@ -243,17 +269,21 @@ def _copy_stats(stats: SessionStats) -> SessionStats:
 
 def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
                counts: list[MessageTokens], now: str, watermark_tools: tuple[str, ...],
-               shared: bool = False) -> _Outcome:
+               shared: bool = False, staged: list[int] | None = None, clean: bool = False) -> _Outcome:
     """Runs on the writer thread inside the transaction; pure except for SQL. ``shared``:
     another daemon may have pushed since this one read the session (the row is locked now;
-    :class:`StaleSession` if so, and the caller reloads and tries again)."""
+    :class:`StaleSession` if so, and the caller reloads and tries again). ``staged``: the
+    seqs whose rows a staged push already wrote (this is its last transaction: it writes
+    everything else). ``clean``: first remove rows an unfinished push may have left."""
+    if clean:
+        message_store.drop_unfinished(conn, state.id)
     last_seq = session_store.last_seq_for_push(conn, state.id)
     if last_seq is None:
         raise session_not_found(state.id)
     if shared and last_seq != state.row.last_seq:
         raise StaleSession(state.id)
     keys = [key for _, _, key in prepared if key is not None]
-    seen = message_store.find_keys(conn, state.id, keys) if keys else {}
+    seen = message_store.find_keys(conn, state.id, keys, last_seq) if keys else {}
     stats = _copy_stats(state.row.stats)
     results: list[PushedMessage] = []
     to_insert: list[tuple[int, NewMessage]] = []
@@ -304,7 +334,12 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         figures=Figures(figures.system, figures.checkpoints, figures.pinned, figures.used + added_context,
                         figures.checkpoint_count),
     )
-    if to_insert:
+    if staged is not None:
+        if [seq for seq, _ in to_insert] != staged:  # (cannot happen: the session lock was held throughout)
+            raise CtxdError(ErrorCode.StorageError, f"session {state.id!r} changed while a large push was "
+                                                    f"being written; nothing was stored, try again")
+        message_store.end_staged(conn, state.id)
+    elif to_insert:
         message_store.insert_messages(conn, state.id, to_insert)
     session_store.update_totals(conn, state.id, last_activity=now, added_messages=len(to_insert),
                                 added_tokens=added_tokens, context_tokens=new_state.figures.prompt,
@@ -327,10 +362,14 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
     else:
         counts = _count_all(state.counter, messages)
     watermark_tools = svc.cache.policy(state).watermark_tools
+    staged = svc.db.dialect == "sqlite" and sum(len(body) for _, body, _ in prepared) > STAGE_BYTES
     async with state.lock:
         if state.deleted:
             raise session_not_found(params.session_id)
-        outcome = await _write(svc, state, prepared, counts, watermark_tools)
+        if staged:
+            outcome = await _write_staged(svc, state, prepared, counts, watermark_tools)
+        else:
+            outcome = await _write(svc, state, prepared, counts, watermark_tools)
         if outcome.stored:
             svc.indexer.stored(len(outcome.stored))
         row = state.row
@@ -363,11 +402,99 @@ async def _write(svc: Service, state: SessionState, prepared: list[tuple[Message
     shared = svc.db.shared
     for _ in range(STALE_RETRIES):
         try:
-            return await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools, shared)
+            clean = state.unfinished
+            outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools, shared,
+                                         None, clean)
+            if clean:
+                state.unfinished = False
+            return outcome
         except StaleSession:
             await svc.cache.reload(state)
     raise CtxdError(ErrorCode.StorageError, f"session {state.id!r} kept changing through other daemons; "
                                             f"nothing was stored, try again")
+
+
+def _stage_plan(conn: sqlite3.Connection, session_id: str, keys: list[str | None], now: str
+                ) -> tuple[int, list[int]]:
+    """A staged push's first transaction: remove what an unfinished push left, read the
+    session's ``last_seq``, decide which messages are stored (as :func:`_write_job` will:
+    keys stored before, or earlier in the batch, are duplicates) and mark the push as
+    unfinished. The session's last_seq, and the index in the batch of each message stored."""
+    message_store.drop_unfinished(conn, session_id)
+    last_seq = session_store.last_seq_for_push(conn, session_id)
+    if last_seq is None:
+        raise session_not_found(session_id)
+    wanted = [key for key in keys if key is not None]
+    seen: set[str] = set(message_store.find_keys(conn, session_id, wanted, last_seq)) if wanted else set()
+    order: list[int] = []
+    for index, key in enumerate(keys):
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        order.append(index)
+    if order:
+        message_store.begin_staged(conn, session_id, last_seq, now)
+    return last_seq, order
+
+
+def _stage_chunks(rows: list[tuple[int, NewMessage]]) -> list[list[tuple[int, NewMessage]]]:
+    chunks: list[list[tuple[int, NewMessage]]] = []
+    size = 0
+    for row in rows:
+        if not chunks or (size and size + len(row[1].body) > STAGE_CHUNK_BYTES):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(row)
+        size += len(row[1].body)
+    return chunks
+
+
+def _stage_rows(conn: sqlite3.Connection, session_id: str, rows: list[tuple[int, NewMessage]]) -> float:
+    """One of a staged push's transactions; how long its writing took (seconds)."""
+    started = time.perf_counter()
+    message_store.insert_messages(conn, session_id, rows)
+    return time.perf_counter() - started
+
+
+async def _write_staged(svc: Service, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
+                        counts: list[MessageTokens], watermark_tools: tuple[str, ...]) -> _Outcome:
+    """A large push in several transactions (the module doc; the caller holds the session
+    lock, and the store is SQLite: one daemon, so nothing else writes this session)."""
+    now = now_iso()
+    base, order = await svc.db.write(_stage_plan, state.id, [key for _, _, key in prepared], now)
+    state.unfinished = False  # (the plan removed what an earlier push left)
+    if not order:  # every message is a duplicate: nothing to stage
+        return await _write(svc, state, prepared, counts, watermark_tools)
+    rows = [(base + 1 + j, NewMessage(prepared[i][0], prepared[i][1], counts[i], prepared[i][2], now))
+            for j, i in enumerate(order)]
+    state.unfinished = True
+    svc.indexer.unfinished += len(rows)
+    try:
+        db = svc.db
+        seen, others_at = db.jobs, -1e9
+        for chunk in _stage_chunks(rows):
+            took = await db.write(_stage_rows, state.id, chunk)
+            now_s = time.monotonic()
+            if db.jobs - seen > 1:
+                others_at = now_s
+            if now_s - others_at < 1.0:  # other writes came in lately: leave them room
+                await anyio.sleep(STAGE_YIELD * took)
+            seen = db.jobs
+        outcome = await svc.db.write(_write_job, state, prepared, counts, now, watermark_tools, False,
+                                     [seq for seq, _ in rows])
+        state.unfinished = False
+        return outcome
+    except BaseException:
+        try:  # nothing of it was acknowledged: its rows go now (else before the next push, or at start-up)
+            await svc.db.write(message_store.drop_unfinished, state.id)
+        except Exception as exc:
+            log.warning("session %s: the rows of a failed push stay until its next push (%s)", state.id, exc)
+        else:
+            state.unfinished = False
+        raise
+    finally:
+        svc.indexer.unfinished -= len(rows)
 
 
 async def _adopt_derived(svc: Service, state: SessionState, derived: _Derived) -> None:

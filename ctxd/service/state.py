@@ -56,6 +56,9 @@ class SessionState:
     ctx: ActiveContext | None = None
     compression_task: asyncio.Task[object] | None = None
     deleted: bool = False
+    unfinished: bool = False
+    """Rows of a staged push that failed may lie above ``last_seq`` (``ingest.py``): the next
+    push removes them first."""
     skip_reason: str | None = None
     rendered: dict[str, tuple[tuple[object, ...], Rendered]] = field(default_factory=dict)
     """The last prompt rendered per format, with the context version it was made from."""

@@ -122,7 +122,15 @@ def copy_job(conn: Any, sqlite_path: Path) -> CopyReport:
                           else v.encode() if i in byte_cols and isinstance(v, str) else v
                           for i, v in enumerate(row)) for row in chunk])
 
-            _copy_table(report, table, _chunks(src.execute(f"SELECT {names} FROM {table} ORDER BY {order}")), put,
+            where = ""
+            if table == "messages" and src.execute("SELECT 1 FROM sqlite_master WHERE name = 'unfinished_pushes'"
+                                                   ).fetchone():
+                # Rows of a push still being written (or left by a stopped daemon) are no
+                # session's history yet: store/messages.py, "Staged pushes".
+                where = (" WHERE NOT (session_id IN (SELECT session_id FROM unfinished_pushes) AND seq > "
+                         "(SELECT last_seq FROM sessions s WHERE s.id = messages.session_id))")
+            _copy_table(report, table, _chunks(src.execute(f"SELECT {names} FROM {table}{where} ORDER BY {order}")),
+                        put,
                         lambda names=names, table=table: raw.execute(f"SELECT {names} FROM {table}"))
         raw.execute("SELECT setval(pg_get_serial_sequence('messages', 'id'), "
                     "greatest((SELECT max(id) FROM messages), 1))")

@@ -223,6 +223,23 @@ class Database:
             problems = "; ".join(str(row[0]) for row in check[:3])
             raise sqlite3.DatabaseError(f"integrity check failed: {problems}")
         self._migrate(conn)
+        self._drop_unfinished(conn)
+
+    def _drop_unfinished(self, conn: sqlite3.Connection) -> None:
+        """Rows of pushes a killed daemon left half-written (``store/messages.py``, "Staged
+        pushes"): never acknowledged and never visible, removed before anything else runs."""
+        from ctxd.store.messages import drop_unfinished
+
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            removed = drop_unfinished(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        if removed:
+            log.warning("%s: removed %d message rows of pushes that were interrupted before they were stored "
+                        "(never acknowledged)", self.path, removed)
 
     def _prepare_reader(self, conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")

@@ -2,6 +2,15 @@
 
 History is append-only: a message, once acknowledged, is never changed or removed
 except by deleting its session. Compression never comes here.
+
+Staged pushes (SQLite only): a large push writes its rows in several short
+transactions, so that it never holds the one writer for long, and a last small
+transaction makes them part of the session by raising its ``last_seq`` (with its
+totals). Until then the rows lie above the session's committed ``last_seq``: every
+read here is bounded by it (a session's history is ``seq <= sessions.last_seq``,
+whatever else is stored), and ``unfinished_pushes`` marks them. Rows a killed daemon
+left there were never acknowledged: :func:`drop_unfinished` removes them, at start-up
+and before the session's next push.
 """
 
 from __future__ import annotations
@@ -51,15 +60,19 @@ _SELECT = (
 )
 
 
-def find_keys(conn: sqlite3.Connection, session_id: str, keys: list[str]) -> dict[str, tuple[int, int]]:
-    """Idempotency keys already stored in the session: key -> (seq, tokens)."""
+def find_keys(conn: sqlite3.Connection, session_id: str, keys: list[str],
+              through_seq: int | None = None) -> dict[str, tuple[int, int]]:
+    """Idempotency keys already stored in the session: key -> (seq, tokens). ``through_seq``:
+    the session's committed ``last_seq`` (rows of an unfinished push above it were never
+    acknowledged, so their keys do not count)."""
     found: dict[str, tuple[int, int]] = {}
+    bound, bound_args = ("", ()) if through_seq is None else (" AND seq <= ?", (through_seq,))
     for start in range(0, len(keys), 500):
         chunk = keys[start:start + 500]
         rows = conn.execute(
             f"SELECT idempotency_key, seq, tokens FROM messages WHERE session_id = ? "
-            f"AND idempotency_key IN ({', '.join('?' * len(chunk))})",
-            (session_id, *chunk),
+            f"AND idempotency_key IN ({', '.join('?' * len(chunk))}){bound}",
+            (session_id, *chunk, *bound_args),
         )
         for key, seq, tokens in rows:
             found[key] = (seq, tokens)
@@ -78,6 +91,10 @@ def insert_messages(conn: sqlite3.Connection, session_id: str, rows: Iterable[tu
     conn.executemany(_INSERT, values)
 
 
+_COMMITTED = " AND seq <= (SELECT last_seq FROM sessions WHERE id = ?)"
+"""The session's history ends at its committed ``last_seq`` (see "Staged pushes" above)."""
+
+
 def _stored(row: tuple) -> StoredMessage:  # type: ignore[type-arg]
     seq, created, total, overhead, text, call, result, thinking, body = row
     return StoredMessage(seq, created, MessageTokens(total, overhead, text, call, result, thinking),
@@ -91,9 +108,10 @@ def load_range(
     through_seq: int | None = None,
     limit: int | None = None,
 ) -> list[StoredMessage]:
-    """Messages with ``after_seq < seq <= through_seq``, oldest first."""
-    sql = _SELECT + " WHERE session_id = ? AND seq > ?"
-    args: list[object] = [session_id, after_seq]
+    """Messages with ``after_seq < seq <= through_seq``, oldest first (never beyond the
+    session's committed ``last_seq``)."""
+    sql = _SELECT + " WHERE session_id = ? AND seq > ?" + _COMMITTED
+    args: list[object] = [session_id, after_seq, session_id]
     if through_seq is not None:
         sql += " AND seq <= ?"
         args.append(through_seq)
@@ -109,10 +127,40 @@ def load_seqs(conn: sqlite3.Connection, session_id: str, seqs: list[int]) -> lis
     for start in range(0, len(seqs), 500):
         chunk = seqs[start:start + 500]
         out += [_stored(r) for r in conn.execute(
-            _SELECT + f" WHERE session_id = ? AND seq IN ({', '.join('?' * len(chunk))}) ORDER BY seq",
-            (session_id, *chunk))]
+            _SELECT + f" WHERE session_id = ? AND seq IN ({', '.join('?' * len(chunk))}){_COMMITTED} ORDER BY seq",
+            (session_id, *chunk, session_id))]
     return out
 
 
 def count_messages(conn: sqlite3.Connection, session_id: str) -> int:
-    return conn.execute("SELECT count(*) FROM messages WHERE session_id = ?", (session_id,)).fetchone()[0]
+    return conn.execute("SELECT count(*) FROM messages WHERE session_id = ?" + _COMMITTED,
+                        (session_id, session_id)).fetchone()[0]
+
+
+# --- staged pushes (see the module doc) ------------------------------------------------
+
+def begin_staged(conn: sqlite3.Connection, session_id: str, after_seq: int, now: str) -> None:
+    """Mark the session as having a push in progress above ``after_seq`` (its own short
+    transaction, committed before the first of its rows)."""
+    conn.execute("INSERT INTO unfinished_pushes (session_id, after_seq, started_at) VALUES (?, ?, ?)",
+                 (session_id, after_seq, now))
+
+
+def end_staged(conn: sqlite3.Connection, session_id: str) -> None:
+    """In the transaction that raises the session's ``last_seq`` over the staged rows."""
+    conn.execute("DELETE FROM unfinished_pushes WHERE session_id = ?", (session_id,))
+
+
+def drop_unfinished(conn: sqlite3.Connection, session_id: str | None = None) -> int:
+    """Remove the rows of unfinished pushes (of one session, or all): rows above the
+    session's committed ``last_seq`` that an ``unfinished_pushes`` row marks, and the
+    mark. Never touches a row at or below ``last_seq``. How many rows it removed."""
+    where, args = ("", ()) if session_id is None else (" WHERE session_id = ?", (session_id,))
+    marks = conn.execute(f"SELECT u.session_id, max(u.after_seq, coalesce(s.last_seq, 0)) "
+                         f"FROM unfinished_pushes u LEFT JOIN sessions s ON s.id = u.session_id{where}",
+                         args).fetchall()
+    removed = 0
+    for sid, above in marks:
+        removed += conn.execute("DELETE FROM messages WHERE session_id = ? AND seq > ?", (sid, above)).rowcount
+        conn.execute("DELETE FROM unfinished_pushes WHERE session_id = ?", (sid,))
+    return removed

@@ -54,14 +54,30 @@ class Hit:
 
 
 def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = None, role: str | None = None,
-           limit: int = 20, with_body: bool = False) -> list[Hit]:
+           limit: int = 20, with_body: bool = False, unfinished: int = 0) -> list[Hit]:
     """The best ``limit`` matches, ranked by bm25. Ranking runs on the index alone (joined
     to messages only to filter); snippets and rows are fetched for the winners only, so a
     common word matching thousands of messages costs a sort, not thousands of joins.
-    On PostgreSQL: ``search_pg.search`` (tsvector + GIN, ``ts_rank_cd``), the same hits."""
+    On PostgreSQL: ``search_pg.search`` (tsvector + GIN, ``ts_rank_cd``), the same hits.
+
+    The index may hold rows of a push still being written (``store/messages.py``, "Staged
+    pushes": indexed like any row, part of no session until their push's last commit):
+    winners above their session's ``last_seq`` are dropped, and ``unfinished`` (how many
+    such rows there may be) more are ranked so that ``limit`` committed ones remain; when
+    that was too few, ranking runs again with room for twice as many."""
     if is_postgres(conn):
         return search_pg.search(conn, query, session_id=session_id, role=role, limit=limit, with_body=with_body,
                                 snippet_tokens=SNIPPET_TOKENS, hit=Hit, query_error=QueryError)
+    extra = unfinished
+    while True:
+        hits, ranked, dropped = _search(conn, query, session_id, role, limit + extra, with_body)
+        if not dropped or ranked < limit + extra or len(hits) >= limit:
+            return hits[:limit]
+        extra = 2 * (extra + dropped)
+
+
+def _search(conn: sqlite3.Connection, query: str, session_id: str | None, role: str | None, limit: int,
+            with_body: bool) -> tuple[list[Hit], int, int]:
     rank_sql = "SELECT messages_fts.rowid, bm25(messages_fts) AS score FROM messages_fts"
     args: list[object] = []
     if session_id is not None or role is not None:
@@ -79,7 +95,7 @@ def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = Non
     try:
         ranked = conn.execute(rank_sql, args).fetchall()
         if not ranked:
-            return []
+            return [], 0, 0
         ids = [rowid for rowid, _ in ranked]
         rows = conn.execute(
             "SELECT messages_fts.rowid, m.session_id, m.seq, m.role, m.created_at, "
@@ -87,7 +103,8 @@ def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = Non
             + (", m.body" if with_body else ", NULL")
             + " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
             " JOIN sessions s ON s.id = m.session_id"
-            f" WHERE messages_fts MATCH ? AND messages_fts.rowid IN ({', '.join('?' * len(ids))})",
+            f" WHERE messages_fts MATCH ? AND messages_fts.rowid IN ({', '.join('?' * len(ids))})"
+            " AND m.seq <= s.last_seq",
             (query, *ids)).fetchall()
     except sqlite3.OperationalError as exc:
         text = str(exc).lower()
@@ -102,7 +119,7 @@ def search(conn: sqlite3.Connection, query: str, *, session_id: str | None = Non
         if found is not None:
             sid, seq, r, created, snip, title, body = found
             hits.append(Hit(sid, seq, r, created, snip, round(-score, 4), title, body))
-    return hits
+    return hits, len(ranked), len(ranked) - len(rows)
 
 
 def like_scan(conn: sqlite3.Connection, needle: str, limit: int = 20) -> list[tuple[str, int]]:
