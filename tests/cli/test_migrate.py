@@ -94,3 +94,25 @@ def test_migrate_back_from_postgresql_into_a_new_sqlite_file_verified(cli, pg_se
     assert "no ctxd database" in refused.error_line() and not elsewhere.exists()
     nothing = cli("migrate", "--to", str(elsewhere), expect=2)  # no PostgreSQL named anywhere
     assert "nothing to copy from" in nothing.error_line()
+
+
+def test_migrate_leaves_out_the_rows_of_an_unfinished_push(cli, pg_server) -> None:
+    """Rows a staged push wrote above its session's last_seq before the daemon stopped
+    (service/ingest.py) were never acknowledged: they are not copied."""
+    import sqlite3
+
+    sqlite_config = Config(daemon=DaemonConfig(data_dir=str(cli.data_dir)))
+    expected = asyncio.run(_fill(sqlite_config))
+    raw = sqlite3.connect(sqlite_config.database_path)
+    with raw:
+        raw.execute("INSERT INTO unfinished_pushes (session_id, after_seq, started_at) VALUES ('m1', 10, 'now')")
+        raw.execute("INSERT INTO messages (session_id, seq, role, created_at, tokens, tok_overhead, tok_text, "
+                    "tok_tool_call, tok_tool_result, tok_thinking, idempotency_key, body) "
+                    "SELECT session_id, seq + 10, role, created_at, tokens, tok_overhead, tok_text, tok_tool_call, "
+                    "tok_tool_result, tok_thinking, idempotency_key, body FROM messages WHERE session_id = 'm1'")
+    raw.close()
+    url = pg_server.create_database()
+    report = cli.json("migrate", "--to", url, "--database", str(sqlite_config.database_path))
+    assert report["tables"]["messages"]["rows"] == 20
+    asyncio.run(_check(Config(daemon=DaemonConfig(data_dir=str(cli.root / "pg")), storage=StorageConfig(url=url)),
+                       expected))

@@ -16,6 +16,7 @@ import pytest
 
 from ctxd.config import Config, DaemonConfig
 from ctxd.doctor.check import check
+from ctxd.doctor.recover import recover
 from ctxd.protocol.errors import CtxdError
 from ctxd.service import history, ingest, sessions, transfer
 from ctxd.service.core import Service
@@ -154,6 +155,13 @@ async def test_a_kill_between_transactions_leaves_the_session_as_it_was(
     raw = sqlite3.connect(killed)
     assert raw.execute("SELECT count(*) FROM messages WHERE session_id = ?", (SID,)).fetchone()[0] == 4 + 2
     raw.close()
+    # A recovered copy leaves them out too (its totals come from the rows it holds).
+    recovered = recover(killed)
+    raw = sqlite3.connect(recovered.path)
+    assert raw.execute("SELECT message_count, last_seq FROM sessions WHERE id = ?", (SID,)).fetchone() == (4, 4)
+    assert raw.execute("SELECT count(*) FROM messages WHERE session_id = ?", (SID,)).fetchone()[0] == 4
+    raw.close()
+    assert any("unfinished push" in n for n in recovered.notes) and not recovered.sessions_recomputed
 
     config = Config(daemon=DaemonConfig(data_dir=str(killed.parent)))
     svc = await Service.open(config)  # removes them before anything else
