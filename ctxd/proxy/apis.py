@@ -12,6 +12,7 @@ from ctxd.proxy.convert import Api, canonical_json, chain_part, projection, resp
 
 EPHEMERAL = {"type": "ephemeral"}
 MAX_BREAKPOINTS = 4
+ALIGN_RUN = 32
 
 
 # --- requests ----------------------------------------------------------------------------
@@ -47,7 +48,9 @@ def messages_of(api: Api, body: dict[str, Any]) -> list[Any] | None:
 def split(api: Api, body: dict[str, Any]) -> Split:
     if api == "responses":
         return _split_responses(body)
-    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    given = body.get("messages") or []
+    # (Which are not objects is asked of all at once, in C: an agent resends its whole history.)
+    messages = list(given) if set(map(type, given)) <= {dict} else [m for m in given if isinstance(m, dict)]
     if api == "anthropic":
         system = body.get("system")
         if isinstance(system, str):
@@ -129,13 +132,20 @@ def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]
     if api == "responses":
         return _align_items(rendered, client)
     out: list[Any] = list(rendered)
-    j = 1
-    while j <= len(rendered) and j <= len(client):
+    r, c = len(rendered), len(client)  # rendered[r:] and client[c:] are aligned
+    while r and c:
+        # A whole run of messages equal as JSON is compared at once (in C: a long
+        # conversation with nothing compressed is all one run).
+        if r >= ALIGN_RUN and c >= ALIGN_RUN and rendered[r - ALIGN_RUN:r] == client[c - ALIGN_RUN:c]:
+            out[r - ALIGN_RUN:r] = client[c - ALIGN_RUN:c]
+            r, c = r - ALIGN_RUN, c - ALIGN_RUN
+            continue
+        a, b = rendered[r - 1], client[c - 1]
         # Equal as JSON is equal as ctxd models them: the projection only when they differ.
-        if rendered[-j] != client[-j] and projection(api, rendered[-j]) != projection(api, client[-j]):
+        if a != b and projection(api, a) != projection(api, b):
             break
-        out[-j] = client[-j]
-        j += 1
+        out[r - 1] = b
+        r, c = r - 1, c - 1
     return out
 
 

@@ -1,0 +1,142 @@
+"""wire.py: a whole HTTP message in one send, both ways (docs/performance.md, "Proxy
+benchmark"). In-process, with recording stand-ins for the transport and the stream; the
+proxy tests exercise both through real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpcore
+import pytest
+
+from ctxd.proxy import wire
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1234) if name == "peername" else default
+
+
+async def test_writes_of_one_loop_turn_are_one_send() -> None:
+    real = RecordingTransport()
+    transport = wire.CoalescingTransport(real)  # type: ignore[arg-type]
+    transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+    transport.write(memoryview(b"{}"))
+    transport.write(b"")
+    assert real.writes == [] and transport.get_write_buffer_size() == 40
+    await asyncio.sleep(0)
+    assert real.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+    transport.write(b"data: 1\n\n")  # a relayed stream's next chunk, a turn later
+    await asyncio.sleep(0)
+    assert real.writes[1:] == [b"data: 1\n\n"]
+    assert transport.get_extra_info("peername") == ("127.0.0.1", 1234)  # the rest is the real transport's
+
+
+async def test_close_sends_what_is_held_and_abort_drops_it() -> None:
+    real = RecordingTransport()
+    transport = wire.CoalescingTransport(real)  # type: ignore[arg-type]
+    transport.write(b"last")
+    transport.close()
+    assert real.writes == [b"last"] and real.closed
+    await asyncio.sleep(0)
+    assert real.writes == [b"last"]
+
+    real = RecordingTransport()
+    transport = wire.CoalescingTransport(real)  # type: ignore[arg-type]
+    transport.write(b"never")
+    transport.abort()
+    await asyncio.sleep(0)
+    assert real.writes == [] and real.aborted
+
+
+class RecordingStream(httpcore.AsyncNetworkStream):
+    def __init__(self, *, fail_writes: bool = False) -> None:
+        self.events: list[tuple[str, bytes]] = []
+        self.fail_writes = fail_writes
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if self.fail_writes:
+            raise httpcore.WriteError("broken pipe")
+        self.events.append(("write", buffer))
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self.events.append(("read", b""))
+        return b"HTTP/1.1 200 OK\r\n"
+
+    async def aclose(self) -> None:
+        self.events.append(("close", b""))
+
+    def get_extra_info(self, info: str) -> Any:
+        return info == "is_readable"
+
+
+async def test_a_request_is_written_once_when_its_answer_is_read() -> None:
+    real = RecordingStream()
+    stream = wire.CoalescingStream(real)
+    await stream.write(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
+    await stream.write(b'{"messages": []}')
+    await stream.write(b"")
+    assert real.events == []
+    assert await stream.read(65536) == b"HTTP/1.1 200 OK\r\n"
+    assert real.events == [("write", b'POST /v1/chat/completions HTTP/1.1\r\n\r\n{"messages": []}'), ("read", b"")]
+    assert stream.get_extra_info("is_readable") is True
+
+
+async def test_a_large_body_is_not_held_whole() -> None:
+    real = RecordingStream()
+    stream = wire.CoalescingStream(real)
+    chunk = b"x" * (wire.FLUSH_BYTES // 2)
+    for _ in range(3):
+        await stream.write(chunk)
+    assert [len(data) for kind, data in real.events] == [wire.FLUSH_BYTES]
+    await stream.read(10)
+    assert [len(data) for kind, data in real.events] == [wire.FLUSH_BYTES, len(chunk), 0]
+
+
+async def test_a_failed_write_still_reads_the_answer_as_httpcore_does() -> None:
+    real = RecordingStream(fail_writes=True)
+    stream = wire.CoalescingStream(real)
+    await stream.write(b"GET / HTTP/1.1\r\n\r\n")
+    assert await stream.read(10) == b"HTTP/1.1 200 OK\r\n"
+    assert real.events == [("read", b"")]
+
+
+async def test_the_upstream_transport_gets_the_coalescing_backend() -> None:
+    transport = wire.upstream_transport(trust_env=False)
+    try:
+        backend = transport._pool._network_backend  # type: ignore[attr-defined]
+        assert isinstance(backend, wire.CoalescingBackend)
+    finally:
+        await transport.aclose()
+
+
+def test_the_event_loop_is_uvloop_when_installed() -> None:
+    from ctxd.proxy.main import event_loop_factory
+
+    factory = event_loop_factory()
+    try:
+        import uvloop
+    except ImportError:
+        assert factory is None
+        pytest.skip("uvloop is not installed")
+    assert factory is uvloop.new_event_loop
