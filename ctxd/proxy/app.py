@@ -107,10 +107,11 @@ class Proxy:
         if isinstance(response, Response):
             return response
         if not streaming or response.status_code != 200:
-            # The reply is pushed once the answer is written (Starlette runs the task right
-            # after the body's send, before this turn of the loop ends): the client's
-            # answer goes out first, the daemon's push after it. The session's next
-            # request finds the push registered (it cannot come before the answer).
+            # The reply is pushed once the answer is handed to uvicorn (Starlette runs the
+            # task right after the body's send, in this turn of the loop): the answer's
+            # joined write (wire.py, at the next turn) goes out before the push. The
+            # session's next request finds the push registered (it cannot come before
+            # the answer).
             push = BackgroundTask(self._push_whole, api, conv, tracked, chain_then, response) \
                 if response.status_code == 200 else None
             return Response(response.content, status_code=response.status_code,
