@@ -201,3 +201,47 @@ async def test_pins_and_a_goal_made_through_two_daemons_at_once_all_hold(pg_serv
     finally:
         await ca.close()
         await cb.close()
+
+
+async def test_a_pin_through_one_daemon_survives_a_pass_running_on_another(pg_server, daemon_factory):
+    """A compression pass saves the session's whole context state: a pin made through
+    daemon B while A's pass waited for its summary was undone by A's save. The pass now
+    saves only if the stored context is still what it started from, and otherwise runs
+    again from what is stored (taking turns with such changes)."""
+    from tests.llm_servers import FakeLLMServer
+
+    url = pg_server.create_database()
+    with FakeLLMServer(model="slow-sum:1b", context_length=32768) as llm:
+        llm.slow(2.0)
+        summarizer = ["--set", "summarizer.backend=ollama", "--set", f"summarizer.base_url={llm.url}",
+                      "--set", "summarizer.model=slow-sum:1b", "--set", "summarizer.api_key_env=none"]
+        a = daemon_factory(name="a", args=["--set", f"storage.url={url}", *summarizer])
+        b = daemon_factory(name="b", args=["--set", f"storage.url={url}"])
+        ca, cb = await connect(a), await connect(b)
+        try:
+            await ca.request("session/create", {"sessionId": "r", "contextWindow": WINDOW})
+            await ca.request("session/push", {"sessionId": "r", "messages": [
+                {"role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"message {i}: the build of module {i} needs the flag --opt-{i} and a rerun"}
+                for i in range(30)]})
+            passing = asyncio.create_task(ca.request("context/compress", {"sessionId": "r"}))
+            for _ in range(300):  # until A's pass is waiting for its summary
+                if llm.chat_requests():
+                    break
+                await asyncio.sleep(0.02)
+            assert llm.chat_requests(), "the pass never asked for a summary"
+            assert not passing.done()
+            await cb.request("message/pin", {"sessionId": "r", "seq": 3})
+            result = await asyncio.wait_for(passing, 60)
+            assert result["compressed"]
+            for client in (ca, cb):
+                await client.request("context/prompt", {"sessionId": "r"})  # (catches up with the other daemon)
+                stats = await client.request("context/stats", {"sessionId": "r"})
+                assert stats["pinned"] == [3], client is ca
+                assert stats["compressionCount"] >= 1
+            prompt = await cb.request("context/prompt", {"sessionId": "r"})
+            assert any("message 2:" in str(m.get("content")) for m in prompt["messages"]), \
+                "the pinned message is not verbatim in the prompt"
+        finally:
+            await ca.close()
+            await cb.close()
