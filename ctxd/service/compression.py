@@ -68,7 +68,7 @@ from ctxd.service import notify, snapshots
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.events import NullProgress, Progress
-from ctxd.service.state import SessionState, prompt_shape
+from ctxd.service.state import SessionState
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import sessions as session_store
 from ctxd.store.state import decode_stored
@@ -168,87 +168,39 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
     progress = progress or NullProgress()
     # One pass per session at a time, in this daemon and (on shared storage) in any other.
     async with state.compress_lock, svc.db.exclusive(f"compress:{state.id}"):
-        if not svc.db.shared:
-            return await _pass(svc, state, trigger, focus, progress, force, guarded=False)  # type: ignore[return-value]
-        # Shared storage: a pin, goal, watermark or restore made through another daemon
-        # while this pass ran would be undone by the pass's save. The pass saves only if
-        # the session's context is still what it started from; otherwise it runs again
-        # from what is stored, this time taking turns with such changes throughout.
-        result = await _pass(svc, state, trigger, focus, progress, force, guarded=True)
-        if result is not None:
-            return result
-        log.info("compression of %s: the session's context was changed through another daemon during the "
-                 "pass; running it again from what is stored", state.id)
-        async with svc.db.exclusive(f"change:{state.id}"):
-            return await _pass(svc, state, trigger, focus, progress, force, guarded=False,  # type: ignore[return-value]
-                               begun=True)
-
-
-def _context_mark(row: Any) -> tuple[object, ...]:
-    """What a stored session's prompt is made of (pushes aside): equal marks, no change."""
-    return (prompt_shape(decode_stored(row.context_state).compression), row.goal)
-
-
-async def _stored_mark(svc: Service, state: SessionState) -> tuple[object, ...]:
-    row = await svc.db.read(session_store.get_session, state.id)
-    if row is None:
-        raise session_not_found(state.id)
-    return _context_mark(row)
-
-
-async def _pass(svc: Service, state: SessionState, trigger: str, focus: str | None, progress: Progress,
-                force: bool, *, guarded: bool, begun: bool = False) -> CompressResult | None:
-    """The pass itself (locks held). ``guarded``: save only under the session's change
-    lock and if the stored context is still what the pass started from, else reload it
-    and return None."""
-    if state.deleted:
-        raise session_not_found(state.id)
-    await svc.cache.catch_up(state)
-    mark = await _stored_mark(svc, state) if guarded else None
-    ctx = await svc.cache.context(state)
-    budget = svc.cache.budget(state)
-    policy = svc.cache.policy(state)
-    if not force:
-        decision = decide(state.cstate, budget, policy)
-        if not decision.compress:
-            if begun:
-                progress.end("nothing to compress")
-            return CompressResult(session_id=state.id, compressed=False, layers=[],
-                                  before_tokens=ctx.prompt_tokens, after_tokens=ctx.prompt_tokens,
-                                  reason=decision.reason)
-    run = _Pass(trigger=trigger, started=time.perf_counter(), before=ctx.prompt_tokens)
-    if not begun:
+        if state.deleted:
+            raise session_not_found(state.id)
+        await svc.cache.catch_up(state)
+        ctx = await svc.cache.context(state)
+        budget = svc.cache.budget(state)
+        policy = svc.cache.policy(state)
+        if not force:
+            decision = decide(state.cstate, budget, policy)
+            if not decision.compress:
+                return CompressResult(session_id=state.id, compressed=False, layers=[],
+                                      before_tokens=ctx.prompt_tokens, after_tokens=ctx.prompt_tokens,
+                                      reason=decision.reason)
+        run = _Pass(trigger=trigger, started=time.perf_counter(), before=ctx.prompt_tokens)
         progress.begin("Compressing context", f"{ctx.prompt_tokens} tokens")
-    stage = _Stages(svc, state, progress)
-    try:
-        await _run_layers(svc, state, ctx, run, stage, focus=focus, force=force)
-    except asyncio.CancelledError:
-        progress.end("cancelled")
-        await _reload(svc, state)
-        raise
-    except Exception as exc:
-        progress.end("failed")
-        await _reload(svc, state)
-        reason = exc.message if isinstance(exc, CtxdError) else f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, CtxdError):
-            log.exception("compression of %s failed", state.id)
-        svc.events.emit(state.id, CompressionFailedNotification(
-            session_id=state.id, reason=reason, fallback="the active context is unchanged"))
-        raise CtxdError(ErrorCode.CompressionFailed, f"compression failed: {reason}") from exc
-    if guarded:
+        stage = _Stages(svc, state, progress)
         try:
-            async with svc.db.exclusive(f"change:{state.id}"):
-                if await _stored_mark(svc, state) != mark:
-                    await _reload(svc, state)
-                    return None
-                result = await _finish(svc, state, ctx, run)
+            await _run_layers(svc, state, ctx, run, stage, focus=focus, force=force)
         except asyncio.CancelledError:
             progress.end("cancelled")
+            await _reload(svc, state)
             raise
-    else:
+        except Exception as exc:
+            progress.end("failed")
+            await _reload(svc, state)
+            reason = exc.message if isinstance(exc, CtxdError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, CtxdError):
+                log.exception("compression of %s failed", state.id)
+            svc.events.emit(state.id, CompressionFailedNotification(
+                session_id=state.id, reason=reason, fallback="the active context is unchanged"))
+            raise CtxdError(ErrorCode.CompressionFailed, f"compression failed: {reason}") from exc
         result = await _finish(svc, state, ctx, run)
-    progress.end(f"{result.before_tokens} -> {result.after_tokens} tokens")
-    return result
+        progress.end(f"{result.before_tokens} -> {result.after_tokens} tokens")
+        return result
 
 
 def _low_water(policy: CompressionPolicy, budget: Budget) -> int:

@@ -192,13 +192,12 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
     pushed after the snapshot are marked rolled back, not removed. A snapshot of the
     current context is taken first, so a restore can itself be undone."""
     state = await svc.cache.get(params.session_id)
-    task = state.compression_task
-    if task is not None:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    # The pass lock first, as a pass takes it before the session's change lock.
-    async with state.compress_lock, svc.cache.changing(state):  # shared storage: one daemon at a time
-        async with state.lock:
+    async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
+        task = state.compression_task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        async with state.compress_lock, state.lock:
             snap = await _row(svc, state, params.snapshot_id)
             backup = await _take(svc, state, "restore", f"before restoring {params.snapshot_id}")
             restored = decode_stored(snap.state)
