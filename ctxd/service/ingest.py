@@ -41,12 +41,12 @@ from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service import compression, notify, snapshots
-from ctxd.service.state import SessionState, StaleSession
+from ctxd.service.state import SessionState, StaleSession, prompt_shape
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.messages import NewMessage, StoredMessage
 from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionStats
-from ctxd.store.state import Figures, StoredState
+from ctxd.store.state import Figures, StoredState, decode_stored
 from ctxd.tokens import PROMPT_PRIMING, MessageTokens, TokenCounter
 
 log = logging.getLogger(__name__)
@@ -269,12 +269,16 @@ def _copy_stats(stats: SessionStats) -> SessionStats:
 
 def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
                counts: list[MessageTokens], now: str, watermark_tools: tuple[str, ...],
-               shared: bool = False, staged: list[int] | None = None, clean: bool = False) -> _Outcome:
+               shared: bool = False, staged: list[int] | None = None, clean: bool = False,
+               check_context: bool = False) -> _Outcome:
     """Runs on the writer thread inside the transaction; pure except for SQL. ``shared``:
     another daemon may have pushed since this one read the session (the row is locked now;
     :class:`StaleSession` if so, and the caller reloads and tries again). ``staged``: the
     seqs whose rows a staged push already wrote (this is its last transaction: it writes
-    everything else). ``clean``: first remove rows an unfinished push may have left."""
+    everything else). ``clean``: first remove rows an unfinished push may have left.
+    ``check_context``: also :class:`StaleSession` if another daemon changed the session's
+    context (a pin, goal, watermark, restore, a pass) since this one read it: the push
+    writes memory's context state and goal, and would undo that change."""
     if clean:
         message_store.drop_unfinished(conn, state.id)
     last_seq = session_store.last_seq_for_push(conn, state.id)
@@ -282,6 +286,12 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         raise session_not_found(state.id)
     if shared and last_seq != state.row.last_seq:
         raise StaleSession(state.id)
+    if check_context:
+        stored_context = session_store.context_for_push(conn, state.id)
+        if stored_context is not None and (
+                prompt_shape(decode_stored(stored_context[0]).compression) != prompt_shape(state.cstate)
+                or stored_context[1] != state.row.goal):
+            raise StaleSession(state.id)
     keys = [key for _, _, key in prepared if key is not None]
     seen = message_store.find_keys(conn, state.id, keys, last_seq) if keys else {}
     stats = _copy_stats(state.row.stats)
@@ -403,8 +413,10 @@ async def _write(svc: Service, state: SessionState, prepared: list[tuple[Message
     for _ in range(STALE_RETRIES):
         try:
             clean = state.unfinished
+            # (A pass of this daemon mid-way: memory is ahead of what is stored, not behind.)
+            check = shared and not state.compress_lock.locked()
             outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools, shared,
-                                         None, clean)
+                                         None, clean, check)
             if clean:
                 state.unfinished = False
             return outcome

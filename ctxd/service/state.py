@@ -164,7 +164,7 @@ def resolve_window(row: SessionRow, config: Config) -> tuple[int, int | None]:
     return int(window), output
 
 
-def _prompt_shape(c: CompressionState) -> tuple[object, ...]:
+def prompt_shape(c: CompressionState) -> tuple[object, ...]:
     """What of the stored state the prompt is made from. Compared whole, not by ``revision``:
     two daemons each bump their own count, so another's pin can leave it where this one's
     memory already is."""
@@ -246,7 +246,7 @@ class SessionCache:
                 raise session_not_found(state.id)
             stored, memory = decode_stored(row.context_state).compression, state.cstate
             if (row.last_seq > state.row.last_seq or stored.revision > memory.revision
-                    or _prompt_shape(stored) != _prompt_shape(memory) or row.goal != state.row.goal):
+                    or prompt_shape(stored) != prompt_shape(memory) or row.goal != state.row.goal):
                 await self.reload(state)
 
     @asynccontextmanager

@@ -268,6 +268,20 @@ def last_seq_for_push(conn: sqlite3.Connection, session_id: str) -> int | None:
     return None if row is None else row[0]
 
 
+def context_for_push(conn: sqlite3.Connection, session_id: str) -> tuple[bytes, Goal | None] | None:
+    """The stored context state and goal, read in a push's transaction after
+    :func:`last_seq_for_push` locked the row: on shared storage, what the push compares
+    with memory before it writes memory's copy over them."""
+    row = conn.execute("SELECT context_state, goal FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        return None
+    state, goal = row
+    state = state.encode() if isinstance(state, str) else bytes(state)
+    if goal is not None and not isinstance(goal, (str, bytes)):
+        goal = _json.encode(goal)
+    return state, _goal_decoder.decode(goal) if goal else None
+
+
 _UNCHANGED: Any = object()
 
 

@@ -201,3 +201,34 @@ async def test_pins_and_a_goal_made_through_two_daemons_at_once_all_hold(pg_serv
     finally:
         await ca.close()
         await cb.close()
+
+
+async def test_a_push_through_one_daemon_keeps_a_pin_and_goal_made_through_another(pg_server, daemon_factory):
+    """A push stores its daemon's copy of the session's context state and goal: one
+    through daemon A right after a pin and a goal through B undid both (found as a new
+    user would, with ctxd-cli against two daemons). The push now finds, in its
+    transaction, that the stored context moved on, reloads it and pushes again."""
+    url = pg_server.create_database()
+    args = ["--set", f"storage.url={url}"]
+    a, b = daemon_factory(name="a", args=args), daemon_factory(name="b", args=args)
+    ca, cb = await connect(a), await connect(b)
+    try:
+        await ca.request("session/create", {"sessionId": "k", "contextWindow": WINDOW})
+        await ca.request("session/push", {"sessionId": "k", "messages": [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(6)]})
+        await ca.request("context/prompt", {"sessionId": "k"})  # (A has the session's context in memory)
+        for round_ in range(3):
+            await cb.request("message/pin", {"sessionId": "k", "seq": round_ + 1})
+            await cb.request("goal/set", {"sessionId": "k", "description": f"goal {round_}"})
+            pushed = await ca.request("session/push", {"sessionId": "k", "messages": [
+                {"role": "user", "content": f"after round {round_}"}]})
+            assert pushed["messageCount"] == 7 + round_
+            for client in (ca, cb):
+                await client.request("context/prompt", {"sessionId": "k"})  # (catches up with the other daemon)
+                stats = await client.request("context/stats", {"sessionId": "k"})
+                assert stats["pinned"] == list(range(1, round_ + 2)), (round_, client is ca)
+                goal = await client.request("goal/get", {"sessionId": "k"})
+                assert goal["goal"]["description"] == f"goal {round_}", (round_, client is ca)
+    finally:
+        await ca.close()
+        await cb.close()
