@@ -41,7 +41,7 @@ from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service import compression, notify, snapshots
-from ctxd.service.state import SessionState, StaleSession, prompt_shape
+from ctxd.service.state import SessionState, StaleSession, context_moved
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.messages import NewMessage, StoredMessage
@@ -288,9 +288,8 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         raise StaleSession(state.id)
     if check_context:
         stored_context = session_store.context_for_push(conn, state.id)
-        if stored_context is not None and (
-                prompt_shape(decode_stored(stored_context[0]).compression) != prompt_shape(state.cstate)
-                or stored_context[1] != state.row.goal):
+        if stored_context is not None and context_moved(state, decode_stored(stored_context[0]).compression,
+                                                        stored_context[1]):
             raise StaleSession(state.id)
     keys = [key for _, _, key in prepared if key is not None]
     seen = message_store.find_keys(conn, state.id, keys, last_seq) if keys else {}

@@ -28,6 +28,7 @@ from ctxd.engine.policy import CompressionPolicy
 from ctxd.models import model_facts
 from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import session_not_found
+from ctxd.protocol.goal import Goal
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
@@ -164,12 +165,18 @@ def resolve_window(row: SessionRow, config: Config) -> tuple[int, int | None]:
     return int(window), output
 
 
-def prompt_shape(c: CompressionState) -> tuple[object, ...]:
+def _prompt_shape(c: CompressionState) -> tuple[object, ...]:
     """What of the stored state the prompt is made from. Compared whole, not by ``revision``:
     two daemons each bump their own count, so another's pin can leave it where this one's
     memory already is."""
     return (c.boundary, c.kept_seqs, c.pinned, c.watermark_seq, c.watermark_tool_use_id, c.prunes,
             c.compression_count, c.rolled_back, c.clips)
+
+
+def context_moved(state: "SessionState", stored: CompressionState, goal: Goal | None) -> bool:
+    """Whether the stored context (another daemon's change) differs from memory's in what
+    the prompt is made of: the views and the goal."""
+    return _prompt_shape(stored) != _prompt_shape(state.cstate) or goal != state.row.goal
 
 
 class SessionCache:
@@ -244,9 +251,9 @@ class SessionCache:
             if row is None:
                 self.forget(state.id)
                 raise session_not_found(state.id)
-            stored, memory = decode_stored(row.context_state).compression, state.cstate
-            if (row.last_seq > state.row.last_seq or stored.revision > memory.revision
-                    or prompt_shape(stored) != prompt_shape(memory) or row.goal != state.row.goal):
+            stored = decode_stored(row.context_state).compression
+            if (row.last_seq > state.row.last_seq or stored.revision > state.cstate.revision
+                    or context_moved(state, stored, row.goal)):
                 await self.reload(state)
 
     @asynccontextmanager

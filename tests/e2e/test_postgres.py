@@ -6,7 +6,8 @@ holds, read with psycopg, besides what the daemons answer."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
 
 import msgspec
 import pytest
@@ -21,6 +22,25 @@ async def connect(daemon: Any) -> Client:
     client = await Client.connect_unix(daemon.socket_path)
     await client.initialize(client_name="postgres-e2e")
     return client
+
+
+@asynccontextmanager
+async def two_daemons(pg_server: PgServer, daemon_factory: Any, session_id: str,
+                      messages: int) -> AsyncIterator[tuple[Client, Client]]:
+    """Clients of two daemons on one new database, and a session with ``messages``
+    alternating user/assistant messages pushed through the first."""
+    url = pg_server.create_database()
+    args = ["--set", f"storage.url={url}"]
+    a, b = daemon_factory(name="a", args=args), daemon_factory(name="b", args=args)
+    ca, cb = await connect(a), await connect(b)
+    try:
+        await ca.request("session/create", {"sessionId": session_id, "contextWindow": WINDOW})
+        await ca.request("session/push", {"sessionId": session_id, "messages": [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(messages)]})
+        yield ca, cb
+    finally:
+        await ca.close()
+        await cb.close()
 
 
 def stored(server: PgServer, url: str, session_id: str) -> tuple[list[tuple[int, str]], tuple[Any, ...]]:
@@ -177,14 +197,7 @@ async def test_pins_and_a_goal_made_through_two_daemons_at_once_all_hold(pg_serv
     """Each pin saves the session's whole context state: two daemons pinning at the same
     moment would each save their own copy, and one pin would be lost, without taking
     turns on the session (SessionCache.changing)."""
-    url = pg_server.create_database()
-    args = ["--set", f"storage.url={url}"]
-    a, b = daemon_factory(name="a", args=args), daemon_factory(name="b", args=args)
-    ca, cb = await connect(a), await connect(b)
-    try:
-        await ca.request("session/create", {"sessionId": "p", "contextWindow": WINDOW})
-        await ca.request("session/push", {"sessionId": "p", "messages": [
-            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(40)]})
+    async with two_daemons(pg_server, daemon_factory, "p", 40) as (ca, cb):
         for round_ in range(3):
             seqs = list(range(1 + round_ * 12, 13 + round_ * 12))
             await asyncio.gather(
@@ -198,9 +211,6 @@ async def test_pins_and_a_goal_made_through_two_daemons_at_once_all_hold(pg_serv
                 assert set(stats["pinned"]) == expected, (round_, client is ca)
                 goal = await client.request("goal/get", {"sessionId": "p"})
                 assert goal["goal"]["description"] == f"goal {round_}"
-    finally:
-        await ca.close()
-        await cb.close()
 
 
 async def test_a_push_through_one_daemon_keeps_a_pin_and_goal_made_through_another(pg_server, daemon_factory):
@@ -208,14 +218,7 @@ async def test_a_push_through_one_daemon_keeps_a_pin_and_goal_made_through_anoth
     through daemon A right after a pin and a goal through B undid both (found as a new
     user would, with ctxd-cli against two daemons). The push now finds, in its
     transaction, that the stored context moved on, reloads it and pushes again."""
-    url = pg_server.create_database()
-    args = ["--set", f"storage.url={url}"]
-    a, b = daemon_factory(name="a", args=args), daemon_factory(name="b", args=args)
-    ca, cb = await connect(a), await connect(b)
-    try:
-        await ca.request("session/create", {"sessionId": "k", "contextWindow": WINDOW})
-        await ca.request("session/push", {"sessionId": "k", "messages": [
-            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(6)]})
+    async with two_daemons(pg_server, daemon_factory, "k", 6) as (ca, cb):
         await ca.request("context/prompt", {"sessionId": "k"})  # (A has the session's context in memory)
         for round_ in range(3):
             await cb.request("message/pin", {"sessionId": "k", "seq": round_ + 1})
@@ -229,6 +232,3 @@ async def test_a_push_through_one_daemon_keeps_a_pin_and_goal_made_through_anoth
                 assert stats["pinned"] == list(range(1, round_ + 2)), (round_, client is ca)
                 goal = await client.request("goal/get", {"sessionId": "k"})
                 assert goal["goal"]["description"] == f"goal {round_}", (round_, client is ca)
-    finally:
-        await ca.close()
-        await cb.close()
