@@ -242,23 +242,33 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
         low_water = _low_water(policy, budget)
         if not force and ctx.used <= low_water and fits(ctx, budget):
             break
+        # The user's words past their share are folded after this (_fold_users): what that
+        # frees is not summarized away too, or a pass over a long backlog (an import, a
+        # first push of a whole conversation) leaves the prompt far below the low-water mark
+        # with every assistant turn in a summary.
+        folding = 0 if force else _fold_frees(ctx, policy, budget)
         selection = identify(ctx, budget, policy, min_freed=_checkpoint_cost(state, ctx),
-                             goal_used=None if force else low_water)
+                             goal_used=None if force else low_water + folding)
+        if selection is None and folding:
+            # The words to fold are not behind the boundary yet: move it as for any pass.
+            selection = identify(ctx, budget, policy, min_freed=_checkpoint_cost(state, ctx), goal_used=low_water)
         if selection is None:
             break
         prepare(selection, budget)
         await _summarize_selection(svc, state, ctx, selection, run, stage, focus, policy.strategy)
-        budget = cache.budget(state)
         if force:
             break
+        await _fold_users(svc, state, ctx, run)
+        budget = cache.budget(state)
 
-    # Validation: the prompt must fit; the user's words take at most their share.
-    budget = cache.budget(state)
+    # Validation: the user's words past their share are folded first (that is due
+    # anyway); only a prompt that still does not fit is squeezed, which shortens
+    # summaries and summarizes down to the newest message.
     if run.layers:
         stage("validation", "checking the prompt fits")
-    if not fits(ctx, budget):
-        await _squeeze(svc, state, ctx, run, focus)
     await _fold_users(svc, state, ctx, run)
+    if not fits(ctx, cache.budget(state)):
+        await _squeeze(svc, state, ctx, run, focus)
     if not force:
         await _make_room(svc, state, ctx, run)
 
@@ -545,6 +555,22 @@ async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveCont
     if len(summaries) > 1:
         svc.events.emit(state.id, CheckpointMergedNotification(
             session_id=state.id, merged_ids=[c.id for c in summaries], into_id=merged.id, tokens=merged.tokens))
+
+
+def _fold_frees(ctx: ActiveContext, policy: CompressionPolicy, budget: Budget) -> int:
+    """About what :func:`_fold_users` will free once the boundary has passed the oldest user
+    messages: their words beyond the share less the loop guard's step, less what the
+    folded checkpoint grows by (up to ``fold_share``)."""
+    if policy.overflow_policy != "fold":
+        return 0
+    cap = math.floor(policy.user_share * budget.max_prompt_tokens)
+    words = user_tokens(ctx)
+    if words <= cap:
+        return 0
+    excess = words - (cap - math.ceil(policy.min_growth_fraction * budget.available))
+    allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
+    prior = next((cp.tokens for cp in ctx.checkpoints if cp.kind == "folded"), 0)
+    return max(0, excess - max(0, min(allowance, prior + excess) - prior))
 
 
 async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:

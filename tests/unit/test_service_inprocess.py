@@ -267,3 +267,28 @@ async def test_stats_report_how_many_prompts_kept_the_previous_prefix(service: S
     await _prompt(service)
     cache = (await stats.stats(service, SID)).prompt_cache
     assert (cache.prompts, cache.compared, cache.prefix_kept, cache.prefix_kept_share) == (4, 3, 2, 0.6667)
+
+
+async def test_a_whole_conversation_pushed_at_once_fills_the_window(service: Service) -> None:
+    """A long chat pushed in one batch (an import, an agent's first request through the
+    proxy): its user words are far past their share. The pass folds what it must of
+    them and summarizes only as far as the low-water mark needs, so the prompt is
+    filled to about that mark with the newest turns verbatim, assistant ones included;
+    before, it summarized everything but the newest message, crushed the summaries to a
+    line and left most of the window empty."""
+    await _create(service, window=8192)
+    pushed = [m for i in range(300) for m in (
+        {"role": "user", "content": f"note {i}: " + " ".join(f"u{i}x{k}" for k in range(12))},
+        {"role": "assistant", "content": f"reply {i}: " + " ".join(f"a{i}y{k}" for k in range(12))})]
+    await _push(service, pushed)
+    await settle(service)
+    result = await _prompt(service)
+    budget = result.budget
+    policy = Config().compression
+    assert budget.used > policy.low_water_fraction * budget.available * 0.85
+    assert result.tokens > 0.7 * budget.max_prompt_tokens
+    texts = _texts(result)
+    newest_replies = [m["content"] for m in pushed[-20:] if m["role"] == "assistant"]
+    assert all(reply in texts for reply in newest_replies)
+    users = [m["content"] for m in pushed if m["role"] == "user"]
+    assert users[-1] in texts and users[0] in texts  # the newest and the first (the task) verbatim
