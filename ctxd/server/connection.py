@@ -46,6 +46,7 @@ from pygls.server import JsonRPCServer
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.methods import notification_method
 from ctxd.server.framing import FrameError, FrameReader
+from ctxd.service.turns import TURNS
 from ctxd.store.db import REQUEST_CANCELLED
 
 if TYPE_CHECKING:
@@ -234,7 +235,14 @@ class CtxdProtocol(JsonRPCProtocol):
             return
         # pygls runs the handler registered for it as a task, kept in _request_futures
         # until _send_handler_result answers it.
-        self.handle_message(JsonRPCRequestMessage(id=msg_id, method=method, jsonrpc="2.0", params=params))
+        key = (conn.id, msg_id)
+        # Heavy work of other requests steps aside while it runs (service/turns.py); its
+        # task, made by handle_message, is made in the context that names it.
+        context = TURNS.begin(key)
+        context.run(self.handle_message, JsonRPCRequestMessage(id=msg_id, method=method, jsonrpc="2.0",
+                                                               params=params))
+        if msg_id not in self._request_futures:
+            TURNS.end(key)
         if method == "initialize":
             future = self._request_futures.get(msg_id)
             if future is None:
@@ -252,6 +260,8 @@ class CtxdProtocol(JsonRPCProtocol):
     def _send_handler_result(self, future: Future[Any], *, msg_id: Any) -> None:  # type: ignore[override]
         """(A pygls internal, overridden: the done-callback of every request's task.)"""
         self._request_futures.pop(msg_id, None)
+        if self.connection is not None:
+            TURNS.end((self.connection.id, msg_id))
         if future.cancelled():
             self.send_error(msg_id, ErrorCode.RequestCancelled, f"request {msg_id!r} was cancelled")
             return
@@ -514,7 +524,7 @@ class Connection:
         """Read and dispatch frames until the client leaves or sends ``exit``."""
         limits = self.app.config.limits
         frames = FrameReader(self.reader, max_frame_bytes=limits.max_frame_bytes,
-                             stall_seconds=limits.frame_stall_seconds)
+                             stall_seconds=limits.frame_stall_seconds, step_aside=TURNS.step_aside)
         self._frames = frames
         self._task = asyncio.current_task()
         if self.guarded and not self.initialized:

@@ -26,18 +26,20 @@ chunk by chunk as it arrives, and never copied whole again (growing a buffer and
 slicing the body out of it stalled the loop 25-40 ms every ~50 ms, then 355 ms at the
 end, for a 168 MB frame). It is decoded in a thread and in pieces: msgspec holds the
 interpreter lock for the whole of one decode (a thread alone would still stop the
-loop 0.1-0.5 s for 168 MB), so a first pass decodes only its outer containers (the
-envelope, ``params``, ``messages``) with their members kept as ``msgspec.Raw``, and
-each member (a message) is decoded on its own, letting the loop run in between.
+loop 0.1-0.5 s for 168 MB), so a scan finds the members of its outer containers (the
+envelope, ``params``, ``messages``) and each member (a message) is decoded on its own,
+letting the loop run in between; and while other clients' requests run, the thread
+waits between pieces (:mod:`ctxd.service.turns`). Once decoded, the body's buffer is
+released by that thread, not by the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import mmap
+import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Awaitable, Callable, Union
 
 import msgspec
@@ -63,7 +65,8 @@ a list in them); their members are then decoded whole, one at a time."""
 
 @dataclass(slots=True)
 class Frame:
-    body: bytes | mmap.mmap
+    size: int
+    """The body's length (its bytes are not kept: a large body's mapping is gone once decoded)."""
     message: object
 
 
@@ -75,39 +78,176 @@ class FrameError:
 Event = Union[Frame, FrameError]
 
 _json_decode = msgspec.json.Decoder().decode
+_skeleton_decode = msgspec.json.Decoder().decode
+"""(The outline's decoder: a name of its own, so tests can tell its call from the pieces'.)"""
+
+_NESTING = re.compile(rb'[\[\]{}"]')
+_VALUE_START = re.compile(rb"[ \t\r\n]*")
+_SCALAR_END = re.compile(rb"[,\]}: \t\r\n]")
+_QUOTE, _BACKSLASH, _COMMA, _COLON = 0x22, 0x5C, 0x2C, 0x3A
+_OPENERS, _CLOSERS = (0x7B, 0x5B), (0x7D, 0x5D)
+SCAN_STEP_BYTES = 1 << 20
+"""The scan lets other requests run (``between``) after about this many bytes."""
 
 
-def _skeleton_type(levels: int) -> Any:
-    """Any JSON value, with the members of containers ``levels`` deep kept as ``Raw``."""
-    member: Any = msgspec.Raw if levels <= 1 else _skeleton_type(levels - 1)
-    return Union[dict[str, member], list[member], str, int, float, bool, None]
+class _Unsplittable(Exception):
+    """The scan met something it does not expect: the body is decoded whole instead."""
 
 
-@lru_cache(maxsize=None)
-def _skeleton_decoder(levels: int) -> Callable[[Any], Any]:
-    return msgspec.json.Decoder(_skeleton_type(levels)).decode
+def decode_in_pieces(data: Any, between: Callable[[], Any] | None = None) -> object:
+    """Decode JSON as ``msgspec.json.decode`` would, but a large body in pieces, none of
+    which holds the interpreter lock for long (each decode holds it throughout; a whole
+    168 MB body, or one pass over it, 50-100 ms).
 
+    A scan in Python finds where the members of the outer containers
+    (``MAX_PIECE_DEPTH`` levels: an envelope, its ``params``, a list in them) begin and
+    end, stepping over strings with ``find`` (a 4 MB string costs well under a
+    millisecond); each member is then decoded on its own, and what lies between them
+    (the outline: brackets, keys, commas) is decoded with each member replaced by a
+    placeholder string no client can know (a random nonce per body). ``between`` (the
+    daemon's :meth:`ctxd.service.turns.Turns.step_aside`) is called between pieces.
 
-def decode_in_pieces(data: Any) -> object:
-    """Decode JSON as ``msgspec.json.decode`` would, but a large body in pieces: one pass
-    decodes the containers ``MAX_PIECE_DEPTH`` levels deep (the envelope, its ``params``,
-    a list in them), keeping their members as ``Raw``, and each member is then decoded on
-    its own. Each decode holds the interpreter lock; between them other threads (the
-    event loop, the database writer) get to run. Same value and same failures
-    (DecodeError, UnicodeDecodeError, RecursionError); a malformed body's error names a
-    byte offset within the piece that holds the fault rather than within the body."""
+    Same value and same failures (DecodeError, UnicodeDecodeError, RecursionError) as a
+    whole decode: the document is the outline with each placeholder's string replaced
+    by a member that decoded on its own, so when they all decode, so would the whole,
+    to the same value; when anything fails, or the scan meets what it does not expect,
+    the body is decoded whole, which gives the exact error."""
     if len(data) < PIECE_BYTES:
         return _json_decode(data)
-    return _fill_in(_skeleton_decoder(MAX_PIECE_DEPTH)(data))
+    try:
+        return _Pieces(data, between).decode()
+    except (_Unsplittable, msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError, IndexError):
+        return _json_decode(data)
 
 
-def _fill_in(value: Any) -> Any:
-    if isinstance(value, msgspec.Raw):
-        return _json_decode(value)
+class _Pieces:
+    def __init__(self, data: Any, between: Callable[[], Any] | None) -> None:
+        self.data = data
+        self.n = len(data)
+        self.between = between
+        self.scanned = 0
+        self.nonce = os.urandom(16).hex()
+        self.outline: list[bytes] = []
+        self.spans: list[tuple[int, int]] = []
+        self.at = 0
+        """Where the outline's next verbatim stretch starts."""
+
+    def decode(self) -> object:
+        data = self.data
+        start = _VALUE_START.match(data, 0).end()
+        if start >= self.n or data[start] not in _OPENERS:
+            raise _Unsplittable  # (a lone huge string or number: nothing to split)
+        end = self._container(start, 1)
+        self.outline.append(bytes(data[self.at:]))
+        values: list[Any] = []
+        with memoryview(data) as view:
+            for a, b in self.spans:
+                self._step(0)
+                with view[a:b] as piece:
+                    values.append(_json_decode(piece))
+        self._step(0)
+        del end
+        outline = _skeleton_decode(b"".join(self.outline))
+        prefix = f"ctxd-piece:{self.nonce}:"
+        return _put_back(outline, prefix, values, MAX_PIECE_DEPTH)
+
+    def _step(self, size: int) -> None:
+        self.scanned += size
+        if self.between is not None and (size == 0 or self.scanned >= SCAN_STEP_BYTES):
+            self.scanned = 0
+            self.between()
+
+    def _container(self, i: int, depth: int) -> int:
+        """Split the container at ``i`` into pieces (its members, or theirs); its end."""
+        data = self.data
+        closer = 0x7D if data[i] == 0x7B else 0x5D
+        j = _VALUE_START.match(data, i + 1).end()
+        if j < self.n and data[j] == closer:
+            return j + 1
+        while True:
+            if closer == 0x7D:  # a key, then a colon
+                if j >= self.n or data[j] != _QUOTE:
+                    raise _Unsplittable
+                j = _VALUE_START.match(data, _string_end(data, j)).end()
+                if j >= self.n or data[j] != _COLON:
+                    raise _Unsplittable
+                j = _VALUE_START.match(data, j + 1).end()
+            if j >= self.n:
+                raise _Unsplittable
+            end = _value_end(data, j, self.n)
+            if data[j] in _OPENERS and end - j >= PIECE_BYTES and depth < MAX_PIECE_DEPTH:
+                end = self._container(j, depth + 1)
+            elif data[j] not in _OPENERS and end - j < PIECE_BYTES // 16:
+                pass  # a short string or number: left in the outline
+            else:
+                self.outline.append(bytes(data[self.at:j]))
+                self.outline.append(b'"ctxd-piece:%s:%d"' % (self.nonce.encode(), len(self.spans)))
+                self.spans.append((j, end))
+                self.at = end
+                self._step(end - j)
+            j = _VALUE_START.match(data, end).end()
+            if j >= self.n:
+                raise _Unsplittable
+            if data[j] == closer:
+                return j + 1
+            if data[j] != _COMMA:
+                raise _Unsplittable
+            j = _VALUE_START.match(data, j + 1).end()
+
+
+def _string_end(data: Any, i: int) -> int:
+    """Just past the string whose opening quote is at ``i``."""
+    j = i + 1
+    while True:
+        j = data.find(b'"', j)
+        if j < 0:
+            raise _Unsplittable
+        k = j
+        while data[k - 1] == _BACKSLASH:
+            k -= 1
+        if (j - k) % 2 == 0:
+            return j + 1
+        j += 1
+
+
+def _value_end(data: Any, i: int, n: int) -> int:
+    """Just past the JSON value starting at ``i`` (its brackets balanced, strings skipped;
+    whether it is valid is for its decode to say)."""
+    first = data[i]
+    if first == _QUOTE:
+        return _string_end(data, i)
+    if first not in _OPENERS:
+        found = _SCALAR_END.search(data, i, n)
+        return n if found is None else found.start()
+    depth = 0
+    j = i
+    while True:
+        found = _NESTING.search(data, j, n)
+        if found is None:
+            raise _Unsplittable
+        j = found.start()
+        char = data[j]
+        if char == _QUOTE:
+            j = _string_end(data, j)
+            continue
+        depth += 1 if char in _OPENERS else -1
+        j += 1
+        if depth == 0:
+            return j
+
+
+def _put_back(value: Any, prefix: str, values: list[Any], levels: int) -> Any:
+    """The outline with each placeholder replaced by its piece's value."""
+    if isinstance(value, str):
+        if value.startswith(prefix):
+            return values[int(value[len(prefix):])]
+        return value
+    if levels <= 0:
+        return value
     if isinstance(value, dict):
-        return {key: _fill_in(member) for key, member in value.items()}
+        return {key: _put_back(member, prefix, values, levels - 1) for key, member in value.items()}
     if isinstance(value, list):
-        return [_fill_in(member) for member in value]
+        return [_put_back(member, prefix, values, levels - 1) for member in value]
     return value
 
 
@@ -120,8 +260,11 @@ class FrameReader:
     applied before."""
 
     def __init__(self, reader: asyncio.StreamReader, *, max_frame_bytes: int, stall_seconds: float = 5.0,
-                 settle_limit: Callable[[], Awaitable[None]] | None = None):
+                 settle_limit: Callable[[], Awaitable[None]] | None = None,
+                 step_aside: Callable[[], Any] | None = None):
         self._reader = reader
+        self.step_aside = step_aside
+        """Called between the pieces of a large body's decode (see :func:`decode_in_pieces`)."""
         self._buf = bytearray()
         self._eof = False
         self.max_frame_bytes = max_frame_bytes
@@ -230,7 +373,7 @@ class FrameReader:
                               f"Content-Length; skipped")
         try:
             if len(body) >= LARGE_BODY:
-                message = await asyncio.to_thread(decode_in_pieces, body)
+                message = await asyncio.to_thread(self._decode_large, body)
             else:
                 message = _json_decode(body)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
@@ -239,7 +382,16 @@ class FrameReader:
             return FrameError(f"frame body is {what} ({exc}); skipped to the next frame")
         except RecursionError:
             return FrameError("frame body nests arrays or objects too deeply to decode; skipped")
-        return Frame(body, message)
+        return Frame(length, message)
+
+    def _decode_large(self, body: bytes | mmap.mmap) -> object:
+        """(In a thread.) Decoded, the body's mapping goes at once and here: unmapping 168 MB
+        takes the thread that does it 10-40 ms, and the event loop would otherwise do it
+        when the frame is dropped, up to its connection's next frame."""
+        message = decode_in_pieces(body, self.step_aside)
+        if isinstance(body, mmap.mmap):
+            body.close()
+        return message
 
     async def _body(self, length: int) -> bytes | mmap.mmap:
         """The body, or as much of it as came before the stream ended or stalled."""

@@ -24,6 +24,7 @@ import logging
 import sqlite3
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import anyio
 import msgspec
@@ -40,7 +41,7 @@ from ctxd.protocol.message import Message, TextBlock, ToolResultBlock, ToolUseBl
 from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
-from ctxd.service import compression, notify, snapshots
+from ctxd.service import compression, notify, snapshots, turns
 from ctxd.service.state import SessionState, StaleSession, context_moved
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
@@ -123,8 +124,16 @@ def check_message(message: Message, index: int) -> None:
                              f"{where}.idempotencyKey")
 
 
-def prepare(svc: Service, params: SessionPushParams) -> list[tuple[Message, bytes, str | None]]:
-    """Validate the whole batch and encode each message as it will be stored."""
+STEP_ASIDE_BYTES = 256 * 1024
+"""Work in a thread on a large push lets small requests run (:mod:`ctxd.service.turns`)
+after about this many bytes of messages."""
+
+
+def prepare(svc: Service, params: SessionPushParams,
+            between: Callable[[], object] | None = None) -> list[tuple[Message, bytes, str | None]]:
+    """Validate the whole batch and encode each message as it will be stored. ``between``:
+    called after every ``STEP_ASIDE_BYTES`` or so of encoded messages (in a thread, the
+    daemon's ``Turns.step_aside``)."""
     limits = svc.config.limits
     count = len(params.messages)
     if count == 0:
@@ -134,7 +143,11 @@ def prepare(svc: Service, params: SessionPushParams) -> list[tuple[Message, byte
                         f"messages: {count} messages in one push; the limit is {limits.max_batch_messages}",
                         {"field": "messages", "count": count, "limit": limits.max_batch_messages})
     out = []
+    done = 0
     for index, message in enumerate(params.messages):
+        if between is not None and done >= STEP_ASIDE_BYTES:
+            between()
+            done = 0
         check_message(message, index)
         key = message.idempotency_key
         body = _encode(msgspec.structs.replace(message, idempotency_key=None) if key else message)
@@ -144,6 +157,7 @@ def prepare(svc: Service, params: SessionPushParams) -> list[tuple[Message, byte
                             {"field": f"messages[{index}]", "size": len(body),
                              "limit": limits.max_message_bytes})
         out.append((message, body, key))
+        done += len(body)
     return out
 
 
@@ -167,8 +181,21 @@ def rough_size(messages: list[Message], enough: int) -> int:
     return size
 
 
-def _count_all(counter: TokenCounter, messages: list[Message]) -> list[MessageTokens]:
-    return [counter.count_message(m) for m in messages]
+def _count_all(counter: TokenCounter, messages: list[Message], between: Callable[[], object] | None = None,
+               sizes: list[int] | None = None) -> list[MessageTokens]:
+    """Each message's tokens; ``between`` as in :func:`prepare` (``sizes``: the messages'
+    encoded sizes, which say when)."""
+    if between is None or sizes is None:
+        return [counter.count_message(m) for m in messages]
+    out = []
+    done = 0
+    for message, size in zip(messages, sizes):
+        if done >= STEP_ASIDE_BYTES:
+            between()
+            done = 0
+        out.append(counter.count_message(message))
+        done += size
+    return out
 
 
 @dataclass(slots=True)
@@ -360,14 +387,18 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
 
 async def push(svc: Service, params: SessionPushParams) -> PushResult:
     if rough_size(params.messages, THREAD_COUNT_BYTES) > THREAD_COUNT_BYTES:
-        # Validating and encoding 100 MB takes long enough to stall every other client.
-        prepared = await anyio.to_thread.run_sync(prepare, svc, params)
+        # Validating and encoding 100 MB takes long enough to stall every other client: in
+        # a thread, which steps aside while their requests run.
+        turns.TURNS.mark_heavy()
+        prepared = await anyio.to_thread.run_sync(prepare, svc, params, turns.TURNS.step_aside)
     else:
         prepared = prepare(svc, params)
     state = await svc.cache.get(params.session_id)
     messages = [m for m, _, _ in prepared]
-    if sum(len(body) for _, body, _ in prepared) > THREAD_COUNT_BYTES:
-        counts = await anyio.to_thread.run_sync(_count_all, state.counter, messages)
+    sizes = [len(body) for _, body, _ in prepared]
+    if sum(sizes) > THREAD_COUNT_BYTES:
+        turns.TURNS.mark_heavy()
+        counts = await anyio.to_thread.run_sync(_count_all, state.counter, messages, turns.TURNS.step_aside, sizes)
     else:
         counts = _count_all(state.counter, messages)
     watermark_tools = svc.cache.policy(state).watermark_tools

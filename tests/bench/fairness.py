@@ -354,12 +354,28 @@ def measure(lab: "Lab", scenario: str, heavy_name: str, heavy: Callable[[SocketC
         rss = daemon.peak_rss_mb()
         row = Row(scenario, heavy_name, round(ended - started, 2), outcome, len(lat), round(percentile(lat, 50), 2),
                   round(p99, 2), round(max(lat), 2), round(percentile(gets, 99), 2), round(percentile(pushes, 99), 2),
-                  None if rss is None else round(rss, 1), p99 < TARGET_P99_MS, {"other_processes_cpu_cores": other})
+                  None if rss is None else round(rss, 1), p99 < TARGET_P99_MS,
+                  {"other_processes_cpu_cores": other, "heavy_started_perf_counter": started,
+                   "slow": slow_requests(lights, started, ended)})
         for client in (getter, pusher, heavy_client):
             client.close()
         return row
     finally:
         daemon.stop()
+
+
+SLOW_MS = 50.0
+"""Light requests at least this slow are listed with when they fell due (``details.slow``)."""
+
+
+def slow_requests(lights: list[Light], started: float, ended: float, most: int = 300) -> list[list[Any]]:
+    """The slow light requests due while the heavy one ran, in time order: seconds after the
+    heavy request started, latency in ms, which kind. ``details.heavy_started_perf_counter``
+    is that start on this machine's monotonic clock (``time.perf_counter``, the same clock in
+    every process), to line them up with timestamps an instrumented daemon logs."""
+    out = sorted([round(t - started, 3), round(s * 1000, 1), light.method.split("/")[1]]
+                 for light in lights for t, s in light.samples if started <= t <= ended and s * 1000 >= SLOW_MS)
+    return out[:most]
 
 
 def scenario_idle(lab: "Lab", plan: Plan) -> list[Row]:

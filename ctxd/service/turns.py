@@ -1,0 +1,91 @@
+"""Heavy work in threads steps aside while other clients' small requests run.
+
+Python runs one thread at a time (the interpreter lock). A thread decoding, validating
+or encoding a 168 MB push holds that lock for a few milliseconds at a stretch, and a
+small request of another client needs it many times on its way through the event loop
+and the writer thread (each SQLite statement gives it up and takes it back): every
+hand-over waited for the heavy thread's current stretch, and a one-message push that
+takes 1 ms alone took 30-40 ms, so a client pushing every 10 ms fell further behind
+for as long as the heavy work lasted (docs/performance.md, "Fairness benchmark").
+
+So the connections count the requests they are running (:meth:`Turns.begin`,
+:meth:`Turns.end`), a request that starts heavy work says so (:meth:`Turns.mark_heavy`),
+and heavy work in a thread calls :meth:`Turns.step_aside` between its pieces: while a
+request that is not heavy and started less than ``YOUNG_SECONDS`` ago is running, the
+thread waits (without the lock) for it to finish. A request running longer than that
+(waiting for an LLM, for a lock the heavy work holds) no longer holds the heavy work up:
+each request can cost it at most ``YOUNG_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from typing import Hashable
+
+YOUNG_SECONDS = 0.05
+"""How long a running request is waited for; a small request takes a few ms."""
+
+_current: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar("ctxd_request", default=None)
+
+
+class Turns:
+    """The requests running now, seen from heavy work in other threads."""
+
+    def __init__(self, young_seconds: float = YOUNG_SECONDS) -> None:
+        self.young_seconds = young_seconds
+        self._cond = threading.Condition(threading.Lock())
+        self._light: dict[Hashable, float] = {}
+        self.waits = 0
+        """How many times :meth:`step_aside` waited (for tests and logs)."""
+
+    def begin(self, key: Hashable) -> contextvars.Context:
+        """A request started (on the event loop, before its handler runs). Create its task
+        in the context returned (``context.run``): there ``key`` is the current request,
+        for :meth:`mark_heavy`."""
+        context = contextvars.copy_context()
+        context.run(_current.set, key)
+        with self._cond:
+            self._light[key] = time.monotonic()
+        return context
+
+    def end(self, key: Hashable) -> None:
+        """The request was answered, however it ended."""
+        with self._cond:
+            if self._light.pop(key, None) is not None:
+                self._cond.notify_all()
+
+    def mark_heavy(self) -> None:
+        """The current request (its task's) starts heavy work: nobody waits for it."""
+        key = _current.get()
+        if key is not None:
+            self.end(key)
+
+    def running(self) -> int:
+        """Requests running that heavy work would wait for now."""
+        with self._cond:
+            return len(self._young(time.monotonic()))
+
+    def _young(self, now: float) -> list[float]:
+        limit = now - self.young_seconds
+        return [started for started in self._light.values() if started > limit]
+
+    def step_aside(self) -> float:
+        """From heavy work in a thread, between two pieces of it: wait while small requests
+        are running (each at most until it is ``young_seconds`` old). Seconds waited."""
+        began = now = time.monotonic()
+        with self._cond:
+            young = self._young(now)
+            if not young:
+                return 0.0
+            self.waits += 1
+            while young:
+                self._cond.wait(min(young) + self.young_seconds - now)
+                now = time.monotonic()
+                young = self._young(now)
+        return now - began
+
+
+TURNS = Turns()
+"""The daemon's (one per process: requests of every connection count)."""
