@@ -7,13 +7,24 @@ only when it frees at least ``minimum`` tokens (opencode's reading of the minimu
 clearing a few small outputs would change the prompt, and break providers' prompt
 caches, for nothing). The result is a new pruning horizon
 (``PruneEvent``); history is untouched.
+
+A pass that needs only part of a large output (a 12k-token log when 2k are left to
+free) sends that output as a head/tail excerpt of what it can keep (``engine/clip.py``)
+instead of clearing it whole: clearing would leave the prompt far below the low-water
+mark, the window half empty.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ctxd.engine.context import ActiveContext, PruneEvent
+from ctxd.engine.context import ActiveContext, ClipEvent, PruneEvent
+
+MIN_EXCERPT = 256
+"""The smallest part of an output worth keeping as an excerpt rather than clearing it."""
+CLIP_SLACK = 64
+"""An excerpt's notice and cut points are measured after the fact: aim this much lower,
+or a pass lands a few tokens above its goal and summarizes to free them."""
 
 
 @dataclass(frozen=True)
@@ -22,7 +33,10 @@ class PrunePlan:
     results: int
     """Tool outputs newly cleared."""
     tokens: int
-    """Tool-output tokens they held."""
+    """Tool-output tokens they held (and what the excerpt below leaves out)."""
+    clip: tuple[int, int] | None = None
+    """``(seq, max_tokens)``: the next output, much bigger than what was still to free,
+    sent as an excerpt of ``max_tokens`` instead of being cleared."""
 
 
 def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[str, ...] = (),
@@ -55,6 +69,8 @@ def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[
     if through <= horizon:
         return None
     results = tokens = 0
+    clip = None
+    through = horizon
     pinned = ctx.pinned_set
     enough = None if need is None else max(need, minimum)
     for entry in recent[: cut + 1]:
@@ -64,16 +80,27 @@ def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[
             continue  # already filtered out by the watermark
         if protected and any(names.get(i, "") in protected for i in entry.result_ids):
             continue
+        size = entry.tokens.tool_result
+        if enough is not None:
+            rest = enough - tokens
+            if size > 2 * rest and size - rest >= MIN_EXCERPT and ctx.state.clip_for(entry.seq) is None:
+                clip = (entry.seq, entry.tokens.context - rest - CLIP_SLACK)
+                tokens += rest
+                break
         results += len(entry.result_ids)
-        tokens += entry.tokens.tool_result
+        tokens += size
         through = entry.seq
         if enough is not None and tokens >= enough:
             break
-    if results == 0 or tokens < minimum:
+    if (results == 0 and clip is None) or tokens < minimum:
         return None
-    return PrunePlan(through, results, tokens)
+    return PrunePlan(through, results, tokens, clip)
 
 
 def apply_prune(ctx: ActiveContext, plan: PrunePlan, at: str) -> None:
-    """Record the new horizon; the caller refreshes the views."""
-    ctx.state.prunes = [*ctx.state.prunes, PruneEvent(plan.through_seq, at)]
+    """Record the new horizon (and the excerpt); the caller refreshes the views."""
+    if plan.through_seq > ctx.state.prune_horizon():
+        ctx.state.prunes = [*ctx.state.prunes, PruneEvent(plan.through_seq, at)]
+    if plan.clip is not None:
+        seq, max_tokens = plan.clip
+        ctx.state.clips = [c for c in ctx.state.clips if c.seq != seq] + [ClipEvent(seq, max_tokens, at)]

@@ -233,6 +233,8 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
             cache.refresh(state)
         run.layers.append("prune")
         run.detail["pruned"] = {"results": plan.results, "tokens": plan.tokens, "throughSeq": plan.through_seq}
+        if plan.clip is not None:
+            run.detail["pruned"]["excerpt"] = {"seq": plan.clip[0], "maxTokens": plan.clip[1]}
         budget = cache.budget(state)
 
     # Layer 3: summarization into a checkpoint (the watermark layer acts when it is set).

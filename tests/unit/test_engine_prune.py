@@ -247,3 +247,35 @@ def test_compression_state_round_trips_prune_events():
 ])
 def test_prune_thresholds(available, expected):
     assert CompressionPolicy().prune_thresholds(available) == expected
+
+
+def test_a_pass_needing_part_of_a_large_output_keeps_an_excerpt_of_it():
+    """Clearing a 5,000-token output when 1,500 are left to free would leave the prompt
+    3,500 tokens under its goal: the output is sent as an excerpt of what may stay."""
+    ctx = make_ctx([
+        user("Read the modules, then the big log."),                         # 1
+        a_call(("c1", "read_file")),                                         # 2
+        a_result(("c1", words(1000))),                                       # 3
+        a_call(("c2", "read_file")),                                         # 4
+        a_result(("c2", words(5000))),                                       # 5
+        a_call(("c3", "read_file")),                                         # 6
+        a_result(("c3", words(1000))),                                       # 7
+        assistant("Done."),                                                  # 8
+    ])
+    before = ctx.used
+    plan = plan_prune(ctx, minimum=100, protect=500, need=2500)
+    assert plan is not None and plan.through_seq == 3 and plan.results == 1
+    assert plan.clip is not None and plan.clip[0] == 5
+    apply_prune(ctx, plan, T1)
+    refresh(ctx)
+    freed = before - ctx.used
+    assert 2500 - 100 <= freed <= 2500 + 300, freed  # about what was needed, not 6,000
+    entry = by_seq(ctx, 5)
+    text = entry.view.content[0].content if not isinstance(entry.view.content, str) else entry.view.content
+    assert "left out by ctxd" in str(text)
+    # Needing more than half of it clears it whole, as before.
+    ctx2 = make_ctx([
+        user("x"), a_call(("c2", "read_file")), a_result(("c2", words(5000))),
+        a_call(("c3", "read_file")), a_result(("c3", words(1000))), assistant("Done.")])
+    plan2 = plan_prune(ctx2, minimum=100, protect=500, need=4000)
+    assert plan2 is not None and plan2.clip is None and plan2.through_seq == 3
