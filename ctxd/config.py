@@ -274,6 +274,11 @@ class ProxyConfig(_Section):
     """Longest wait for the next bytes of an upstream answer; then the client gets a 504."""
     daemon_connections: int = 4
     """Connections to the ctxd daemon (sessions are spread over them; one session keeps one)."""
+    in_process: bool = True
+    """When no daemon answers on the socket, serve one inside the proxy's process (its
+    socket too, for ctxd-cli, editors and ``ctxd mcp``; it stops with the proxy) instead
+    of starting one apart: a turn then costs no socket round trip (``--separate-daemon``:
+    false). A daemon already running is always used as it is."""
     allow_unchecked: bool = False
     """Where the kernel cannot tell which user a connection comes from (no sock_diag or
     ``/proc/net/tcp``: not Linux), serve anyway: then every local user can use the proxy,

@@ -71,6 +71,11 @@ class Daemon:
     def stop(self) -> None:
         self._stop.set()
 
+    async def stopped(self) -> None:
+        """Until :meth:`stop` is called: what a process embedding the daemon (``ctxd proxy``,
+        ``proxy.in_process``) waits on, so that ``daemon/stop`` stops it too."""
+        await self._stop.wait()
+
     def transport_names(self) -> list[str]:
         return [f"{kind}:{where}" for kind, where in self.bound.items()]
 

@@ -2,6 +2,7 @@
 ctxd managing each conversation's context (docs/proxy.md).
 
     ctxd proxy [--port PORT] [--socket PATH] [--data-dir DIR] [--config FILE] [--set k=v] [-v]
+               [--no-autostart] [--separate-daemon]
 
 Prints ``ctxd proxy: listening on http://127.0.0.1:PORT`` on stdout once it accepts
 connections (with ``--port 0``, the port the system chose).
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ctxd.config import ConfigError, load_config, parse_assignment
 from ctxd.proxy import peers, wire
@@ -34,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--socket", metavar="PATH", help="the ctxd daemon's socket (daemon.socket); started if none answers")
     p.add_argument("--no-autostart", action="store_true", help="fail instead of starting a daemon")
     p.add_argument("--data-dir", metavar="DIR", help="data directory of a daemon the proxy starts (daemon.data_dir)")
+    p.add_argument("--separate-daemon", action="store_true",
+                   help="when no daemon runs, start one in its own process instead of in the proxy's "
+                        "(proxy.in_process = false)")
     p.add_argument("--config", metavar="FILE", help="configuration file (default ~/.config/ctxd/config.toml)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="set any configuration key (repeatable), e.g. proxy.anthropic_base_url=...")
@@ -89,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides.setdefault("daemon", {})["socket"] = args.socket
         if args.data_dir:
             overrides.setdefault("daemon", {})["data_dir"] = args.data_dir
+        if args.separate_daemon:
+            overrides.setdefault("proxy", {})["in_process"] = False
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
         _fail(f"configuration error: {exc}")
@@ -96,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     level = "debug" if args.verbose >= 2 else "info" if args.verbose == 1 else config.daemon.log_level
     logging.basicConfig(stream=sys.stderr, level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore", "uvicorn.access"):
+    for noisy in ("httpx", "httpcore", "uvicorn.access", "pygls"):  # (pygls: a daemon in process)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # The daemon client logs whole requests (conversation text) at debug: only at -vvv.
     logging.getLogger("ctxd.client").setLevel(logging.DEBUG if args.verbose >= 3 else logging.WARNING)
@@ -131,16 +139,13 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    from ctxd.client import DaemonUnavailable
     from ctxd.proxy.app import Proxy, build_app
-    from ctxd.proxy.sessions import DaemonLink, Sessions
+    from ctxd.proxy.sessions import Sessions
 
     os.umask(0o077)  # a daemon this proxy starts keeps its files private
-    link = DaemonLink(Path(config.socket_path), connections=config.proxy.daemon_connections, autostart=autostart,
-                      data_dir=config.daemon.data_dir or None, config_file=config_file)
     try:
-        await link.start()
-    except DaemonUnavailable as exc:
+        link = await _link(config, autostart=autostart, config_file=config_file)
+    except _LinkFailed as exc:
         _fail(str(exc))
         return 2
     timeout = httpx.Timeout(config.proxy.upstream_timeout_seconds, connect=config.proxy.connect_timeout_seconds)
@@ -157,18 +162,113 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
         # own: the upstream's go back as they came.
         # Each response is written in one send (wire.py).
         protocol = wire.coalescing(gate.protocol(AutoHTTPProtocol))
-        server = uvicorn.Server(uvicorn.Config(gate.wrap(build_app(proxy)), http=protocol,
+        _Server = _server_class()
+        server = _Server(uvicorn.Config(gate.wrap(build_app(proxy)), http=protocol,
                                                log_level="warning", access_log=False,
                                                lifespan="off", timeout_graceful_shutdown=5, proxy_headers=False,
                                                server_header=False, date_header=False))
         port = sock.getsockname()[1]
         print(f"ctxd proxy: listening on http://127.0.0.1:{port}", flush=True)
+        # A daemon in this process stopped by ``daemon/stop`` (a socket client): the proxy stops too.
+        watch = asyncio.ensure_future(_exit_with_daemon(link, server))
         try:
             await server.serve(sockets=[sock])
         finally:
+            watch.cancel()
             await sessions.drain()  # replies pushed and not yet answered
-            await link.close()
+            await link.close()  # (in process: the daemon's own stop path)
     return 0
+
+
+class _LinkFailed(Exception):
+    """No daemon to use: neither one running, nor one started (the message says why)."""
+
+
+async def _link(config: Any, *, autostart: bool, config_file: str | None) -> Any:
+    """The proxy's link to the daemon: the one running on the socket; else (autostart)
+    one in this process (``proxy.in_process``) or one started apart."""
+    from ctxd.client import DaemonUnavailable, try_connect_unix
+    from ctxd.proxy.sessions import DaemonLink
+    from ctxd.server.transports import TransportError
+
+    socket_path = Path(config.socket_path)
+    log = logging.getLogger("ctxd.proxy")
+    if autostart and config.proxy.in_process:
+        try:
+            probe = await try_connect_unix(socket_path)
+        except DaemonUnavailable as exc:
+            raise _LinkFailed(str(exc)) from None
+        if probe is not None:
+            await probe.close()
+        else:
+            from ctxd.daemon import StartupError
+            from ctxd.proxy.inproc import InProcessLink
+            from ctxd.store.db import StoreOpenError
+
+            try:
+                link = await InProcessLink.open(config)
+            except TransportError as exc:  # another daemon took the socket meanwhile: use it
+                log.info("not serving the daemon in process (%s); connecting to the socket's", exc)
+            except (StoreOpenError, StartupError) as exc:
+                raise _LinkFailed(f"cannot start the ctxd daemon: {exc}") from None
+            else:
+                _daemon_tuning()
+                return link
+    link = DaemonLink(socket_path, connections=config.proxy.daemon_connections, autostart=autostart,
+                      data_dir=config.daemon.data_dir or None, config_file=config_file)
+    try:
+        await link.start()
+    except DaemonUnavailable as exc:
+        raise _LinkFailed(str(exc)) from None
+    return link
+
+
+def _daemon_tuning() -> None:
+    """The daemon's interpreter settings (``ctxd.__main__``: the garbage collector's
+    thresholds, the switch interval), for a daemon in this process."""
+    import gc
+
+    from ctxd.__main__ import GC_THRESHOLDS, SWITCH_INTERVAL_SECONDS
+
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+async def _exit_with_daemon(link: Any, server: Any) -> None:
+    wait = getattr(link, "wait_stopped", None)
+    if wait is None:
+        return
+    await wait()
+    logging.getLogger("ctxd.proxy").warning("the daemon was asked to stop; stopping the proxy")
+    server.should_exit = True
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, whose SIGTERM/SIGINT end serving and let :func:`_serve` finish
+        its shutdown (reply pushes, the daemon's stop path): uvicorn's own handling raises
+        the signal again once serving ends, which killed the process before that."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            installed = []
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    loop.add_signal_handler(sig, self.handle_exit, sig, None)
+                    installed.append(sig)
+                except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+                    pass
+            try:
+                yield
+            finally:
+                for sig in installed:
+                    loop.remove_signal_handler(sig)
+
+    return Server
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 reached directly.
 
     python -m tests.bench.proxy [--requests 200] [--conversations 100] [--out bench-results/proxy.json]
+                                [--daemon in-process|socket]
 
 * added latency of a non-streaming OpenAI request (p50, p99), one conversation growing
   by a turn per request, proxied and direct requests alternating;
@@ -13,6 +14,10 @@ reached directly.
   upstream requests that start with the previous request's content up to its last cache
   breakpoint, and the input tokens sent in all, through the proxy and direct (the
   client's own requests, sent to the fake upstream until one no longer fits).
+
+``--daemon``: where the daemon runs: ``in-process`` (the default, as ``ctxd proxy`` runs
+it when none is running: in the proxy's process, so the RSS is both's) or ``socket`` (a
+daemon process of its own, which the proxy connects to).
 
 Real processes: a ctxd daemon and ``ctxd proxy`` in subprocesses, the fake upstream
 (tests/proxy/upstream.py) in a thread of this process, httpx as the client.
@@ -225,11 +230,15 @@ async def run(args: argparse.Namespace) -> list[Result]:
     daemon = Daemon(base / "data", socket_path=base / "run" / "ctxd.sock")
     proxy: ProxyProcess | None = None
     try:
-        daemon.start()
+        if args.daemon == "socket":
+            daemon.start()
         with FakeUpstream() as upstream:
             assert daemon.socket_path is not None
-            proxy = ProxyProcess(daemon.socket_path, upstream, base / "proxy.log", [])
+            own = ["--data-dir", str(daemon.data_dir)] if args.daemon == "in-process" else []
+            proxy = ProxyProcess(daemon.socket_path, upstream, base / "proxy.log", own)
             proxy.command.remove("-vv")
+            if args.daemon == "in-process":
+                proxy.command.remove("--no-autostart")  # no daemon runs: the proxy runs one itself
             proxy.start()
             direct_url = upstream.url + "/v1/chat/completions"
             proxied_url = proxy.url + "/v1/chat/completions"
@@ -324,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=100)
     parser.add_argument("--turns", type=int, default=300, help="turns of the long conversation (0: none)")
     parser.add_argument("--out", default="bench-results/proxy.json")
+    parser.add_argument("--daemon", choices=["in-process", "socket"], default="in-process",
+                        help="the daemon in the proxy's process (proxy.in_process) or in its own")
     args = parser.parse_args(argv)
     results = asyncio.run(run(args))
     print(table(results))

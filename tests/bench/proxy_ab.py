@@ -5,7 +5,9 @@ proxy so that machine load falls on all of them alike.
     python -m tests.bench.proxy_ab TREE [TREE ...] [--requests 300]
 
 Each TREE is a directory holding a ``ctxd`` package (``git archive REV ctxd | tar -x -C
-DIR``); ``+``-joined paths put more on its ``sys.path``. Prints, per tree: the added p50
+DIR``); ``+``-joined paths put more on its ``sys.path``; ``TREE#inproc``: that proxy runs
+its own daemon in its process (``proxy.in_process``, a data directory and socket of its
+own) instead of using the shared one; its CPU time then includes the daemon's. Prints, per tree: the added p50
 and p99 of a non-streaming request (one conversation growing by a turn per request), the
 added time to the first streamed byte, ``GET /v1/models`` through the proxy's
 pass-through (the bare HTTP hop), and the proxy's CPU time per request.
@@ -48,8 +50,17 @@ async def run(trees: list[str], requests: int) -> None:
         daemon.start()
         assert daemon.socket_path is not None
         with FakeUpstream() as upstream:
-            for k, tree in enumerate(trees):
-                proxy = ProxyProcess(daemon.socket_path, upstream, base / f"proxy{k}.log", [])
+            for k, spec in enumerate(trees):
+                tree, _, mode = spec.partition("#")
+                if mode not in ("", "inproc"):
+                    raise SystemExit(f"{spec}: unknown mode {mode!r} (TREE or TREE#inproc)")
+                if mode:
+                    own = base / f"own{k}"
+                    proxy = ProxyProcess(own / "run" / "ctxd.sock", upstream, base / f"proxy{k}.log",
+                                         ["--data-dir", str(own / "data")])
+                    proxy.command.remove("--no-autostart")
+                else:
+                    proxy = ProxyProcess(daemon.socket_path, upstream, base / f"proxy{k}.log", [])
                 proxy.command.remove("-vv")
                 at = proxy.command.index("-m")
                 proxy.command[at:at + 2] = ["-c", f"import sys; sys.path[0:0] = {tree.split('+')!r}; "

@@ -1,5 +1,11 @@
 """Fixtures of the proxy suite: a fake upstream (tests/proxy/upstream.py), a real ctxd
-daemon on a Unix socket, and ``ctxd proxy`` in a subprocess between them."""
+daemon on a Unix socket, and ``ctxd proxy`` in a subprocess between them.
+
+Two ways the proxy has its daemon (``proxy_mode``): ``socket``, a daemon process of its
+own that the proxy connects to (``--no-autostart``), and ``in-process``, the daemon run
+by the proxy itself (``proxy.in_process``), on the same data directory and socket, so that
+the tests' own socket clients (``history``, ``sessions``) reach it while the proxy serves.
+A test runs in both with ``@both_modes``; else in ``socket``."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from typing import Any, Iterator
 import pytest
 
 from ctxd.client import Client
-from tests.e2e.helpers import CTXD, Daemon, daemon_env, short_dir
+from tests.e2e.helpers import CTXD, Daemon, daemon_env, short_dir, storage_args
 from tests.proxy.upstream import FakeUpstream
 
 
@@ -82,24 +88,47 @@ def base_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+MODES = ("socket", "in-process")
+both_modes = pytest.mark.parametrize("proxy_mode", MODES, indirect=True)
+"""Run a test with the daemon in its own process and in the proxy's."""
+
+
 @pytest.fixture
-def ctxd_daemon(base_dir: Path) -> Iterator[Daemon]:
+def proxy_mode(request: pytest.FixtureRequest) -> str:
+    return getattr(request, "param", "socket")
+
+
+@pytest.fixture
+def ctxd_daemon(base_dir: Path, proxy_mode: str) -> Iterator[Daemon]:
+    """The daemon (in ``in-process`` mode not started: the proxy runs it; ``start()`` runs
+    one apart on the same data directory and socket, e.g. once the proxy is gone)."""
     daemon = Daemon(base_dir / "data", socket_path=base_dir / "run" / "ctxd.sock")
-    daemon.start()
+    if proxy_mode == "socket":
+        daemon.start()
     yield daemon
     daemon.stop()
 
 
 @pytest.fixture
-def start_proxy(ctxd_daemon: Daemon, upstream: FakeUpstream, base_dir: Path) -> Iterator[Any]:
+def start_proxy(ctxd_daemon: Daemon, upstream: FakeUpstream, base_dir: Path, proxy_mode: str) -> Iterator[Any]:
     """``start_proxy(*extra_args)``: a running proxy (stopped after the test)."""
     proxies: list[ProxyProcess] = []
 
     def start(*args: str) -> ProxyProcess:
         assert ctxd_daemon.socket_path is not None
-        proxy = ProxyProcess(ctxd_daemon.socket_path, upstream, base_dir / f"proxy{len(proxies)}.log", list(args))
+        own: list[str] = ["--data-dir", str(ctxd_daemon.data_dir), *storage_args(ctxd_daemon.data_dir)] \
+            if proxy_mode == "in-process" else []
+        proxy = ProxyProcess(ctxd_daemon.socket_path, upstream, base_dir / f"proxy{len(proxies)}.log",
+                             [*own, *args])
+        if proxy_mode == "in-process":
+            proxy.command.remove("--no-autostart")
+        # (in-process: a proxy started while another runs connects to that one's daemon)
+        alone = not any(p.proc is not None and p.proc.poll() is None for p in proxies)
         proxies.append(proxy)
-        return proxy.start()
+        proxy.start()
+        in_process = "in this process" in proxy.log()
+        assert in_process == (proxy_mode == "in-process" and alone), proxy.log()
+        return proxy
 
     yield start
     for proxy in proxies:

@@ -6,7 +6,7 @@ import json
 
 import anthropic
 
-from tests.proxy.conftest import history, sessions
+from tests.proxy.conftest import both_modes, history, sessions
 from tests.proxy.upstream import MODEL
 
 TOOLS = [{"name": "get_weather", "description": "Weather of a city",
@@ -30,6 +30,7 @@ def _strip_cache(value):
     return value
 
 
+@both_modes
 async def test_tools_streaming_and_unmodelled_blocks(proxy, upstream, ctxd_daemon) -> None:
     client = sdk(proxy)
     messages: list[dict] = [{"role": "user", "content": [
@@ -90,6 +91,7 @@ async def test_tools_streaming_and_unmodelled_blocks(proxy, upstream, ctxd_daemo
     assert "sk-ant-test-secret" not in proxy.log()
 
 
+@both_modes
 async def test_count_tokens_counts_what_would_be_sent(proxy, upstream) -> None:
     client = sdk(proxy, **{"X-Ctxd-Session": "counted"})
     messages = [{"role": "user", "content": "Count me."}]

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.proxy.conftest import history, sessions
+from tests.proxy.conftest import both_modes, history, sessions
 from tests.proxy.upstream import MODEL
 
 
@@ -23,6 +23,7 @@ async def _wait(predicate, what: str, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
+@both_modes
 async def test_upstream_errors_reach_the_client_as_sent(proxy, upstream, ctxd_daemon) -> None:
     client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0)
     messages = [{"role": "user", "content": "Hello, fragile world."}]
@@ -42,6 +43,7 @@ async def test_upstream_errors_reach_the_client_as_sent(proxy, upstream, ctxd_da
     assert [m["content"] for m in stored] == ["Hello, fragile world.", "Answer to: Hello, fragile world."]
 
 
+@both_modes
 async def test_a_cut_stream_is_an_error_and_pushes_no_partial_reply(proxy, upstream, ctxd_daemon) -> None:
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="k", max_retries=0)
     messages = [{"role": "user", "content": "Tell me a long story."}]
@@ -65,6 +67,7 @@ async def test_a_cut_stream_is_an_error_and_pushes_no_partial_reply(proxy, upstr
     assert stored[1]["role"] == "assistant" and "Answer to: Tell me a long story." in str(stored[1]["content"])
 
 
+@both_modes
 async def test_a_client_that_hangs_up_cancels_the_upstream(proxy, upstream, ctxd_daemon) -> None:
     upstream.mode = "slow"
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "A slow answer, please."}]}

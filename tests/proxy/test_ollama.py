@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import ollama
 
-from tests.proxy.conftest import history, sessions
+from tests.proxy.conftest import both_modes, history, sessions
 from tests.proxy.upstream import MODEL
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -13,6 +13,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                           "properties": {"city": {"type": "string"}}}}}]
 
 
+@both_modes
 async def test_chat_streamed_with_tools_and_pass_through(proxy, upstream, ctxd_daemon) -> None:
     client = ollama.AsyncClient(host=proxy.url)
     messages: list[dict] = [{"role": "system", "content": "Be brief."},

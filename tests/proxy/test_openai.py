@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from tests.proxy.conftest import history, sessions
+from tests.proxy.conftest import both_modes, history, sessions
 from tests.proxy.upstream import MODEL
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -20,6 +20,7 @@ def sdk(proxy, **headers) -> openai.AsyncOpenAI:
                               default_headers=headers or None)
 
 
+@both_modes
 async def test_a_conversation_with_tool_calls_whole_and_streamed(proxy, upstream, ctxd_daemon) -> None:
     client = sdk(proxy)
     messages: list[dict] = [{"role": "system", "content": "You are terse."},

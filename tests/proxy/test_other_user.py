@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from ctxd.proxy import peers
-from tests.proxy.conftest import history
+from tests.proxy.conftest import both_modes, history
 from tests.proxy.upstream import MODEL
 
 NOBODY = 65534
@@ -52,6 +52,7 @@ def as_nobody(url: str, path: str, headers: dict[str, str], body: str) -> list[d
 
 
 @needs_root
+@both_modes
 async def test_another_users_request_is_refused_and_goes_nowhere(proxy, upstream, ctxd_daemon) -> None:
     headers = {"x-api-key": "sk-owner", "anthropic-version": "2023-06-01", "X-Ctxd-Session": "owners"}
     owner_body = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "my secret plan"}]}

@@ -12,7 +12,7 @@ import httpx
 import openai
 
 from tests.e2e.helpers import db_query
-from tests.proxy.conftest import ctxd_client, sessions
+from tests.proxy.conftest import both_modes, ctxd_client, sessions
 from tests.proxy.upstream import MODEL
 
 WINDOW = 8192
@@ -40,6 +40,7 @@ async def _talk(client: anthropic.AsyncAnthropic, max_tokens: int, turns: int) -
         messages.append({"role": "assistant", "content": reply.content[0].text})
 
 
+@both_modes
 async def test_a_large_max_tokens_gets_a_smaller_prompt(proxy, upstream, ctxd_daemon) -> None:
     def sdk(name: str) -> anthropic.AsyncAnthropic:
         return anthropic.AsyncAnthropic(base_url=proxy.url, api_key="sk-ant-test", max_retries=0, default_headers={

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from ctxd.tokens import TokenCounter
-from tests.proxy.conftest import history, sessions
+from tests.proxy.conftest import both_modes, history, sessions
 from tests.proxy.upstream import MODEL
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
@@ -27,6 +27,7 @@ def output_items(response) -> list[dict]:
     return [item.model_dump(exclude_none=True) for item in response.output]
 
 
+@both_modes
 async def test_a_conversation_with_tool_calls_whole_and_streamed(proxy, upstream, ctxd_daemon) -> None:
     client = sdk(proxy)
     items: list[dict] = [{"role": "user", "content": "Hello there, please use the tool for Paris."}]
@@ -85,6 +86,7 @@ async def test_previous_response_id_passes_through_untouched(proxy, upstream, ct
     assert await sessions(ctxd_daemon) == []
 
 
+@both_modes
 async def test_a_cut_stream_is_an_error_and_nothing_is_pushed(proxy, upstream, ctxd_daemon) -> None:
     client = sdk(proxy, **{"X-Ctxd-Session": "cut"})
     upstream.mode = "cut"

@@ -13,7 +13,7 @@ import pytest
 from ctxd.engine.validate import validate_openai
 from ctxd.protocol.providers import OpenAIMessage
 from ctxd.tokens import TokenCounter
-from tests.proxy.conftest import ctxd_client, history, sessions
+from tests.proxy.conftest import both_modes, ctxd_client, history, sessions
 from tests.proxy.upstream import MODEL
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -39,6 +39,7 @@ async def _talk(client: openai.AsyncOpenAI, first: str, turns: int, *, stream: b
     return messages
 
 
+@both_modes
 async def test_two_conversations_at_once_never_mix(proxy, ctxd_daemon) -> None:
     client = sdk(proxy)
     a, b = await asyncio.gather(_talk(client, "Conversation A", 4, stream=True),
@@ -52,6 +53,7 @@ async def test_two_conversations_at_once_never_mix(proxy, ctxd_daemon) -> None:
         assert [m.get("content") for m in stored] == [m["content"] for m in messages[1:-1]]
 
 
+@both_modes
 async def test_edited_history_continues_in_a_linked_session(proxy, ctxd_daemon) -> None:
     client = sdk(proxy, **{"X-Ctxd-Session": "task-1"})
     messages = await _talk(client, "Start the task.", 2, stream=False)
@@ -75,6 +77,7 @@ async def test_edited_history_continues_in_a_linked_session(proxy, ctxd_daemon) 
     assert len(await history(ctxd_daemon, "task-1")) == 4
 
 
+@both_modes
 async def test_a_restarted_proxy_pushes_nothing_twice(start_proxy, ctxd_daemon) -> None:
     first = start_proxy()
     messages = await _talk(sdk(first), "Survive a restart.", 2, stream=False)

@@ -1,0 +1,221 @@
+"""The daemon inside the proxy's process (``proxy.in_process``): socket clients (ctxd-cli,
+another proxy) reach it while the proxy serves, ``daemon/stop`` stops both, a shutdown
+waits for a reply's push, and a request gets what a socket client gets (results and
+errors) from the same daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from ctxd.client import Client, RpcError
+from ctxd.config import load_config
+from ctxd.proxy.apis import split
+from ctxd.proxy.inproc import InProcessLink
+from ctxd.proxy.sessions import Sessions
+from tests.e2e.helpers import daemon_env
+from tests.proxy.conftest import ProxyProcess, both_modes, ctxd_client, history, sessions
+from tests.proxy.upstream import MODEL
+
+
+def sdk(proxy: ProxyProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0)
+
+
+def cli(socket_path: Path, *args: str) -> str:
+    """``ctxd-cli --socket PATH ARGS``, a real process; its stdout."""
+    done = subprocess.run([sys.executable, "-m", "ctxd.cli", "--socket", str(socket_path), *args],
+                          capture_output=True, text=True, env=daemon_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("proxy_mode", ["in-process"], indirect=True)
+async def test_socket_clients_reach_the_daemon_while_the_proxy_serves(start_proxy, ctxd_daemon) -> None:
+    proxy = start_proxy()
+    messages = [{"role": "user", "content": "Kept in one process."}]
+    reply = await sdk(proxy).chat.completions.create(model=MODEL, messages=messages,
+                                                     extra_headers={"x-ctxd-session": "one-process"})
+    messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    # ctxd-cli, a process of its own, on the proxy's socket
+    assert "one-process" in cli(ctxd_daemon.socket_path, "sessions", "list")
+    client = await ctxd_client(ctxd_daemon)
+    try:
+        status = await client.request("daemon/status", {})
+        assert proxy.proc is not None and status["pid"] == proxy.proc.pid
+        # a socket client writes while the proxy serves
+        await client.request("session/create", {"sessionId": "by-socket"})
+        await client.request("session/push", {"sessionId": "by-socket",
+                                              "messages": [{"role": "user", "content": "from the socket"}]})
+    finally:
+        await client.close()
+    assert [m["content"] for m in await history(ctxd_daemon, "by-socket")] == ["from the socket"]
+    # A second proxy finds the daemon running and connects to it instead of starting one.
+    second = start_proxy("--port", "0")
+    assert "in this process" not in second.log()
+    messages.append({"role": "user", "content": "And through the other proxy."})
+    await sdk(second).chat.completions.create(model=MODEL, messages=messages,
+                                              extra_headers={"x-ctxd-session": "one-process"})
+    stored = await history(ctxd_daemon, "one-process")
+    assert [m["content"] for m in stored] == ["Kept in one process.", "Answer to: Kept in one process.",
+                                              "And through the other proxy.",
+                                              "Answer to: And through the other proxy."]
+
+
+@pytest.mark.parametrize("proxy_mode", ["in-process"], indirect=True)
+async def test_daemon_stop_stops_the_proxy(start_proxy, ctxd_daemon) -> None:
+    proxy = start_proxy()
+    client = await ctxd_client(ctxd_daemon)
+    try:
+        await client.request("daemon/stop", {})
+    finally:
+        await client.close()
+    assert proxy.proc is not None
+    assert await asyncio.to_thread(proxy.proc.wait, 20) == 0
+    assert "the daemon was asked to stop" in proxy.log()
+    assert not ctxd_daemon.socket_path.exists()
+
+
+@both_modes
+async def test_a_shutdown_waits_for_the_reply_push_in_flight(start_proxy, upstream, ctxd_daemon, proxy_mode) -> None:
+    """The reply's push is held by a write lock on the database when the proxy is told
+    to stop: the proxy waits for it (then exits 0), and the reply is stored with its usage."""
+    proxy = start_proxy()
+    messages = [{"role": "user", "content": "Stop after this."}]
+    headers = {"x-ctxd-session": "stopping"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        first = await http.post(proxy.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages},
+                                headers=headers)
+        messages.append(first.json()["choices"][0]["message"])
+        messages.append({"role": "user", "content": "A streamed one."})
+        await asyncio.sleep(0.5)  # (the first reply's push is stored)
+        upstream.mode = "slow"
+        lock = sqlite3.connect(ctxd_daemon.data_dir / "ctxd.db", timeout=10, isolation_level=None)
+        try:
+            async with http.stream("POST", proxy.url + "/v1/chat/completions", headers=headers,
+                                   json={"model": MODEL, "messages": messages, "stream": True,
+                                         "stream_options": {"include_usage": True}}) as response:
+                chunks = response.aiter_raw()
+                await chunks.__anext__()  # the turn's push is stored; the reply is on its way
+                lock.execute("BEGIN IMMEDIATE")  # no write gets through until the rollback
+                async for _ in chunks:
+                    pass
+            assert proxy.proc is not None
+            proxy.proc.terminate()
+            await asyncio.sleep(1.0)
+            assert proxy.proc.poll() is None, "the proxy exited with the reply's push unanswered"
+        finally:
+            lock.execute("ROLLBACK") if lock.in_transaction else None
+            lock.close()
+    assert await asyncio.to_thread(proxy.proc.wait, 20) == 0
+    if proxy_mode == "in-process":
+        ctxd_daemon.start()  # the daemon went with the proxy: read what it stored
+    stored = await history(ctxd_daemon, "stopping")
+    assert [m["content"] for m in stored] == ["Stop after this.", "Answer to: Stop after this.", "A streamed one.",
+                                              "Answer to: A streamed one."]
+    assert stored[-1]["usage"]["outputTokens"] > 0  # the proxy's push (the client's copy has no usage)
+
+
+async def _both_ways(link: InProcessLink, client: Client, method: str, params: Any) -> tuple[Any, Any]:
+    """The same request in process and over the socket: (result or error) each."""
+    out = []
+    for call in (lambda: link.request("s", method, params), lambda: client.request(method, params)):
+        try:
+            out.append(await call())
+        except RpcError as exc:
+            out.append(("error", exc.code, exc.message, exc.data))
+    return out[0], out[1]
+
+
+async def test_results_and_errors_are_the_socket_clients(base_dir) -> None:
+    config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
+                                                     "socket": str(base_dir / "run" / "ctxd.sock")}})
+    link = await InProcessLink.open(config)
+    client = await Client.connect_unix(Path(config.socket_path))
+    await client.initialize(client_name="in-process-test")
+    try:
+        await link.request("s", "session/create", {"sessionId": "s"})
+        push = {"sessionId": "s", "messages": [{"role": "user", "content": "hello"}]}
+        assert (await link.request("s", "session/push", push))["messageCount"] == 1
+        prompt = {"sessionId": "s", "format": "anthropic"}
+        ours, theirs = await _both_ways(link, client, "context/prompt", prompt)
+        assert ours == theirs and ours["messages"][0]["content"][0]["text"] == "hello"
+        for method, params in [("session/get", {"sessionId": "nope"}),  # SessionNotFound
+                               ("session/push", {"sessionId": "s", "messages": [{"role": "robot"}]}),
+                               ("session/create", {"sessionId": "s"}),  # SessionExists
+                               ("context/prompt", {"sessionId": "s", "format": "nope"}),
+                               ("session/history", {"sessionId": "s", "limit": -1, "extra": 1})]:
+            ours, theirs = await _both_ways(link, client, method, params)
+            assert ours[0] == "error" and ours == theirs, (method, ours, theirs)
+        with pytest.raises(ValueError):
+            await link.request("s", "daemon/stop", {})  # not a method the proxy uses: never served in process
+    finally:
+        await client.close()
+        await link.close()
+    assert not Path(config.socket_path).exists()
+
+
+async def test_one_session_in_order_others_alongside(base_dir) -> None:
+    """A session's requests run one after another in the order made (as on one daemon
+    connection): a reply's push sent and not awaited is stored before the next turn."""
+    config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
+                                                     "socket": str(base_dir / "run" / "ctxd.sock")}})
+    link = await InProcessLink.open(config)
+    proxy_sessions = Sessions(link)
+    try:
+        async def conversation(name: str) -> list[str]:
+            messages: list[dict[str, Any]] = []
+            for turn in range(5):
+                messages.append({"role": "user", "content": f"{name} {turn}"})
+                body = {"model": MODEL, "messages": messages}
+                conv = proxy_sessions.read("openai", body, split("openai", body), session=name, window=None)
+                tracked, chain, prompt = await proxy_sessions.turn(conv, "openai")
+                assert [m["content"] for m in prompt["messages"]] == [m["content"] for m in messages]
+                reply = {"role": "assistant", "content": f"answer {name} {turn}"}
+                assert await proxy_sessions.push_reply(tracked, chain, conv, [reply], {"inputTokens": 5,
+                                                                                      "outputTokens": 2})
+                messages.append(reply)
+            await proxy_sessions.drain()
+            page = await link.request(name, "session/history", {"sessionId": name, "limit": 100})
+            return [entry["message"]["content"] for entry in page["messages"]]
+
+        stored = await asyncio.gather(*(conversation(f"c{k}") for k in range(3)))
+        for k, contents in enumerate(stored):
+            assert contents == [x for t in range(5) for x in (f"c{k} {t}", f"answer c{k} {t}")]
+        assert not link._callers  # nothing kept per session once its requests are done
+    finally:
+        await proxy_sessions.drain()
+        await link.close()
+
+
+def test_the_flag_keeps_the_daemon_apart(base_dir, upstream) -> None:
+    """``--separate-daemon``: with no daemon running, one is started in its own process."""
+    socket_path = base_dir / "run" / "ctxd.sock"
+    proxy = ProxyProcess(socket_path, upstream, base_dir / "proxy.log",
+                         ["--data-dir", str(base_dir / "data"), "--separate-daemon"])
+    proxy.command.remove("--no-autostart")
+    proxy.start()
+    try:
+        assert "in this process" not in proxy.log()
+        pid = json.loads(cli(socket_path, "daemon", "status", "--json"))["pid"]
+        assert proxy.proc is not None and pid != proxy.proc.pid
+    finally:
+        proxy.stop()
+        try:
+            cli(socket_path, "daemon", "stop")
+        except AssertionError:
+            pass
+        deadline = time.monotonic() + 10
+        while socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert not socket_path.exists()
