@@ -15,7 +15,9 @@ watermark, ``last_seq``). It is still all-or-nothing for every reader, acknowled
 that last COMMIT only, and ordered by the session lock, held throughout. Rows of a staged
 push that failed are removed at once, else before the session's next push or when the
 daemon next starts (``store/messages.py``, "Staged pushes"). PostgreSQL keeps one
-transaction: its writers do not wait for each other's rows.
+transaction (other daemons may push to the session between two of ours), run on a
+second writer connection beside the writer's other jobs: its writers do not wait for
+each other's rows.
 """
 
 from __future__ import annotations
@@ -246,6 +248,29 @@ _NO_TOKENS = MessageTokens(0, 0, 0, 0, 0, 0)
 TITLE_LENGTH = 80
 
 
+TITLE_SCAN_CHARS = 4096
+
+
+def _first_line(text: str) -> str:
+    """The first non-blank line, stripped (or enough of it to make a title), read from the
+    text's start only: splitting a 4 MB message into its lines held the writer (this runs
+    in the push's transaction) and the interpreter lock 5-10 ms. The whole text is split
+    only when its start is blank, or ends inside a first line too short for a title."""
+    head = text[:TITLE_SCAN_CHARS]
+    cut = len(head) < len(text)
+    lines = head.splitlines()
+    for index, line in enumerate(lines):
+        line = line.strip()
+        if line:
+            if index < len(lines) - 1 or not cut or len(line) > TITLE_LENGTH:
+                return line
+            break  # (it may go on past the head)
+    else:
+        if not cut:
+            return ""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
 def _title_of(message: Message) -> str | None:
     """A session's default title: the first line of its first user message."""
     if message.role != "user":
@@ -253,7 +278,7 @@ def _title_of(message: Message) -> str | None:
     content = message.content
     text = content if isinstance(content, str) else "\n".join(
         b.text for b in content or () if isinstance(b, TextBlock))
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = _first_line(text)
     if not line:
         return None
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "\u2026"
@@ -402,14 +427,14 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
     else:
         counts = _count_all(state.counter, messages)
     watermark_tools = svc.cache.policy(state).watermark_tools
-    staged = svc.db.dialect == "sqlite" and sum(len(body) for _, body, _ in prepared) > STAGE_BYTES
+    large = sum(sizes) > STAGE_BYTES
     async with state.lock:
         if state.deleted:
             raise session_not_found(params.session_id)
-        if staged:
+        if large and svc.db.dialect == "sqlite":
             outcome = await _write_staged(svc, state, prepared, counts, watermark_tools)
         else:
-            outcome = await _write(svc, state, prepared, counts, watermark_tools)
+            outcome = await _write(svc, state, prepared, counts, watermark_tools, apart=large)
         if outcome.stored:
             svc.indexer.stored(len(outcome.stored))
         row = state.row
@@ -435,18 +460,21 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
 
 
 async def _write(svc: Service, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
-                 counts: list[MessageTokens], watermark_tools: tuple[str, ...]) -> _Outcome:
+                 counts: list[MessageTokens], watermark_tools: tuple[str, ...], apart: bool = False) -> _Outcome:
     """The push transaction (caller holds the session lock). On a shared store, a session
     another daemon pushed to meanwhile is reloaded from what is stored (so totals, stats and
-    the active context include those pushes) and the push is tried again."""
+    the active context include those pushes) and the push is tried again. ``apart``: a
+    large push on PostgreSQL, whose one transaction runs beside the writer's other jobs
+    (``Storage.write_apart``) instead of holding them up."""
     shared = svc.db.shared
+    write = svc.db.write_apart if apart else svc.db.write
     for _ in range(STALE_RETRIES):
         try:
             clean = state.unfinished
             # (A pass of this daemon mid-way: memory is ahead of what is stored, not behind.)
             check = shared and not state.compress_lock.locked()
-            outcome = await svc.db.write(_write_job, state, prepared, counts, now_iso(), watermark_tools, shared,
-                                         None, clean, check)
+            outcome = await write(_write_job, state, prepared, counts, now_iso(), watermark_tools, shared,
+                                  None, clean, check)
             if clean:
                 state.unfinished = False
             return outcome

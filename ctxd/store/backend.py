@@ -63,6 +63,11 @@ class Storage(Protocol):
 
     async def write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
 
+    async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
+        """As :meth:`write`, for one large job (a push of 100 MB) that would hold the writer's
+        other jobs up: in a transaction of its own, where the store can run it beside them."""
+        ...
+
     def exclusive(self, key: str) -> AbstractAsyncContextManager[None]:
         """Held by one daemon at a time for ``key`` (a compression pass of one session)."""
         ...

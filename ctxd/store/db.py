@@ -374,6 +374,11 @@ class Database:
                 task.uncancel()  # the cancellation is consumed: the request took effect
             return result
 
+    async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
+        """One writer: the same as :meth:`write` (a large push is staged instead, see
+        ``service/ingest.py``)."""
+        return await self.write(fn, *args)
+
     async def _writer_loop(self) -> None:
         try:
             await self._write_batches()

@@ -5,6 +5,7 @@
     python -m tests.bench.fairness --only push,llm
     python -m tests.bench.fairness --strict     # exit 1 when a p99 is over the target
     python -m tests.bench.fairness --ctxd-path /tmp/old   # the daemons from another tree
+    python -m tests.bench.fairness --storage postgresql   # on a throwaway PostgreSQL server
 
 One socket daemon, two clients on it. A *light* client (a thread of this process, its
 own connection and session) sends a ``session/get`` every 10 ms (the event loop
@@ -28,6 +29,9 @@ client sends one large request per scenario:
 Reported per scenario, over the light requests sent while the heavy one ran: count,
 p50, p99 and max latency, the heavy request's own time and outcome, and the daemon's
 peak RSS (``VmHWM``; each scenario gets a fresh daemon). Target: light p99 < 100 ms.
+With ``--storage postgresql`` each daemon gets a new database on a PostgreSQL server the
+benchmark starts from the system's binaries (``tests/pgserver.py``), and the server's
+processes count as the benchmark's own, not as other load.
 A measurement, not a test: it prints the table, writes ``bench-results/fairness.json``
 and exits 0 unless ``--strict``.
 """
@@ -333,7 +337,7 @@ def measure(lab: "Lab", scenario: str, heavy_name: str, heavy: Callable[[SocketC
         for light in lights:
             light.start()
         time.sleep(0.5)  # the light clients' own rhythm first
-        pids = (daemon.proc.pid, *helpers)
+        pids = (daemon.proc.pid, *helpers, *lab.server_pids())
         load = OtherLoad()
         ours = sum(cpu_seconds(pid) for pid in pids)
         started = time.perf_counter()
@@ -525,9 +529,14 @@ SCENARIOS: dict[str, Callable[["Lab", Plan], list[Row]]] = {
 
 
 class Lab:
-    def __init__(self, keep: bool, ctxd_path: str | None = None) -> None:
+    def __init__(self, keep: bool, ctxd_path: str | None = None, storage: str = "sqlite") -> None:
         self.root = Path(tempfile.mkdtemp(prefix="ctxd-fair-", dir="/tmp"))
         self.keep = keep
+        self.pg: Any = None
+        if storage == "postgresql":
+            from tests.pgserver import start_server
+
+            self.pg = start_server()
         env = {k: v for k, v in os.environ.items() if not k.startswith("CTXD_")}
         for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"), ("XDG_STATE_HOME", "state"),
                          ("XDG_RUNTIME_DIR", "run"), ("XDG_CACHE_HOME", "cache")):
@@ -540,9 +549,34 @@ class Lab:
 
     def daemon(self, name: str, sets: list[str]) -> Daemon:
         self.n += 1
+        if self.pg is not None:
+            sets = [*sets, f"storage.url={self.pg.create_database()}"]
         return Daemon(self.root, f"{self.n:02d}-{name}", sets, self.env)
 
+    def server_pids(self) -> tuple[int, ...]:
+        """The PostgreSQL server's processes (its postmaster and backends), if any."""
+        if self.pg is None:
+            return ()
+        try:
+            out = subprocess.run(["pgrep", "-f", str(self.pg.root)], capture_output=True, text=True, timeout=5,
+                                 check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ()
+        found = {int(pid) for pid in out.split()}
+        for pid in list(found):  # its backends carry the postmaster's pid as their parent, not its path
+            try:
+                children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, timeout=5,
+                                          check=False).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            found.update(int(c) for c in children.split())
+        return tuple(sorted(found))
+
     def close(self) -> None:
+        if self.pg is not None:
+            from tests.pgserver import stop_server
+
+            stop_server(self.pg)
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -575,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-results/fairness.json", help="JSON results file")
     p.add_argument("--strict", action="store_true", help="exit 1 when a p99 is over the target")
     p.add_argument("--keep", action="store_true", help="keep the temp tree (data dirs, daemons' stderr)")
+    p.add_argument("--storage", choices=("sqlite", "postgresql"), default="sqlite",
+                   help="the daemons' storage (postgresql: a throwaway server, tests/pgserver.py)")
     p.add_argument("--ctxd-path", metavar="DIR", help="run the daemons from the ctxd package in DIR (an exported "
                    "commit, say) instead of this checkout's")
     args = p.parse_args(argv)
@@ -583,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s): {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    lab = Lab(args.keep, args.ctxd_path)
+    lab = Lab(args.keep, args.ctxd_path, args.storage)
     rows: list[Row] = []
     started = time.perf_counter()
     try:
@@ -600,10 +636,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
             "python": platform.python_version(), "nproc": os.cpu_count(), "mode": "quick" if args.quick else "full",
             "plan": asdict(plan), "seconds": round(time.perf_counter() - started, 1), "target_p99_ms": TARGET_P99_MS,
-            "ctxd_path": str(Path(args.ctxd_path).resolve()) if args.ctxd_path else None}
+            "ctxd_path": str(Path(args.ctxd_path).resolve()) if args.ctxd_path else None, "storage": args.storage}
     print()
-    print(f"ctxd fairness ({meta['mode']}), {meta['date_utc']}, {meta['nproc']} cpu, commit {commit}, "
-          f"ctxd from {meta['ctxd_path'] or 'this checkout'}")
+    print(f"ctxd fairness ({meta['mode']}, {args.storage}), {meta['date_utc']}, {meta['nproc']} cpu, "
+          f"commit {commit}, ctxd from {meta['ctxd_path'] or 'this checkout'}")
     print(table(rows))
     print("p99 get: the event loop (session/get); p99 push: the loop and the single writer (session/push); "
           "other cpu: cores other processes used meanwhile (noise)")

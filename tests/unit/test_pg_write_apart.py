@@ -1,0 +1,60 @@
+"""On PostgreSQL a large push's one transaction runs on a second writer connection
+(``Storage.write_apart``), so that other clients' pushes, to other sessions, are not held
+up by it (a 168 MB push held the one writer 8-11 s). Still one transaction: nothing of it
+is visible before its COMMIT, and it is acknowledged after."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from ctxd.service import history, ingest, sessions
+from ctxd.service.core import Service
+from ctxd.store import messages as message_store
+
+from .service_helpers import params
+
+
+@pytest.fixture
+def storage_url(pg_server: Any) -> str:
+    return pg_server.create_database()
+
+
+async def test_a_small_push_commits_while_a_large_push_is_being_written(
+        service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ingest, "STAGE_BYTES", 10_000)  # (the sizes do not matter to the mechanism)
+    for sid in ("big", "small"):
+        await sessions.create_session(service, params("session/create", sessionId=sid, model="gpt-4o"))
+    inside = threading.Event()
+    release = threading.Event()
+    real = message_store.insert_messages
+
+    def held(conn: Any, session_id: str, rows: Any) -> None:
+        real(conn, session_id, rows)
+        if session_id == "big":  # the large push's rows are in, its transaction still open
+            inside.set()
+            assert release.wait(30)
+
+    monkeypatch.setattr(message_store, "insert_messages", held)
+    big = [{"role": "user", "content": f"part {i} " + "lorem ipsum " * 500} for i in range(4)]
+    large = asyncio.create_task(ingest.push(service, params("session/push", sessionId="big", messages=big)))
+    try:
+        while not inside.is_set():
+            await asyncio.sleep(0.01)
+            assert not large.done(), large
+        # The one writer is free: another session's push commits now, not after the large one.
+        small = await asyncio.wait_for(ingest.push(service, params(
+            "session/push", sessionId="small", messages=[{"role": "user", "content": "hello"}])), 20)
+        assert [m.seq for m in small.messages] == [1]
+        # And nothing of the large push shows before its COMMIT.
+        got = await history.history(service, params("session/history", sessionId="big"))
+        assert got.messages == []
+    finally:
+        release.set()
+    result = await asyncio.wait_for(large, 30)
+    assert [m.seq for m in result.messages] == [1, 2, 3, 4]
+    got = await history.history(service, params("session/history", sessionId="big"))
+    assert [m.seq for m in got.messages] == [1, 2, 3, 4]
