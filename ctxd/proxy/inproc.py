@@ -13,6 +13,9 @@ What the socket path gives is kept:
   turned into :class:`ctxd.client.RpcError` as the socket client raises them;
 * requests of one session run in the order they were made, one after another (as on
   one daemon connection), those of other sessions alongside;
+* a request whose caller is cancelled is cancelled as ``$/cancelRequest`` cancels it
+  (``REQUEST_CANCELLED``): withdrawn if its write has not started, else carried through
+  to the end (memory and storage alike) while the caller goes on;
 * one daemon per socket: the daemon takes the socket's lock before it opens storage;
   when another process holds it, the proxy connects to that daemon as it would anyway;
 * shutdown: the proxy drains its reply pushes first, then the daemon stops as it does
@@ -35,7 +38,7 @@ from ctxd.config import Config
 from ctxd.daemon import Daemon
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.methods import METHODS
-from ctxd.server.connection import Connection
+from ctxd.server.connection import Connection, cancel_request
 from ctxd.server.handlers import HANDLERS
 
 log = logging.getLogger("ctxd.proxy")
@@ -103,20 +106,34 @@ class InProcessLink:
         caller = self._callers.get(session_id)
         if caller is None:
             caller = self._callers[session_id] = _Caller()
-        app = self.daemon.app
+        # Its own task, as a socket request is the daemon's: the caller's cancellation
+        # reaches it only as a client's cancel would (above).
+        task = asyncio.get_running_loop().create_task(
+            self.daemon.app.dispatch(caller, METHODS[method], HANDLERS[method], params))  # type: ignore[arg-type]
+        task.add_done_callback(lambda done: self._finished(session_id, caller, done))
         try:
-            result = await app.dispatch(caller, METHODS[method], HANDLERS[method], params)  # type: ignore[arg-type]
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                cancel_request(task)
+            raise
         except CtxdError as exc:
             raise RpcError(int(exc.code), exc.message, exc.data) from None
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit):
             raise
-        except Exception as exc:  # what a socket client gets: an internal error, logged here
-            log.error("internal error in %s", method, exc_info=exc)
+        except Exception as exc:  # what a socket client gets: an internal error (logged by _finished)
             raise RpcError(int(ErrorCode.InternalError), f"Internal error: {type(exc).__name__}: {exc}") from None
-        finally:
-            if caller.idle() and self._callers.get(session_id) is caller:
-                del self._callers[session_id]
         return msgspec.to_builtins(result)
+
+    def _finished(self, session_id: str, caller: _Caller, task: asyncio.Task[Any]) -> None:
+        """A request is over: its error logged if it is a bug (as the daemon logs one), the
+        session's entry dropped once nothing of it waits or runs."""
+        if not task.cancelled():
+            exc = task.exception()  # (retrieved even when the caller left)
+            if exc is not None and not isinstance(exc, CtxdError):
+                log.error("internal error in a daemon request", exc_info=exc)
+        if caller.idle() and self._callers.get(session_id) is caller:
+            del self._callers[session_id]
 
     async def wait_stopped(self) -> None:
         """Until the daemon is asked to stop (``daemon/stop`` from a socket client)."""

@@ -219,3 +219,53 @@ def test_the_flag_keeps_the_daemon_apart(base_dir, upstream) -> None:
         while socket_path.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
     assert not socket_path.exists()
+
+
+async def test_a_cancelled_caller_is_a_cancelled_request(base_dir) -> None:
+    """The proxy stops waiting for a push whose write has begun (its client left): the
+    push is carried through, as a socket request cancelled by its client is, so memory and
+    storage agree (the next prompt holds the message); one whose write has not begun is
+    withdrawn."""
+    config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
+                                                     "socket": str(base_dir / "run" / "ctxd.sock")}})
+    link = await InProcessLink.open(config)
+    try:
+        await link.request("s", "session/create", {"sessionId": "s"})
+        lock = sqlite3.connect(config.database_path, timeout=10, isolation_level=None)
+        try:
+            lock.execute("BEGIN IMMEDIATE")  # the push's transaction waits for this one
+            push = asyncio.ensure_future(link.request("s", "session/push", {
+                "sessionId": "s", "messages": [{"role": "user", "content": "begun, then left"}]}))
+            await asyncio.sleep(0.5)
+            push.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await push
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        prompt = await link.request("s", "context/prompt", {"sessionId": "s"})
+        assert [m["content"] for m in prompt["messages"]] == ["begun, then left"]
+        page = await link.request("s", "session/history", {"sessionId": "s"})
+        assert [e["message"]["content"] for e in page["messages"]] == ["begun, then left"]
+        # Cancelled while waiting its turn behind another push of the session: withdrawn.
+        lock = sqlite3.connect(config.database_path, timeout=10, isolation_level=None)
+        try:
+            lock.execute("BEGIN IMMEDIATE")
+            first = asyncio.ensure_future(link.request("s", "session/push", {
+                "sessionId": "s", "messages": [{"role": "user", "content": "waited for"}]}))
+            queued = asyncio.ensure_future(link.request("s", "session/push", {
+                "sessionId": "s", "messages": [{"role": "user", "content": "never begun"}]}))
+            await asyncio.sleep(0.3)
+            queued.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await queued
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        await first
+        page = await link.request("s", "session/history", {"sessionId": "s"})
+        assert [e["message"]["content"] for e in page["messages"]] == ["begun, then left", "waited for"]
+        prompt = await link.request("s", "context/prompt", {"sessionId": "s"})
+        assert [m["content"] for m in prompt["messages"]] == ["begun, then left", "waited for"]
+    finally:
+        await link.close()
