@@ -239,6 +239,8 @@ def test_random_documents_decode_in_pieces_as_whole(seed: int, monkeypatch: pyte
     decode gives, value or error type."""
     rng = random.Random(seed)
     monkeypatch.setattr(framing, "PIECE_BYTES", rng.choice([1, 4, 16, 64]))
+    monkeypatch.setattr(framing, "ESCAPED_QUOTES_BY_FIND", rng.choice([0, 1, 16]))
+    monkeypatch.setattr(framing, "WINDOW_BYTES", rng.choice([1, 2, 3, 7, 1 << 20]))
     value = {"jsonrpc": "2.0", "params": _random_value(rng, 0), "more": [_random_value(rng, 1) for _ in range(3)]}
     document = _encode(value) if seed % 2 else json.dumps(value, indent=rng.choice([None, 1])).encode()
     assert _outcome(decode_in_pieces, document) == ("value", msgspec.json.decode(document))
@@ -298,3 +300,27 @@ async def test_the_frame_reader_decodes_a_large_body_stepping_aside() -> None:
     event = await reader.next()
     assert isinstance(event, Frame) and event.message == big and event.size == len(_encode(big))
     assert len(calls) >= 2
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_long_string_is_decoded_in_parts_as_whole(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A string longer than a piece (a document sent to session/import) is decoded in
+    parts cut where no escape, surrogate pair or UTF-8 sequence is split; its end found a
+    window at a time when it holds many escaped quotes."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(framing, "PIECE_BYTES", rng.choice([40, 64, 200]))
+    monkeypatch.setattr(framing, "ESCAPED_QUOTES_BY_FIND", rng.choice([0, 2]))
+    monkeypatch.setattr(framing, "WINDOW_BYTES", rng.choice([1, 5, 64]))
+    sizes: list[int] = []
+    real = framing._json_decode
+    monkeypatch.setattr(framing, "_json_decode", lambda data: sizes.append(len(data)) or real(data))
+    bits = ['{"a": "b"}', '\\', '\\"', '"', "\n", "é", "日本語", "😀", "\\ud83d", "x" * 30, " ", "\t", "\\u0041"]
+    text = "".join(rng.choice(bits) for _ in range(2000))
+    document = {"jsonrpc": "2.0", "params": {"document": text, "format": "json"}}
+    body = _encode(document) if seed % 2 else json.dumps(document).encode()
+    assert decode_in_pieces(bytearray(body)) == msgspec.json.decode(body)
+    assert max(sizes) <= 8 * framing.PIECE_BYTES < len(_encode(text)) // 4  # (never the string whole)
+    for _ in range(10):  # damaged: the same error as a whole decode
+        damaged = bytearray(body)
+        damaged[rng.randrange(len(damaged))] = rng.choice(b'"\\\x01\xff')
+        assert _outcome(decode_in_pieces, bytes(damaged)) == _outcome(msgspec.json.decode, bytes(damaged))
