@@ -8,10 +8,11 @@ clearing a few small outputs would change the prompt, and break providers' promp
 caches, for nothing). The result is a new pruning horizon
 (``PruneEvent``); history is untouched.
 
-A pass that needs only part of a large output (a 12k-token log when 2k are left to
-free) sends that output as a head/tail excerpt of what it can keep (``engine/clip.py``)
-instead of clearing it whole: clearing would leave the prompt far below the low-water
-mark, the window half empty.
+A pass that needs only part of the output at its horizon (2k tokens of a 12k-token
+log) sends that output as a head/tail excerpt of what it can keep (``engine/clip.py``)
+instead of clearing it whole: clearing would leave the prompt below the low-water mark
+by the rest, up to half the window. An excerpt smaller than ``MIN_EXCERPT`` is not
+worth keeping: the output is cleared.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ class PrunePlan:
     tokens: int
     """Tool-output tokens they held (and what the excerpt below leaves out)."""
     clip: tuple[int, int] | None = None
-    """``(seq, max_tokens)``: the next output, much bigger than what was still to free,
-    sent as an excerpt of ``max_tokens`` instead of being cleared."""
+    """``(seq, max_tokens)``: the next output, bigger than what was still to free, sent
+    as an excerpt of ``max_tokens`` instead of being cleared."""
 
 
 def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[str, ...] = (),
@@ -83,7 +84,7 @@ def plan_prune(ctx: ActiveContext, minimum: int, protect: int, protected: tuple[
         size = entry.tokens.tool_result
         if enough is not None:
             rest = enough - tokens
-            if size > 2 * rest and size - rest >= MIN_EXCERPT and ctx.state.clip_for(entry.seq) is None:
+            if size - rest >= MIN_EXCERPT and ctx.state.clip_for(entry.seq) is None:
                 clip = (entry.seq, entry.tokens.context - rest - CLIP_SLACK)
                 tokens += rest
                 break

@@ -273,9 +273,11 @@ def test_a_pass_needing_part_of_a_large_output_keeps_an_excerpt_of_it():
     entry = by_seq(ctx, 5)
     text = entry.view.content[0].content if not isinstance(entry.view.content, str) else entry.view.content
     assert "left out by ctxd" in str(text)
-    # Needing more than half of it clears it whole, as before.
+    # Needing all but a sliver of it (less than an excerpt worth keeping) clears it whole.
     ctx2 = make_ctx([
         user("x"), a_call(("c2", "read_file")), a_result(("c2", words(5000))),
         a_call(("c3", "read_file")), a_result(("c3", words(1000))), assistant("Done.")])
-    plan2 = plan_prune(ctx2, minimum=100, protect=500, need=4000)
+    plan2 = plan_prune(ctx2, minimum=100, protect=500, need=4900)
     assert plan2 is not None and plan2.clip is None and plan2.through_seq == 3
+    plan3 = plan_prune(ctx2, minimum=100, protect=500, need=4000)
+    assert plan3 is not None and plan3.clip is not None and plan3.results == 0
