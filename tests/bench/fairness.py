@@ -372,7 +372,7 @@ SLOW_MS = 50.0
 """Light requests at least this slow are listed with when they fell due (``details.slow``)."""
 
 
-def slow_requests(lights: list[Light], started: float, ended: float, most: int = 300) -> list[list[Any]]:
+def slow_requests(lights: list[Light], started: float, ended: float, most: int = 3000) -> list[list[Any]]:
     """The slow light requests due while the heavy one ran, in time order: seconds after the
     heavy request started, latency in ms, which kind. ``details.heavy_started_perf_counter``
     is that start on this machine's monotonic clock (``time.perf_counter``, the same clock in
