@@ -7,7 +7,8 @@ proxy so that machine load falls on all of them alike.
 Each TREE is a directory holding a ``ctxd`` package (``git archive REV ctxd | tar -x -C
 DIR``); ``+``-joined paths put more on its ``sys.path``; ``TREE#inproc``: that proxy runs
 its own daemon in its process (``proxy.in_process``, a data directory and socket of its
-own) instead of using the shared one; its CPU time then includes the daemon's. Prints, per tree: the added p50
+own) instead of using the shared one; its CPU time then includes the daemon's (the shared
+daemon's CPU time per request of the proxies using it is printed too). Prints, per tree: the added p50
 and p99 of a non-streaming request (one conversation growing by a turn per request), the
 added time to the first streamed byte, ``GET /v1/models`` through the proxy's
 pass-through (the bare HTTP hop), and the proxy's CPU time per request.
@@ -30,6 +31,12 @@ from tests.bench.spine import percentile
 from tests.e2e.helpers import Daemon, short_dir
 from tests.proxy.conftest import ProxyProcess
 from tests.proxy.upstream import MODEL, FakeUpstream
+
+
+WINDOW = "200000"
+"""The window of the benchmark's sessions: no compression due in its 300 turns (the
+issue's latency target is for requests with none due; at the default 8K window passes
+ran from about turn 130 on, and their CPU fell on later requests)."""
 
 
 def _rotated(n: int, i: int) -> list[int]:
@@ -72,20 +79,25 @@ async def run(trees: list[str], requests: int) -> None:
             hop: list[list[float]] = [[] for _ in urls]
             conversations: list[list[dict[str, Any]]] = [[{"role": "system", "content": "A benchmark."}] for _ in urls]
             cpu = [psutil.Process(p.proc.pid) for p in proxies if p.proc is not None]
+            shared = psutil.Process(daemon.pid)
+            on_shared = sum(1 for spec in trees if "#" not in spec)  # proxies using the shared daemon
             async with httpx.AsyncClient(timeout=60) as http:
                 cpu_before = [sum(c.cpu_times()[:2]) for c in cpu]
+                shared_before = sum(shared.cpu_times()[:2])
                 for i in range(requests):
                     for k in _rotated(len(urls), i):
                         messages = conversations[k]
                         messages.append({"role": "user", "content": f"Request {i}: the build status of module {i}."})
                         start = time.perf_counter()
                         response = await http.post(urls[k] + "/v1/chat/completions", json={
-                            "model": MODEL, "messages": messages}, headers={"x-ctxd-session": f"ab-{k}"})
+                            "model": MODEL, "messages": messages}, headers={"x-ctxd-session": f"ab-{k}",
+                                                                            "x-ctxd-context-window": WINDOW})
                         response.raise_for_status()
                         whole[k].append((time.perf_counter() - start) * 1000)
                         messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]
                                          ["content"]})
                 cpu_used = [(sum(c.cpu_times()[:2]) - b) / requests * 1000 for c, b in zip(cpu, cpu_before)]
+                shared_used = (sum(shared.cpu_times()[:2]) - shared_before) / max(1, on_shared * requests) * 1000
                 for i in range(requests):
                     for k in _rotated(len(urls), i):
                         start = time.perf_counter()
@@ -104,7 +116,8 @@ async def run(trees: list[str], requests: int) -> None:
         warm = slice(min(10, requests // 10), None)
         d50, d99 = percentile(whole[0][warm], 50), percentile(whole[0][warm], 99)
         f50, h50 = percentile(first[0], 50), percentile(hop[0], 50)
-        print(f"direct: p50 {d50:.2f} ms, p99 {d99:.2f} ms, first byte {f50:.2f} ms, GET /v1/models {h50:.2f} ms")
+        print(f"direct: p50 {d50:.2f} ms, p99 {d99:.2f} ms, first byte {f50:.2f} ms, GET /v1/models {h50:.2f} ms; "
+              f"the shared daemon's CPU {shared_used:.2f} ms per request of the {on_shared} proxies using it")
         for k, tree in enumerate(trees, 1):
             p50, p99 = percentile(whole[k][warm], 50), percentile(whole[k][warm], 99)
             print(f"{tree}: added p50 {p50 - d50:.2f} ms, p99 {p99 - d99:.2f} ms; first byte added "
