@@ -334,6 +334,76 @@ def apply_clips(ctx: ActiveContext, seqs: list[int], max_tokens: int, at: str) -
         ClipEvent(seq, max_tokens, at) for seq in seqs]
 
 
+EXCERPT_KEEP = 256
+"""The least of a message worth sending as an excerpt rather than summarizing it."""
+EXCERPT_SLACK = 32
+"""An excerpt's notice and cut points are measured after the fact: aim this much lower."""
+
+
+def excerpts_instead(ctx: ActiveContext, selection: Selection, excess: int,
+                     max_prompt: int) -> tuple[Selection | None, dict[int, int]] | None:
+    """Stage 1's alternative for a selection that ends in large messages (an agent's
+    big tool-call arguments and their output) when summarizing them would free far more
+    than the ``excess`` the pass must free: the part before them is summarized (None
+    when it would free less than its checkpoint costs) and they stay, sent as head/tail
+    excerpts that free the rest (``{seq: max_tokens}``, :func:`apply_clips`' limits).
+    None when an excerpt would keep less than the checkpoint would say, or less than
+    ``EXCERPT_KEEP`` of any of them."""
+    removed = selection.removed
+    pinned = ctx.pinned_set
+    tail: list[Entry] = []
+    for entry in reversed(removed):
+        if entry.seq in pinned or entry.role == "system" or entry.has_user_text or entry.view_tokens < 2 * EXCERPT_KEEP:
+            break
+        tail.append(entry)
+    if not tail:
+        return None
+    tail.reverse()
+    head_n = len(removed) - len(tail)
+    if head_n and _safe_cut(ctx.recent, head_n) != head_n:
+        return None
+    head_freed = sum(_freed_by(e, pinned) for e in removed[:head_n])
+    head = None
+    need = excess
+    if head_n and head_freed > estimated_checkpoint(head_freed, max_prompt):
+        need = excess - (head_freed - estimated_checkpoint(head_freed, max_prompt))
+        kept = removed[head_n - 1].seq
+        head = Selection(head_n, kept, removed[:head_n], [k for k in selection.keep if k.seq <= kept], head_freed,
+                         earlier_truncations=selection.earlier_truncations)
+    if need <= 0:
+        return None
+    total = sum(e.view_tokens for e in tail)
+    if total - need < estimated_checkpoint(total, max_prompt):
+        return None
+    limits = plan_excerpts(tail, need)
+    return None if limits is None else (head, limits)
+
+
+def clippable(ctx: ActiveContext) -> list[Entry]:
+    """Recent messages that may be sent as excerpts: not the user's words, not system
+    messages, not pinned, big enough for an excerpt to be worth it."""
+    pinned = ctx.pinned_set
+    return [e for e in ctx.recent if e.seq not in pinned and e.role != "system" and not e.has_user_text
+            and e.view_tokens >= 2 * EXCERPT_KEEP]
+
+
+def plan_excerpts(entries: list[Entry], need: int) -> dict[int, int] | None:
+    """Excerpt limits (``{seq: max_tokens}``) that free ``need`` tokens from ``entries``,
+    each cut in proportion to its size; None when that would keep less than
+    ``EXCERPT_KEEP`` of one of them."""
+    total = sum(e.view_tokens for e in entries)
+    if need <= 0 or not entries:
+        return None
+    limits: dict[int, int] = {}
+    for entry in entries:
+        share = -(-need * entry.view_tokens // total)
+        limit = entry.view_tokens - share - EXCERPT_SLACK
+        if limit < EXCERPT_KEEP:
+            return None
+        limits[entry.seq] = limit
+    return limits
+
+
 def fits(ctx: ActiveContext, budget: Budget) -> bool:
     return ctx.prompt_tokens <= budget.max_prompt_tokens
 

@@ -37,10 +37,13 @@ from ctxd.engine.pipeline import (
     advance,
     apply_clips,
     apply_selection,
+    clippable,
+    excerpts_instead,
     fits,
     identify,
     make_checkpoint,
     plan_clips,
+    plan_excerpts,
     prepare,
     summary_rejection,
     truncation_checkpoint,
@@ -249,13 +252,20 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
         # first push of a whole conversation) leaves the prompt far below the low-water mark
         # with every assistant turn in a summary.
         folding = 0 if force else _fold_frees(ctx, policy, budget)
+        goal = low_water + folding
         selection = identify(ctx, budget, policy, min_freed=_checkpoint_cost(state, ctx),
-                             goal_used=None if force else low_water + folding)
+                             goal_used=None if force else goal)
         if selection is None and folding:
             # The words to fold are not behind the boundary yet: move it as for any pass.
-            selection = identify(ctx, budget, policy, min_freed=_checkpoint_cost(state, ctx), goal_used=low_water)
+            goal = low_water
+            selection = identify(ctx, budget, policy, min_freed=_checkpoint_cost(state, ctx), goal_used=goal)
         if selection is None:
             break
+        if not force:
+            _, selection = await _excerpts_instead(svc, state, ctx, run, selection, goal)
+            if selection is None:
+                budget = cache.budget(state)
+                continue
         prepare(selection, budget)
         await _summarize_selection(svc, state, ctx, selection, run, stage, focus, policy.strategy)
         if force:
@@ -490,6 +500,10 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         return
     selection = identify(ctx, budget, policy, keep_recent=1, goal_used=_low_water(policy, budget))
     if selection is not None:
+        changed, selection = await _excerpts_instead(svc, state, ctx, run, selection, _low_water(policy, budget))
+        if changed and fits(ctx, cache.budget(state)):
+            return
+    if selection is not None:
         prepare(selection, budget)
         stage = _Stages(svc, state, NullProgress())
         await _summarize_selection(svc, state, ctx, selection, run, stage, focus, policy.strategy)
@@ -500,7 +514,44 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     budget = cache.budget(state)
     if fits(ctx, budget):
         return
+    # The newest messages together still do not fit (an agent's big call and its
+    # output, each under the limit above): excerpts of every large one, in proportion,
+    # before the user's words are folded.
+    limits = plan_excerpts(clippable(ctx), max(ctx.prompt_tokens - budget.max_prompt_tokens,
+                                               ctx.used - _low_water(policy, budget)))
+    if limits:
+        await _before_change(svc, state, run)
+        async with state.lock:
+            for seq, limit in limits.items():
+                apply_clips(ctx, [seq], limit, now_iso())
+            ctx.state.lossy = True
+            cache.refresh(state)
+        run.layers.append("clip")
+        run.detail.setdefault("excerpts", []).extend({"seq": s, "maxTokens": m} for s, m in limits.items())
+        budget = cache.budget(state)
+        if fits(ctx, budget):
+            return
     await _overflow(svc, state, ctx, run, _low_water(policy, budget), keep_recent=1)
+
+
+async def _excerpts_instead(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass,
+                            selection: Selection, goal: int) -> tuple[bool, Selection | None]:
+    """Large newest messages in ``selection`` that only part of must go (an agent's big
+    tool-call arguments and output): excerpts of them rather than a summary that leaves
+    the prompt far below ``goal`` (``engine/pipeline.excerpts_instead``). Returns whether
+    excerpts were taken and what is still to summarize (None: nothing)."""
+    instead = excerpts_instead(ctx, selection, ctx.used - goal, svc.cache.budget(state).max_prompt_tokens)
+    if instead is None:
+        return False, selection
+    head, limits = instead
+    await _before_change(svc, state, run)
+    async with state.lock:
+        for seq, limit in limits.items():
+            apply_clips(ctx, [seq], limit, now_iso())
+        svc.cache.refresh(state)
+    run.layers.append("clip")
+    run.detail.setdefault("excerpts", []).extend({"seq": s, "maxTokens": m} for s, m in limits.items())
+    return True, head
 
 
 def _irreducible(ctx: ActiveContext) -> int:

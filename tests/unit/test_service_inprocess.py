@@ -4,6 +4,7 @@ service's or storage's; the same scenarios over a transport are in ``tests/e2e/`
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -292,3 +293,35 @@ async def test_a_whole_conversation_pushed_at_once_fills_the_window(service: Ser
     assert all(reply in texts for reply in newest_replies)
     users = [m["content"] for m in pushed if m["role"] == "user"]
     assert users[-1] in texts and users[0] in texts  # the newest and the first (the task) verbatim
+
+
+def _step(i: int, args_lines: int, output_lines: int) -> list[dict[str, Any]]:
+    """An agent step: a call whose arguments hold ``args_lines`` lines and its output."""
+    content = "\n".join(f"def f{i}_{k}(): return {k}" for k in range(args_lines))
+    call = {"role": "assistant", "content": f"step {i}",
+            "toolCalls": [{"id": f"c{i}", "function": {"name": "write_file",
+                                                       "arguments": json.dumps({"path": f"m{i}.py", "content": content})}}]}
+    output = "\n".join(f"test_{i}_{k} PASSED in {k}.0{i}s" for k in range(output_lines))
+    return [call, {"role": "tool", "toolCallId": f"c{i}", "content": output}]
+
+
+async def test_a_newest_step_too_big_together_still_gets_a_prompt(service: Service) -> None:
+    """An agent's newest call and its output, each under the excerpt limit (half the
+    budget) but too big together with the rest: the prompt carries excerpts of both and
+    is handed out. Before, the pass ended over the maximum and context/prompt answered
+    ContextOverflow: the agent was stuck (issue 8, "a prompt always")."""
+    await _create(service, window=8192)
+    task = "Rewrite the module and run its tests. " + " ".join(f"requirement{k} holds" for k in range(500))
+    await _push(service, [{"role": "user", "content": task}])
+    big = _step(99, 270, 200)
+    pushed = await _push(service, big)
+    await settle(service)
+    result = await _prompt(service)
+    budget = result.budget
+    assert pushed.context_tokens > budget.max_prompt_tokens  # the step did not fit as pushed
+    assert all(m.tokens < 0.5 * budget.available for m in pushed.messages), ([m.tokens for m in pushed.messages], budget.available)
+    assert result.tokens <= budget.max_prompt_tokens
+    texts = json.dumps([msgspec.to_builtins(m) for m in result.messages])
+    assert "left out by ctxd" in texts and "def f99_0()" in texts and "test_99_0 PASSED" in texts
+    assert json.dumps(task)[1:-1] in texts  # the task verbatim, not folded to make room
+
