@@ -5,7 +5,8 @@ Two ways the proxy has its daemon (``proxy_mode``): ``socket``, a daemon process
 own that the proxy connects to (``--no-autostart``), and ``in-process``, the daemon run
 by the proxy itself (``proxy.in_process``), on the same data directory and socket, so that
 the tests' own socket clients (``history``, ``sessions``) reach it while the proxy serves.
-A test runs in both with ``@both_modes``; else in ``socket``."""
+A test runs in both with ``@both_modes``; else in ``socket`` (``CTXD_PROXY_TEST_MODE``
+says otherwise)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,12 @@ both_modes = pytest.mark.parametrize("proxy_mode", MODES, indirect=True)
 
 @pytest.fixture
 def proxy_mode(request: pytest.FixtureRequest) -> str:
-    return getattr(request, "param", "socket")
+    """``@both_modes``' parameter, else ``CTXD_PROXY_TEST_MODE`` (``in-process`` runs the
+    whole suite that way), else ``socket``."""
+    default = os.environ.get("CTXD_PROXY_TEST_MODE", "socket")
+    if default not in MODES:
+        raise pytest.UsageError(f"CTXD_PROXY_TEST_MODE={default!r}: one of {', '.join(MODES)}")
+    return getattr(request, "param", default)
 
 
 @pytest.fixture
