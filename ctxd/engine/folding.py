@@ -18,7 +18,7 @@ from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id
 from ctxd.engine.clip import excerpt
-from ctxd.engine.context import ActiveContext, Entry, retire_markers
+from ctxd.engine.context import ActiveContext, Entry, retire_markers, split_attachment
 from ctxd.protocol.compression import Checkpoint, seq_ranges
 from ctxd.protocol.message import Message, TextBlock
 
@@ -74,21 +74,6 @@ def _render_lines(lines: list[str]) -> list[str]:
             shown = day
         out.append(_undated(line))
     return out
-
-
-_ATTACHMENT = re.compile(r"\s+(\[shares [^\[\]\n:]{1,30}: [^\[\]\n]{1,400}\])\s*$")
-
-
-def split_attachment(text: str) -> tuple[str, str]:
-    """``(words, attachment)``: a message's words and the description of what came with it
-    that ctxd's chat importers append (``[shares a photo: <caption>]``, importers/locomo.py),
-    or ``(text, "")``. The description is not the speaker's words: a folded line leaves it
-    out (history and ``checkpoint/expand`` keep it), a chat summary quotes it only when
-    there is room."""
-    found = _ATTACHMENT.search(text)
-    if found is None or found.start() == 0:
-        return text, ""
-    return text[:found.start()], found.group(1)
 
 
 _DAY_LINE = re.compile(r"^\[(?!message )[^\]\n]{1,40}\]$")
@@ -270,7 +255,8 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     cp = Checkpoint(
         id=cp_id, kind="folded", level="compact",
         seq_from=min(seqs), seq_to=max(seqs), message_ranges=seq_ranges(seqs), summary="\n".join(parts),
-        tokens=0, original_tokens=(previous.original_tokens if previous else 0) + sum(e.view_tokens for e in entries),
+        tokens=0, original_tokens=(previous.original_tokens if previous else 0) + sum(
+            e.tokens.overhead + e.tokens.text for e in entries),  # (as pushed: a view may be shorter)
         created_at=previous.created_at if previous else now, compressed_at=now, compression_number=number,
         summarizer="fold", compression_count=(previous.compression_count + 1) if previous else 1,
     )

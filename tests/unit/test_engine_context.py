@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import random
 from collections import Counter
+from collections.abc import Iterable
 
 import msgspec
 
 from ctxd.engine.checkpoints import render_section
-from ctxd.engine.context import ActiveContext, CompressionState
+from ctxd.engine.context import JOIN_TOKENS, ActiveContext, CompressionState, split_attachment
 from ctxd.engine.folding import fold, plan_fold
 from ctxd.engine.pipeline import (
     apply_clips,
@@ -42,6 +43,7 @@ from ._engine_helpers import (
     o_call,
     o_result,
     refresh,
+    seqs,
     simple_budget,
     system,
     thinking,
@@ -72,6 +74,52 @@ def test_figures_of_a_plain_context():
     assert ctx.used == sum(COUNTER.count_message(m).context for m in ctx.conversation())
     assert ctx.prompt_tokens == PROMPT_PRIMING + ctx.system_tokens + ctx.used
     assert make_ctx([]).prompt_tokens == PROMPT_PRIMING
+
+
+def kept_ctx(kept: list[Message], recent: list[Message], pinned: Iterable[int] = ()) -> ActiveContext:
+    """A context whose first messages are kept behind the boundary (as a pass leaves them)."""
+    ks = entries(kept)
+    state = CompressionState(boundary=len(kept), kept_seqs=seqs(ks), pinned=sorted(pinned))
+    return refresh(ActiveContext(None, state, kept=ks, recent=entries(recent, start=len(kept) + 1)))
+
+
+PHOTO = " [shares a photo: a photo of a painting of a sunset on a small easel]"
+
+
+def test_a_kept_user_message_leaves_out_an_attachment_description():
+    said = "I painted it after I visited the beach last week."
+    ctx = kept_ctx([user(said + PHOTO), Message(role="user", content=[TextBlock(text="Another one." + PHOTO)])],
+                   [assistant("Where was it?"), user("Near Malmo." + PHOTO)])
+    kept, blocks = ctx.kept
+    assert kept.view.content == said and kept.message.content == said + PHOTO  # history keeps it
+    assert kept.view_tokens == kept.tokens.overhead + count(said)
+    assert blocks.view.content == [TextBlock(text="Another one.")]
+    assert blocks.view_tokens == blocks.tokens.overhead + count("Another one.")
+    newest = ctx.recent[-1]
+    assert newest.view is newest.message  # after the boundary: as pushed
+    pinned = kept_ctx([user(said + PHOTO)], [assistant("Lovely colours!"), user("next")], pinned=[1])
+    assert pinned.kept[0].view.content == said + PHOTO  # a pin sends the message whole
+    alone = kept_ctx([user(PHOTO.strip())], [assistant("Nice!"), user("next")])
+    assert alone.kept[0].view.content == PHOTO.strip()  # a description alone is what was sent
+
+
+def test_kept_user_messages_in_a_row_go_out_as_one():
+    bob = Message(role="user", content="fourth", name="Bob")
+    marker = system("[Session 2: 9 May 2023]")
+    kept = [user("first"), user("second"), marker, user("third"), bob, user("fifth"), user("sixth")]
+    ctx = kept_ctx(kept, [assistant("ok"), user("now")])
+    sent = ctx.conversation()
+    assert [(m.role, m.content) for m in sent] == [
+        ("user", "first\n\nsecond"), ("system", marker.content), ("user", "third"), ("user", "fourth"),
+        ("user", "fifth\n\nsixth"), ("assistant", "ok"), ("user", "now")]
+    second, sixth = ctx.kept[1], ctx.kept[6]
+    assert second.view_tokens == count("second") + JOIN_TOKENS
+    assert sixth.view_tokens == count("sixth") + JOIN_TOKENS
+    assert ctx.used == sum(COUNTER.count_message(m).context for m in sent)
+    # A pinned message is sent whole, on its own: it joins nothing.
+    pinned = kept_ctx(kept, [assistant("ok"), user("now")], pinned=[2])
+    assert [m.content for m in pinned.conversation()[:2]] == ["first", "second"]
+    assert pinned.kept[1].view_tokens == pinned.kept[1].tokens.context
 
 
 def test_thinking_is_not_counted_in_the_prompt():
@@ -167,7 +215,12 @@ CASES = 40
 def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[Message], pushed: int) -> None:
     assert history == pristine, "history was edited"
     views = [e for e in ctx.entries() if e.view is not None]
-    assert ctx.used + ctx.pinned_tokens == sum(COUNTER.count_message(e.view).context for e in views)
+    sent = ctx.conversation()
+    joins = len(views) - len(sent)  # kept user messages sent as one (context._joins)
+    real = sum(COUNTER.count_message(m).context for m in sent)
+    # A join is counted as a blank line (one token), never less than it costs: the
+    # tokenizer may fold the blank line into the text before it.
+    assert real <= ctx.used + ctx.pinned_tokens <= real + joins
     assert sum(e.view_tokens for e in ctx.entries()) == ctx.used + ctx.pinned_tokens
     assert ctx.system_tokens + ctx.checkpoint_tokens == (count(ctx.system_text) + MESSAGE_OVERHEAD
                                                          if ctx.system_text else 0)

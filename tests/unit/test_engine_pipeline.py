@@ -12,7 +12,7 @@ import math
 import pytest
 
 from ctxd.engine.checkpoints import render_checkpoint, render_section
-from ctxd.engine.context import ActiveContext, CompressionState, PruneEvent
+from ctxd.engine.context import JOIN_TOKENS, ActiveContext, CompressionState, PruneEvent
 from ctxd.engine.folding import _folded_lines, fold, plan_fold, plan_fold_users, user_tokens
 from ctxd.engine.pipeline import (
     Selection,
@@ -439,15 +439,18 @@ def test_apply_selection_moves_the_boundary():
     assert seqs(ctx.kept) == [1, 3, 5] and st.kept_seqs == [1, 3, 5]
     assert seqs(ctx.recent) == [7, 8, 9, 10, 11]
     assert ctx.checkpoints == [cp]
-    assert ctx.used == before_used - sel.freed_tokens
+    # Kept user messages 1, 3 and 5 now go out as one user message: two messages' framing
+    # less a blank line each is saved beside what the selection frees.
+    joined = sum(e.tokens.overhead - JOIN_TOKENS for e in ctx.kept[1:])
+    assert ctx.used == before_used - sel.freed_tokens - joined
     section = render_section([cp])
     assert ctx.checkpoint_tokens == count("You are helpful.\n\n" + section) - count("You are helpful.")
-    assert ctx.prompt_tokens == before_prompt - sel.freed_tokens + ctx.checkpoint_tokens
+    assert ctx.prompt_tokens == before_prompt - sel.freed_tokens - joined + ctx.checkpoint_tokens
     assert ctx.prompt_tokens < before_prompt
-    # what is sent: the user's words first (kept), then the recent messages
+    # what is sent: the user's words first (kept, as one message), then the recent messages
     sent = ctx.conversation()
-    assert [m.content for m in sent[:3]] == ["Write about prime numbers 2-1000", "continue", "continue"]
-    assert sent[3:] == [e.message for e in ctx.recent]
+    assert sent[0].content == "Write about prime numbers 2-1000\n\ncontinue\n\ncontinue"
+    assert sent[1:] == [e.message for e in ctx.recent]
     assert "User requested primes" in ctx.system_text
 
 
@@ -534,7 +537,7 @@ def test_fold_keeps_words_verbatim():
     assert ctx.state.lossy
     assert cp.tokens == count(render_checkpoint(cp)) + 2
     assert render_checkpoint(cp).startswith("### Earlier user messages 1-2 (folded")
-    assert cp.original_tokens == sum(e.view_tokens for e in chosen)
+    assert cp.original_tokens == sum(e.tokens.context for e in chosen)  # (as pushed, not as joined)
 
 
 def test_fold_drops_the_oldest_beyond_the_allowance_with_a_marker():
