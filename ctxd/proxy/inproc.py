@@ -119,11 +119,13 @@ class InProcessLink:
             raise
         except CtxdError as exc:
             raise RpcError(int(exc.code), exc.message, exc.data) from None
-        except (KeyboardInterrupt, SystemExit):
-            raise
         except Exception as exc:  # what a socket client gets: an internal error (logged by _finished)
             raise RpcError(int(ErrorCode.InternalError), f"Internal error: {type(exc).__name__}: {exc}") from None
-        return msgspec.to_builtins(result)
+        try:
+            return msgspec.to_builtins(result)
+        except (TypeError, msgspec.EncodeError) as exc:  # (a bug: as the socket answers a result it cannot encode)
+            log.error("cannot convert the result of %s: %s", method, exc)
+            raise RpcError(int(ErrorCode.InternalError), f"cannot encode result: {exc}") from None
 
     def _finished(self, session_id: str, caller: _Caller, task: asyncio.Task[Any]) -> None:
         """A request is over: its error logged if it is a bug (as the daemon logs one), the
