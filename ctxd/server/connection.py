@@ -524,7 +524,8 @@ class Connection:
         """Read and dispatch frames until the client leaves or sends ``exit``."""
         limits = self.app.config.limits
         frames = FrameReader(self.reader, max_frame_bytes=limits.max_frame_bytes,
-                             stall_seconds=limits.frame_stall_seconds, step_aside=TURNS.step_aside)
+                             stall_seconds=limits.frame_stall_seconds,
+                             step_aside=TURNS.step_aside_and_rest)
         self._frames = frames
         self._task = asyncio.current_task()
         if self.guarded and not self.initialized:

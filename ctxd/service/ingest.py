@@ -413,9 +413,11 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
 async def push(svc: Service, params: SessionPushParams) -> PushResult:
     if rough_size(params.messages, THREAD_COUNT_BYTES) > THREAD_COUNT_BYTES:
         # Validating and encoding 100 MB takes long enough to stall every other client: in
-        # a thread, which steps aside while their requests run.
+        # a thread, which steps aside while their requests run, and rests while they are
+        # active (counting, below, only steps aside: it runs without the lock).
         turns.TURNS.mark_heavy()
-        prepared = await anyio.to_thread.run_sync(prepare, svc, params, turns.TURNS.step_aside)
+        prepared = await anyio.to_thread.run_sync(prepare, svc, params,
+                                                  turns.TURNS.step_aside_and_rest)
     else:
         prepared = prepare(svc, params)
     state = await svc.cache.get(params.session_id)

@@ -26,6 +26,9 @@ from typing import Hashable
 
 YOUNG_SECONDS = 0.05
 """How long a running request is waited for; a small request takes a few ms."""
+ACTIVE_SECONDS = 0.2
+"""Other clients count as active for this long after one of their requests began."""
+MAX_REST_SECONDS = 0.02
 
 _current: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar("ctxd_request", default=None)
 
@@ -39,6 +42,11 @@ class Turns:
         self._light: dict[Hashable, float] = {}
         self.waits = 0
         """How many times :meth:`step_aside` waited (for tests and logs)."""
+        self.rests = 0
+        """How many times :meth:`step_aside_and_rest` rested."""
+        self.last_begin = -1e9
+        """When the last request began (``time.monotonic``)."""
+        self._local = threading.local()
 
     def begin(self, key: Hashable) -> contextvars.Context:
         """A request started (on the event loop, before its handler runs). Create its task
@@ -47,7 +55,7 @@ class Turns:
         context = contextvars.copy_context()
         context.run(_current.set, key)
         with self._cond:
-            self._light[key] = time.monotonic()
+            self._light[key] = self.last_begin = time.monotonic()
         return context
 
     def end(self, key: Hashable) -> None:
@@ -55,6 +63,28 @@ class Turns:
         with self._cond:
             if self._light.pop(key, None) is not None:
                 self._cond.notify_all()
+
+    def step_aside_and_rest(self) -> float:
+        """:meth:`step_aside`, then, if a request began in the last ``ACTIVE_SECONDS``, sleep
+        as long as this thread worked since its last call (at most ``MAX_REST_SECONDS``):
+        half the CPU while other clients are active. Stepping aside only waits for requests
+        the loop already read; on a machine whose other processes take a core, the heavy
+        thread's own CPU delays the loop from reading the next one (the first 1-2 s of a
+        168 MB push, its decode and validation). For those phases only: counting releases
+        the lock and would take twice as long. Seconds waited and rested."""
+        waited = self.step_aside()
+        now = time.monotonic()
+        since = getattr(self._local, "since", None)
+        rested = 0.0
+        if since is not None and now - self.last_begin < ACTIVE_SECONDS:
+            rested = min(MAX_REST_SECONDS, now - since - waited)
+            if rested > 0:
+                self.rests += 1
+                time.sleep(rested)
+            else:
+                rested = 0.0
+        self._local.since = time.monotonic()
+        return waited + rested
 
     def mark_heavy(self) -> None:
         """The current request (its task's) starts heavy work: nobody waits for it."""

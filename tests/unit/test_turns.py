@@ -66,6 +66,37 @@ def test_a_request_running_longer_than_young_seconds_holds_nothing_up(monkeypatc
     assert t.running() == 1
 
 
+class FakeTime(FakeClock):
+    def __init__(self) -> None:
+        super().__init__()
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 6))
+        self.now += seconds
+
+
+def test_heavy_work_rests_as_long_as_it_worked_while_others_are_active(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the pieces of a large body's decode and validation: half the CPU while
+    other clients' requests keep coming (at most MAX_REST_SECONDS a time), none when none
+    came lately."""
+    clock = FakeTime()
+    monkeypatch.setattr(turns, "time", clock)
+    t = Turns()
+    t.begin("light")
+    t.end("light")
+    assert t.step_aside_and_rest() == 0.0  # (the first piece: nothing to rest for yet)
+    clock.now += 0.005  # a piece took 5 ms
+    assert t.step_aside_and_rest() == pytest.approx(0.005)
+    clock.now += 0.5  # a long piece
+    t.begin("light 2")
+    t.end("light 2")
+    assert t.step_aside_and_rest() == pytest.approx(turns.MAX_REST_SECONDS)
+    clock.now += turns.ACTIVE_SECONDS + 0.01  # nobody came since
+    assert t.step_aside_and_rest() == 0.0
+    assert clock.slept == [0.005, turns.MAX_REST_SECONDS] and t.rests == 2
+
+
 async def test_the_request_that_starts_heavy_work_is_not_waited_for() -> None:
     t = Turns(young_seconds=30)
     context = t.begin(("conn", 1))  # (on the loop, as the connection does, before the handler's task)
