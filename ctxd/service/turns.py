@@ -14,7 +14,10 @@ and heavy work in a thread calls :meth:`Turns.step_aside` between its pieces: wh
 request that is not heavy and started less than ``YOUNG_SECONDS`` ago is running, the
 thread waits (without the lock) for it to finish. A request running longer than that
 (waiting for an LLM, for a lock the heavy work holds) no longer holds the heavy work up:
-each request can cost it at most ``YOUNG_SECONDS``.
+each request can cost it at most ``YOUNG_SECONDS``. Work that holds the lock most of the
+time (a large body's decode, a push's validation) also rests while other clients are
+active (:meth:`Turns.step_aside_and_rest`), so that the loop gets the CPU to read their
+next requests on a machine whose other processes take a core.
 """
 
 from __future__ import annotations
