@@ -24,6 +24,7 @@ import errno
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,15 +337,23 @@ def uuid_like(session_id: str) -> bool:
         all(c in "0123456789abcdef-" for c in session_id)
 
 
+_GENERATED_TAIL = re.compile(r"[0-9a-f]{12,}$")
+
+
 def short_ids(ids: list[str], minimum: int = 8) -> dict[str, str]:
-    """Each id as shown in tables: UUIDs as their shortest prefix (of at least ``minimum``
-    characters) that no other id starts with; other ids whole."""
+    """Each id as shown in tables: ids ctxd made up as their shortest prefix that no other
+    id starts with (UUIDs: at least ``minimum`` characters; ``proxy-openai-<hash>``: the
+    name and at least 6 characters of the hash); ids a client chose whole."""
     out: dict[str, str] = {}
     for sid in ids:
-        if not uuid_like(sid):
+        tail = _GENERATED_TAIL.search(sid)
+        if uuid_like(sid):
+            length = minimum
+        elif tail is not None and tail.start() > 0 and sid[tail.start() - 1] == "-":
+            length = tail.start() + 6
+        else:
             out[sid] = sid
             continue
-        length = minimum
         while length < len(sid) and any(o != sid and o.startswith(sid[:length]) for o in ids):
             length += 1
         out[sid] = sid[:length]

@@ -53,6 +53,21 @@ def test_tables_fit_80_columns(cli: Cli) -> None:
         assert max(map(len, table.splitlines()), default=0) <= 80, (args, out)
 
 
+def test_ids_ctxd_proxy_makes_up_are_shortened_too(cli: Cli) -> None:
+    """The proxy's ``proxy-openai-<16 hex>`` ids whole took 29 columns: the prompt column
+    was cut ("7 / 111,616 (0…"). They are shown as their name and a unique part of the
+    hash, which ctxd-cli takes back as a prefix."""
+    ids = ["proxy-openai-b72a1c4831a4fda8", "proxy-openai-b72a1d0000000000"]
+    for sid in ids:
+        cli("push", sid, "--create", "--content", "hi there, a title long enough to give way in the table")
+    lines = cli("sessions", "list").stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert set(rows) == {"proxy-openai-b72a1c", "proxy-openai-b72a1d"}
+    assert all(row.rstrip().endswith("just now") and "/ " in row and ")" in row for row in rows.values())
+    assert cli.json("sessions", "show", "proxy-openai-b72a1c")["sessionId"] == ids[0]
+
+
 def test_session_ids_take_prefixes_and_last(cli: Cli) -> None:
     imported = cli.json("import", str(FIXTURES / "mini_swe_agent.traj.json"))["sessionIds"][0]
     shown = next(line.split()[0] for line in cli("sessions", "list").stdout.splitlines()[1:])
