@@ -32,6 +32,9 @@ YOUNG_SECONDS = 0.05
 ACTIVE_SECONDS = 0.2
 """Other clients count as active for this long after one of their requests began."""
 MAX_REST_SECONDS = 0.02
+MAX_WAIT_SECONDS = 0.1
+"""The longest one :meth:`Turns.step_aside` waits: small requests arriving back to back
+(each young for ``YOUNG_SECONDS``) would otherwise keep heavy work from ever going on."""
 
 _current: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar("ctxd_request", default=None)
 
@@ -39,8 +42,9 @@ _current: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar("ctxd
 class Turns:
     """The requests running now, seen from heavy work in other threads."""
 
-    def __init__(self, young_seconds: float = YOUNG_SECONDS) -> None:
+    def __init__(self, young_seconds: float = YOUNG_SECONDS, max_wait_seconds: float = MAX_WAIT_SECONDS) -> None:
         self.young_seconds = young_seconds
+        self.max_wait_seconds = max_wait_seconds
         self._cond = threading.Condition(threading.Lock())
         self._light: dict[Hashable, float] = {}
         self.waits = 0
@@ -106,15 +110,17 @@ class Turns:
 
     def step_aside(self) -> float:
         """From heavy work in a thread, between two pieces of it: wait while small requests
-        are running (each at most until it is ``young_seconds`` old). Seconds waited."""
+        are running (each at most until it is ``young_seconds`` old, all of them at most
+        ``max_wait_seconds``). Seconds waited."""
         began = now = time.monotonic()
+        deadline = began + self.max_wait_seconds
         with self._cond:
             young = self._young(now)
             if not young:
                 return 0.0
             self.waits += 1
-            while young:
-                self._cond.wait(min(young) + self.young_seconds - now)
+            while young and now < deadline:
+                self._cond.wait(min(min(young) + self.young_seconds, deadline) - now)
                 now = time.monotonic()
                 young = self._young(now)
         return now - began

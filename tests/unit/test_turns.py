@@ -66,6 +66,34 @@ def test_a_request_running_longer_than_young_seconds_holds_nothing_up(monkeypatc
     assert t.running() == 1
 
 
+def test_requests_back_to_back_do_not_hold_heavy_work_up_for_ever() -> None:
+    """Small requests arriving one after another, each young when the last ends: one
+    step aside waits at most ``max_wait_seconds``, then the heavy work goes on."""
+    t = Turns(young_seconds=30, max_wait_seconds=0.2)
+    stop = threading.Event()
+
+    def stream() -> None:
+        i = 0
+        t.begin(i)
+        while not stop.is_set():
+            t.begin(i + 1)  # the next one starts before the last ends
+            t.end(i)
+            i += 1
+            stop.wait(0.005)
+        t.end(i)
+
+    feeder = threading.Thread(target=stream)
+    feeder.start()
+    try:
+        while t.running() == 0:
+            stop.wait(0.001)
+        waited = t.step_aside()
+        assert t.waits == 1 and 0.15 <= waited < 5, waited
+    finally:
+        stop.set()
+        feeder.join(10)
+
+
 class FakeTime(FakeClock):
     def __init__(self) -> None:
         super().__init__()
