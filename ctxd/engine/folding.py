@@ -127,8 +127,14 @@ def user_entries(ctx: ActiveContext) -> list[Entry]:
 
 
 def user_tokens(ctx: ActiveContext) -> int:
-    """What the user's words cost in the prompt (their text and message overhead)."""
-    return sum(e.tokens.overhead + e.tokens.text for e in user_entries(ctx))
+    """What the user's words cost in the prompt (their text and message overhead): kept
+    ones as sent behind the boundary (without an importer's attachment description),
+    recent ones as pushed. Measured as pushed, the kept words' share overstated what they
+    take, and they were folded while the prompt had room for them."""
+    pinned = ctx.pinned_set
+    kept = sum(e.view_tokens for e in ctx.kept if e.has_user_text and e.seq not in pinned)
+    recent = sum(e.tokens.overhead + e.tokens.text for e in ctx.recent if e.has_user_text and e.seq not in pinned)
+    return kept + recent
 
 
 def plan_fold_users(ctx: ActiveContext, max_user_tokens: int) -> list[Entry]:
@@ -148,7 +154,7 @@ def plan_fold_users(ctx: ActiveContext, max_user_tokens: int) -> list[Entry]:
         if excess <= 0:
             break
         chosen.append(entry)
-        excess -= entry.tokens.overhead + entry.tokens.text
+        excess -= entry.view_tokens
     return sorted(chosen, key=lambda e: e.seq)
 
 

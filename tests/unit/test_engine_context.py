@@ -103,6 +103,23 @@ def test_a_kept_user_message_leaves_out_an_attachment_description():
     assert alone.kept[0].view.content == PHOTO.strip()  # a description alone is what was sent
 
 
+def test_the_users_share_is_what_their_kept_words_cost_as_sent():
+    """The user's half is measured on what is sent: behind the boundary, without the
+    attachment descriptions and with runs joined. Measured as pushed, words were folded
+    while the prompt still had room for them."""
+    from ctxd.engine.folding import plan_fold_users, user_tokens
+
+    ctx = kept_ctx([user("I painted it." + PHOTO), user("Then I framed it." + PHOTO)],
+                   [assistant("Where was it?"), user("Near Malmo." + PHOTO)])
+    first, second = ctx.kept
+    newest = ctx.recent[-1]
+    assert user_tokens(ctx) == first.view_tokens + second.view_tokens + newest.tokens.overhead + newest.tokens.text
+    as_pushed = sum(e.tokens.overhead + e.tokens.text for e in (first, second, newest))
+    assert user_tokens(ctx) < as_pushed
+    assert plan_fold_users(ctx, user_tokens(ctx)) == []  # they fit as sent: nothing folds
+    assert [e.seq for e in plan_fold_users(ctx, user_tokens(ctx) - 1)] == [second.seq]
+
+
 def test_kept_user_messages_in_a_row_go_out_as_one():
     bob = Message(role="user", content="fourth", name="Bob")
     marker = system("[Session 2: 9 May 2023]")
