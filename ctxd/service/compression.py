@@ -520,14 +520,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     limits = plan_excerpts(clippable(ctx), max(ctx.prompt_tokens - budget.max_prompt_tokens,
                                                ctx.used - _low_water(policy, budget)))
     if limits:
-        await _before_change(svc, state, run)
-        async with state.lock:
-            for seq, limit in limits.items():
-                apply_clips(ctx, [seq], limit, now_iso())
-            ctx.state.lossy = True
-            cache.refresh(state)
-        run.layers.append("clip")
-        run.detail.setdefault("excerpts", []).extend({"seq": s, "maxTokens": m} for s, m in limits.items())
+        await _apply_excerpts(svc, state, ctx, run, limits, lossy=True)
         budget = cache.budget(state)
         if fits(ctx, budget):
             return
@@ -544,14 +537,22 @@ async def _excerpts_instead(svc: Service, state: SessionState, ctx: ActiveContex
     if instead is None:
         return False, selection
     head, limits = instead
+    await _apply_excerpts(svc, state, ctx, run, limits)
+    return True, head
+
+
+async def _apply_excerpts(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass,
+                          limits: dict[int, int], *, lossy: bool = False) -> None:
+    """Send the messages of ``limits`` (``{seq: max_tokens}``) as excerpts from now on."""
     await _before_change(svc, state, run)
     async with state.lock:
         for seq, limit in limits.items():
             apply_clips(ctx, [seq], limit, now_iso())
+        if lossy:
+            ctx.state.lossy = True
         svc.cache.refresh(state)
     run.layers.append("clip")
     run.detail.setdefault("excerpts", []).extend({"seq": s, "maxTokens": m} for s, m in limits.items())
-    return True, head
 
 
 def _irreducible(ctx: ActiveContext) -> int:

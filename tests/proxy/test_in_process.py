@@ -6,13 +6,14 @@ errors) from the same daemon."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import openai
@@ -221,6 +222,18 @@ def test_the_flag_keeps_the_daemon_apart(base_dir, upstream) -> None:
     assert not socket_path.exists()
 
 
+@contextlib.contextmanager
+def _writes_held(database: str | Path) -> Iterator[None]:
+    """Another writer holds the database: a push's transaction waits until the block ends."""
+    lock = sqlite3.connect(database, timeout=10, isolation_level=None)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+
+
 async def test_a_cancelled_caller_is_a_cancelled_request(base_dir) -> None:
     """The proxy stops waiting for a push whose write has begun (its client left): the
     push is carried through, as a socket request cancelled by its client is, so memory and
@@ -231,26 +244,19 @@ async def test_a_cancelled_caller_is_a_cancelled_request(base_dir) -> None:
     link = await InProcessLink.open(config)
     try:
         await link.request("s", "session/create", {"sessionId": "s"})
-        lock = sqlite3.connect(config.database_path, timeout=10, isolation_level=None)
-        try:
-            lock.execute("BEGIN IMMEDIATE")  # the push's transaction waits for this one
+        with _writes_held(config.database_path):  # the push's transaction waits for this one
             push = asyncio.ensure_future(link.request("s", "session/push", {
                 "sessionId": "s", "messages": [{"role": "user", "content": "begun, then left"}]}))
             await asyncio.sleep(0.5)
             push.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await push
-        finally:
-            lock.execute("ROLLBACK")
-            lock.close()
         prompt = await link.request("s", "context/prompt", {"sessionId": "s"})
         assert [m["content"] for m in prompt["messages"]] == ["begun, then left"]
         page = await link.request("s", "session/history", {"sessionId": "s"})
         assert [e["message"]["content"] for e in page["messages"]] == ["begun, then left"]
         # Cancelled while waiting its turn behind another push of the session: withdrawn.
-        lock = sqlite3.connect(config.database_path, timeout=10, isolation_level=None)
-        try:
-            lock.execute("BEGIN IMMEDIATE")
+        with _writes_held(config.database_path):
             first = asyncio.ensure_future(link.request("s", "session/push", {
                 "sessionId": "s", "messages": [{"role": "user", "content": "waited for"}]}))
             queued = asyncio.ensure_future(link.request("s", "session/push", {
@@ -259,9 +265,6 @@ async def test_a_cancelled_caller_is_a_cancelled_request(base_dir) -> None:
             queued.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await queued
-        finally:
-            lock.execute("ROLLBACK")
-            lock.close()
         await first
         page = await link.request("s", "session/history", {"sessionId": "s"})
         assert [e["message"]["content"] for e in page["messages"]] == ["begun, then left", "waited for"]
