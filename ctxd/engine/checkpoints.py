@@ -11,7 +11,7 @@ checkpoints hold the user's words or a notice, not summaries: they never age.
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from dataclasses import dataclass
 from typing import Callable
 
@@ -34,7 +34,10 @@ ERRORS_KEPT = 8
 
 
 def new_id() -> str:
-    return "ckpt_" + uuid.uuid4().hex[:12]
+    """``ckpt_`` and 15 random digits: an id the prompt names (a notice's ``checkpoint/expand
+    <id>``) must cost the same tokens whatever its draw, or the same conversation compresses
+    differently from one run to the next (hex ids took 5-8 tokens; digits go by threes)."""
+    return f"ckpt_{secrets.randbelow(10 ** 15):015d}"
 
 
 def render_checkpoint(cp: Checkpoint) -> str:

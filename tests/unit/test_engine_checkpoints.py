@@ -9,6 +9,7 @@ from ctxd.engine.checkpoints import (
     SECTION_HEADER,
     ageable,
     merged,
+    new_id,
     plan_aging,
     plan_merge,
     render_checkpoint,
@@ -17,6 +18,7 @@ from ctxd.engine.checkpoints import (
 )
 from ctxd.engine.policy import LEVEL_CAP, LEVEL_RATIO, LEVELS, MIN_TARGET, initial_level, lower, target_tokens
 from ctxd.protocol.compression import Checkpoint, ToolUse
+from ctxd.tokens import TokenCounter
 
 from ._engine_helpers import NOW
 
@@ -245,3 +247,14 @@ def test_plan_merge_with_a_share_keeps_what_the_share_has_room_for():
     assert step.target_tokens == max(200, target_tokens("ultra", 300, MAX_PROMPT))
     step = plan_merge(summaries, 4, MAX_PROMPT, share=others / MAX_PROMPT)
     assert step.target_tokens == target_tokens("ultra", 300, MAX_PROMPT)
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+def test_a_checkpoint_id_costs_the_same_tokens_whatever_its_draw(encoding):
+    """Prompts name checkpoint ids (the folded notice's ``checkpoint/expand <id>``): an id
+    whose token count depends on its random draw made the same conversation compress
+    differently from one run to the next."""
+    counter = TokenCounter.for_encoding(encoding)
+    ids = {new_id() for _ in range(300)}
+    assert len(ids) == 300
+    assert len({counter.count(f"checkpoint/expand {i} or session/history") for i in ids}) == 1
