@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
 
 SAMPLES = 8
 """Pairs kept: the newest few follow a change of model or client within a few turns."""
@@ -68,10 +70,17 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def fit(samples: list[tuple[int, int]], window: int) -> Fit:
-    """The line through the newest pairs, bounded (``Fit()`` without any)."""
+def fit(samples: Sequence[tuple[int, int]], window: int) -> Fit:
+    """The line through the newest pairs, bounded (``Fit()`` without any). Computed once
+    per set of pairs and window (a session's budget asks for it on every change of its
+    figures; the pairs change only with a reply's usage)."""
     if not samples:
         return Fit()
+    return _fit(tuple(map(tuple, samples)), window)  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=256)
+def _fit(samples: tuple[tuple[int, int], ...], window: int) -> Fit:
     counted = [c for c, _ in samples]
     reported = [r for _, r in samples]
     max_overhead = int(window * MAX_OVERHEAD_SHARE)

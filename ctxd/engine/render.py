@@ -17,6 +17,7 @@ Thinking blocks are history, not prompt: they are never rendered (docs/decisions
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -403,7 +404,12 @@ class IncrementalRenderer:
     did not change: a prompt grows at its end between compressions, so after a push
     only the new messages (from the last point where every tool call had its result)
     are paired and written out. Any other change (a compression, a pin, new system or
-    checkpoint text) is seen in the messages themselves (new objects) and renders all."""
+    checkpoint text) is seen in the messages themselves (new objects) and renders all.
+
+    :meth:`render` takes the whole plan and checks its reused part message by message;
+    :meth:`append` takes only the messages added since the last render, from a caller
+    that knows nothing before them changed (the service: the context's revision did not
+    move), and looks at nothing older than the part after the reused prefix."""
 
     MIN_STEP = 8
     """Messages the reused part must grow by before it is extended (amortises the work)."""
@@ -420,26 +426,50 @@ class IncrementalRenderer:
         self.repairs: list[str] = []
         self.unanswered: set[str] = set()
         """Calls in the prefix without a result there (rendered with a stand-in)."""
+        self.tail: list[Message] = []
+        """The messages of the last render after ``prefix`` (all of them when it is empty)."""
+        self.first: Any = None
+        """The last system message written (OpenAI and Ollama)."""
 
     def render(self, plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
         messages = plan.messages
         key = (tuple(plan.system_parts), tuple(plan.context_parts))
         k = len(self.prefix)
         reusable = (key == self.key and k and len(messages) >= k
-                    and all(a is b for a, b in zip(self.prefix, messages))
-                    and not (self.unanswered and any(r in self.unanswered for m in messages[k:]
-                                                     for r in _result_ids(m))))
+                    and all(map(operator.is_, self.prefix, messages))
+                    and not self._answers_stand_in(messages[k:]))
         if not reusable:
             self._reset(plan, key, count)
             k = len(self.prefix)
             if not k:
+                self.tail = list(messages)
                 return RENDERERS[self.fmt](plan, count)
-        tail = messages[k:]
+        return self._render_tail(messages[k:], count)
+
+    def append(self, messages: list[Message], count: Callable[[str], int]) -> Rendered:
+        """The last plan rendered with ``messages`` added at its end (what :meth:`render`
+        of that whole plan gives), for a caller that knows nothing before them changed."""
+        if self.key is None:
+            raise RuntimeError("append before a first render")
+        if not self.prefix or self._answers_stand_in(messages):
+            # Nothing reused yet, or a result for a call the prefix rendered with a stand-in:
+            # the whole plan again, as render would.
+            plan = PromptPlan(system_parts=list(self.key[0]), messages=self.prefix + self.tail + messages,
+                              context_parts=list(self.key[1]))
+            self.prefix = []
+            return self.render(plan, count)
+        return self._render_tail(self.tail + messages, count)
+
+    def _answers_stand_in(self, messages: list[Message]) -> bool:
+        return bool(self.unanswered) and any(r in self.unanswered for m in messages for r in _result_ids(m))
+
+    def _render_tail(self, tail: list[Message], count: Callable[[str], int]) -> Rendered:
         closed, unanswered = _closed_prefix(tail)
         if closed >= self.MIN_STEP:
             self._extend(tail[:closed], count)
             self.unanswered |= unanswered
             tail = tail[closed:]
+        self.tail = tail
         return self._combine(tail, count)
 
     def _reset(self, plan: PromptPlan, key: tuple[tuple[str, ...], tuple[str, ...]],
@@ -487,7 +517,12 @@ class IncrementalRenderer:
             return Rendered(messages, _join(system) if system else None, extra + more, repairs + fixes, self.head)
         first: list[Any] = []
         if system:
-            first = [(OpenAIMessage if self.fmt == "openai" else OllamaMessage)(role="system", content=_join(system))]
+            text = _join(system)
+            if self.first is None or self.first.content != text:
+                # (The same object while its text is: a prompt after a push then starts
+                # with the same objects as the one before, which ``ctxd proxy`` builds on.)
+                self.first = (OpenAIMessage if self.fmt == "openai" else OllamaMessage)(role="system", content=text)
+            first = [self.first]
         return Rendered(first + self.out + out, None, extra, repairs, self.head)
 
 

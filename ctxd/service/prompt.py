@@ -19,17 +19,23 @@ from ctxd.service.notify import session_reliability
 from ctxd.service.state import SessionState
 
 
+def _shape(ctx: ActiveContext) -> tuple[object, ...]:
+    """What a prompt is made of besides the messages pushed since: every change to the
+    views (a compression, a pin, a goal, checkpoints, the system prompt) bumps
+    ``revision``; a push only appends to ``recent`` (``ActiveContext.append``)."""
+    return (id(ctx), ctx.state.revision, len(ctx.kept), ctx.system_text)
+
+
 def _version(ctx: ActiveContext) -> tuple[object, ...]:
-    """What a rendered prompt depends on: every change to the views bumps ``revision``;
-    pushes only append."""
+    """What a rendered prompt depends on: its shape and how far ``recent`` goes."""
     last = ctx.recent[-1].seq if ctx.recent else -1
-    return (id(ctx), ctx.state.revision, len(ctx.kept), len(ctx.recent), last, ctx.system_text)
+    return (*_shape(ctx), len(ctx.recent), last)
 
 
 def _count_prefix(state: SessionState, ctx: ActiveContext, fmt: str) -> None:
     """Whether this prompt starts with the previous one of its format: nothing but
     appends since (no compression, pin, goal or checkpoint change)."""
-    shape = (id(ctx), ctx.state.revision, len(ctx.kept), ctx.system_text)
+    shape = _shape(ctx)
     last = len(ctx.recent)
     before = state.handed_out.get(fmt)
     state.prompts += 1
@@ -41,17 +47,44 @@ def _count_prefix(state: SessionState, ctx: ActiveContext, fmt: str) -> None:
 
 
 def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
-    """The prompt in ``fmt``, rendered once per version of the active context."""
+    """The prompt in ``fmt``, rendered once per version of the active context. When only
+    pushes came since the last one (the same shape, ``recent`` longer and the same up to
+    where it was), only the messages pushed since are handed to the renderer; otherwise
+    the whole plan, which it compares with what it rendered before."""
     version = _version(ctx)
     cached = state.rendered.get(fmt)
     if cached is not None and cached[0] == version:
         return cached[1]
     renderer = state.renderers.get(fmt)
-    if renderer is None:
-        renderer = state.renderers[fmt] = IncrementalRenderer(fmt)
-    out = renderer.render(ctx.prompt_plan(), state.counter.count)
+    count = state.counter.count
+    try:
+        if renderer is not None and cached is not None and _appended_to(cached[0], version, ctx):
+            seen = cached[0][4]
+            out = renderer.append([e.view for e in ctx.recent[seen:] if e.view is not None], count)  # type: ignore[misc]
+        else:
+            if renderer is None:
+                renderer = state.renderers[fmt] = IncrementalRenderer(fmt)
+            out = renderer.render(ctx.prompt_plan(), count)
+    except BaseException:
+        # (A renderer stopped mid-way holds no state to build on.)
+        state.renderers.pop(fmt, None)
+        state.rendered.pop(fmt, None)
+        raise
     state.rendered[fmt] = (version, out)
     return out
+
+
+def _appended_to(before: tuple[object, ...], now: tuple[object, ...], ctx: ActiveContext) -> bool:
+    """Whether the context of version ``now`` is that of ``before`` with messages pushed
+    after it: the same shape, and ``recent`` still ends, where it ended then, with the
+    message it ended with."""
+    if before[:4] != now[:4]:
+        return False
+    seen, last = before[4], before[5]
+    assert isinstance(seen, int)
+    if seen > len(ctx.recent):
+        return False
+    return (ctx.recent[seen - 1].seq if seen else -1) == last
 
 
 async def prompt(svc: Service, params: PromptParams) -> PromptResult:

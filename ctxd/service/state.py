@@ -75,6 +75,10 @@ class SessionState:
     """Prompts after the first of their format, and of those the ones that started with the
     previous prompt of that format."""
     prefix_kept: int = 0
+    budget_memo: tuple[tuple[object, ...], Budget] | None = None
+    """The last budget computed and what it was computed from (``SessionCache.budget``)."""
+    policy_memo: tuple[tuple[object, ...], CompressionPolicy] | None = None
+    """The last compression policy and the settings it was made from (``SessionCache.policy``)."""
 
     @property
     def id(self) -> str:
@@ -286,21 +290,44 @@ class SessionCache:
 
     # --- the active context ------------------------------------------------------
 
+    # The policy and the budget are asked for several times per request (a turn's push and
+    # prompt: ~8 budgets, each with a calibration fit). Each is kept with what it was computed
+    # from, compared by value on every call (a push changes the figures in place, a reply's
+    # usage the calibration samples, ``session/update`` the settings or the window); the
+    # configuration is fixed for the daemon's life.
+
     def policy(self, state: SessionState) -> CompressionPolicy:
-        return compression_policy(self.config, state.row)
+        key = msgspec.structs.astuple(state.row.settings)
+        memo = state.policy_memo
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        policy = compression_policy(self.config, state.row)
+        state.policy_memo = (key, policy)
+        return policy
 
     def budget(self, state: SessionState) -> Budget:
+        """The session's budget (the same object while nothing it depends on changed:
+        callers never modify it)."""
         f = state.stored.figures
-        return budget_for(
-            budget_policy(self.config, state.row),
+        row = state.row
+        samples = row.stats.drift.usage_samples
+        key = (f.system, f.pinned, f.checkpoints, f.used, state.context_window, state.output_limit,
+               msgspec.structs.astuple(row.settings), row.provider, row.model, tuple(samples))
+        memo = state.budget_memo
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        budget = budget_for(
+            budget_policy(self.config, row),
             context_window=state.context_window,
             output_limit=state.output_limit,
             system_tokens=f.system,
             pinned_tokens=f.pinned,
             checkpoint_tokens=f.checkpoints,
             used=f.used,
-            calibration=calibration.fit(state.row.stats.drift.usage_samples, state.context_window),
+            calibration=calibration.fit(samples, state.context_window),
         )
+        state.budget_memo = (key, budget)
+        return budget
 
     def refresh(self, state: SessionState, *, system: bool = False, changed: bool = True) -> None:
         """Recompute the loaded context's views (and system part) after a state change

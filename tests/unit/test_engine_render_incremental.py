@@ -116,3 +116,48 @@ def test_call_ids_repeated_before_their_results_pair_as_in_a_full_render():
                 Message(role="tool", tool_call_id="0", content="second")]
     messages += [Message(role="user" if i % 2 == 0 else "assistant", content=f"t{i}") for i in range(12)]
     _same_after_every_push(messages)
+
+
+@pytest.mark.parametrize("fmt", ["openai", "anthropic", "ollama"])
+@pytest.mark.parametrize("seed", range(6))
+def test_append_equals_full_render(fmt, seed):
+    """``append`` (the caller hands over only the messages pushed since) gives what a full
+    render of the whole plan gives, whatever came before it: pushes of one or several
+    messages, and now and then a change before them (a compression) rendered whole."""
+    rng = random.Random(seed)
+    messages = conversation(seed, 160)
+    renderer = IncrementalRenderer(fmt)
+    context = ["## goal", "## checkpoints"] if seed % 2 else []
+    system = ["sys prompt"] if seed % 3 else []
+    current = messages[:1]
+    renderer.render(PromptPlan(system_parts=system, messages=current, context_parts=context), count)
+    n = 1
+    while n < len(messages):
+        step = rng.choice([1, 1, 1, 2, 3, 9])
+        new = messages[n:n + step]
+        n += len(new)
+        if rng.random() < 0.05:  # a change before the new messages: the whole plan again
+            current = [Message(role="user", content=f"summary {n}")] + current[len(current) // 2:] + new
+            got = renderer.render(PromptPlan(system_parts=system, messages=current, context_parts=context), count)
+        else:
+            current = current + new
+            got = renderer.append(new, count)
+        want = RENDERERS[fmt](PromptPlan(system_parts=system, messages=current, context_parts=context), count)
+        assert msgspec.json.encode(got.messages) == msgspec.json.encode(want.messages), n
+        assert (got.system, got.extra_tokens, got.repairs, got.system_head) == \
+               (want.system, want.extra_tokens, want.repairs, want.system_head), n
+
+
+def test_append_after_a_late_result_of_a_stand_in_call():
+    """A result that turns up after its call was rendered with a stand-in in the reused
+    part makes ``append`` start afresh, as ``render`` does."""
+    messages = [Message(role="user", content="task"), _call("X")]
+    messages += [Message(role="user" if i % 2 == 0 else "assistant", content=f"turn {i}") for i in range(40)]
+    for fmt in ("openai", "anthropic", "ollama"):
+        renderer = IncrementalRenderer(fmt)
+        renderer.render(PromptPlan(system_parts=["sys"], messages=messages), count)
+        assert "X" in renderer.unanswered
+        late = [Message(role="tool", tool_call_id="X", content="late result of X")]
+        got = renderer.append(late, count)
+        want = RENDERERS[fmt](PromptPlan(system_parts=["sys"], messages=messages + late), count)
+        assert msgspec.json.encode(got.messages) == msgspec.json.encode(want.messages), fmt
