@@ -125,28 +125,88 @@ def is_streaming(api: Api, body: dict[str, Any]) -> bool:
     return body.get("stream") is True
 
 
-def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -> list[Any]:
-    """ctxd's rendered conversation, with each message of its tail that ctxd renders as the
-    client sent it replaced by the client's own message (byte for byte: unmodelled blocks,
-    thinking signatures, ``cache_control`` included). Stops at the first difference."""
-    if api == "responses":
-        return _align_items(rendered, client)
-    out: list[Any] = list(rendered)
-    r, c = len(rendered), len(client)  # rendered[r:] and client[c:] are aligned
+@dataclass
+class Alignment:
+    """One request's alignment: what it compared, where its walk from the end stopped
+    (``rendered[:stop[0]]`` is ctxd's, ``client[stop[1]:]`` the client's own) and, for
+    Anthropic, the cache breakpoints in the client's messages (``breakpoints[i]``: in
+    ``client[:i]``)."""
+
+    rendered: list[Any]
+    client: list[Any]
+    stop: tuple[int, int]
+    breakpoints: list[int] | None = None
+
+
+@dataclass
+class AlignMemo:
+    """A request's link to the previous request of its conversation (``Sessions.read``):
+    that request's alignment, and how many of this request's messages it starts with
+    (equal as decoded JSON). An agent resends its whole conversation each turn and ctxd's
+    prompt grows at its end between compressions, so the walk compares only the messages
+    new on either side, then goes on where the previous one stopped. ``current``: this
+    request's alignment, once made."""
+
+    previous: Alignment | None = None
+    same: int = 0
+    current: Alignment | None = None
+
+
+def _walk(api: Api, rendered: list[Any], client: list[Any], memo: AlignMemo | None) -> tuple[int, int]:
+    """Where the walk from the end stops: ``rendered[r:]`` and ``client[c:]`` are aligned."""
+    r, c = len(rendered), len(client)
+    jump = -1
+    previous = memo.previous if memo is not None else None
+    if previous is not None and memo is not None:
+        # From the pair where this request's messages stop being the previous one's (on
+        # the previous walk's diagonal, above where it stopped, ctxd's prompt unchanged
+        # before it) the walk would compare what the previous one compared.
+        pr, pc = previous.rendered, previous.client
+        d = len(pc) - len(pr)
+        if c - r == d:
+            r0 = min(memo.same, len(pc), c) - d
+            if previous.stop[0] <= r0 <= min(len(pr), r) and rendered[:r0] == pr[:r0]:
+                jump = r0
     while r and c:
+        if r == jump:
+            return previous.stop  # type: ignore[union-attr]
         # A whole run of messages equal as JSON is compared at once (in C: a long
         # conversation with nothing compressed is all one run).
-        if r >= ALIGN_RUN and c >= ALIGN_RUN and rendered[r - ALIGN_RUN:r] == client[c - ALIGN_RUN:c]:
-            out[r - ALIGN_RUN:r] = client[c - ALIGN_RUN:c]
+        if r - ALIGN_RUN >= max(jump, 0) and c >= ALIGN_RUN and \
+                rendered[r - ALIGN_RUN:r] == client[c - ALIGN_RUN:c]:
             r, c = r - ALIGN_RUN, c - ALIGN_RUN
             continue
         a, b = rendered[r - 1], client[c - 1]
         # Equal as JSON is equal as ctxd models them: the projection only when they differ.
         if a != b and projection(api, a) != projection(api, b):
             break
-        out[r - 1] = b
         r, c = r - 1, c - 1
-    return out
+    return r, c
+
+
+def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]],
+           memo: AlignMemo | None = None) -> list[Any]:
+    """ctxd's rendered conversation, with each message of its tail that ctxd renders as the
+    client sent it replaced by the client's own message (byte for byte: unmodelled blocks,
+    thinking signatures, ``cache_control`` included). Stops at the first difference.
+    ``memo``: the previous request's alignment is built on (and this one's kept in it)."""
+    if api == "responses":
+        return _align_items(rendered, client)
+    r, c = _walk(api, rendered, client, memo)
+    if memo is not None:
+        memo.current = Alignment(rendered, client, (r, c))
+    return rendered[:r] + client[c:]
+
+
+def _client_breakpoints(client: list[Any], memo: AlignMemo) -> list[int]:
+    """``out[i]``: the cache breakpoints in ``client[:i]``, counted again only for the
+    messages the previous request did not start with."""
+    previous = memo.previous.breakpoints if memo.previous is not None else None
+    keep = min(memo.same, len(previous) - 1) if previous else 0
+    sums = previous[:keep + 1] if previous else [0]
+    for message in client[keep:]:
+        sums.append(sums[-1] + _count_breakpoints(message))
+    return sums
 
 
 def _align_items(rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -> list[Any]:
@@ -168,9 +228,11 @@ def _align_items(rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -
     return list(rendered[:r + 1]) + tail[::-1]
 
 
-def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str, Any] | None) -> dict[str, Any]:
+def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str, Any] | None,
+                  memo: AlignMemo | None = None) -> dict[str, Any]:
     """The request sent upstream: the client's body with its system part and messages
-    replaced by ctxd's prompt (``prompt`` None: the client's body as it is)."""
+    replaced by ctxd's prompt (``prompt`` None: the client's body as it is). ``memo``: see
+    :class:`AlignMemo`."""
     if prompt is None:
         return body
     out = dict(body)
@@ -178,7 +240,12 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
         system = prompt.get("system")
         system_text = system if isinstance(system, str) else \
             "\n\n".join(b.get("text", "") for b in system or [] if isinstance(b, dict))
-        messages = _align(api, list(prompt["messages"]), parts.conversation)
+        messages = _align(api, list(prompt["messages"]), parts.conversation, memo)
+        in_messages = None
+        if memo is not None and memo.current is not None:
+            memo.current.breakpoints = sums = _client_breakpoints(parts.conversation, memo)
+            r, c = memo.current.stop
+            in_messages = _count_breakpoints(messages[:r]) + sums[-1] - sums[c]
         new_system: Any
         added = False
         if system_text == parts.system_text:
@@ -197,7 +264,7 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
             out.pop("system", None)
         else:
             out["system"] = new_system
-        out["messages"] = _anthropic_breakpoints(out, messages, ctxd_system_breakpoint=added)
+        out["messages"] = _anthropic_breakpoints(out, messages, ctxd_system_breakpoint=added, in_messages=in_messages)
         return out
     if api == "responses":
         return _responses_body(out, parts, prompt)
@@ -205,7 +272,7 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
     system_msgs: list[Any] = []
     if rendered and rendered[0].get("role") == "system":
         system_msgs = [rendered.pop(0)]
-    conversation = _align(api, rendered, parts.conversation)
+    conversation = _align(api, rendered, parts.conversation, memo)
     system_text = system_msgs[0].get("content") if system_msgs else ""
     if system_text == parts.system_text:
         system_msgs = list(parts.system_raw)
@@ -273,14 +340,17 @@ def _count_breakpoints(value: Any) -> int:
     return 0
 
 
-def _anthropic_breakpoints(body: dict[str, Any], messages: list[Any], *, ctxd_system_breakpoint: bool) -> list[Any]:
+def _anthropic_breakpoints(body: dict[str, Any], messages: list[Any], *, ctxd_system_breakpoint: bool,
+                           in_messages: int | None = None) -> list[Any]:
     """Prompt-cache breakpoints (docs/proxy.md): the client's stay where they are; ctxd adds
     one on the last block of the last message when no message carries one, and its system
     addition carries one; over Anthropic's limit of 4, ctxd's own go first, then the
-    client's on the oldest messages."""
-    used = _count_breakpoints(body.get("tools")) + _count_breakpoints(body.get("system")) + \
-        _count_breakpoints(messages)
-    if messages and _count_breakpoints(messages) == 0 and used < MAX_BREAKPOINTS:
+    client's on the oldest messages. ``in_messages``: how many ``messages`` carry, when
+    known (counted from the previous request's counts, :func:`_client_breakpoints`)."""
+    if in_messages is None:
+        in_messages = _count_breakpoints(messages)
+    used = _count_breakpoints(body.get("tools")) + _count_breakpoints(body.get("system")) + in_messages
+    if messages and in_messages == 0 and used < MAX_BREAKPOINTS:
         last = messages[-1]
         content = last.get("content")
         if isinstance(content, str) and content:

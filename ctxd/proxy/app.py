@@ -47,6 +47,7 @@ class Proxy:
         self.sessions = sessions
         self.transport = transport
         self.timeout = timeout.as_dict()
+        self._chat_urls: dict[tuple[Api, str], httpx.URL] = {}  # (the routes' few paths)
 
     # --- upstream addresses and headers ----------------------------------------------
 
@@ -58,7 +59,15 @@ class Proxy:
         base = self.config.anthropic_base_url if api == "anthropic" else self.config.ollama_base_url
         return base.rstrip("/") + path
 
-    def upstream_request(self, method: str, url: str, *, headers: dict[str, str], content: Any,
+    def chat_url(self, api: Api, path: str) -> httpx.URL:
+        """:meth:`upstream_url` of a chat endpoint, parsed once (httpx parses a URL given as
+        text on every request: about a third of building one)."""
+        url = self._chat_urls.get((api, path))
+        if url is None:
+            url = self._chat_urls[(api, path)] = httpx.URL(self.upstream_url(api, path))
+        return url
+
+    def upstream_request(self, method: str, url: str | httpx.URL, *, headers: dict[str, str], content: Any,
                          params: Any = None) -> httpx.Request:
         """The request to the upstream: the URL, the client's query parameters and the
         headers as given (``Host`` and the body's length or chunking are httpx's), with the
@@ -95,11 +104,12 @@ class Proxy:
         except (DaemonUnavailable, OSError) as exc:
             return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
                                 status_code=503)
-        out = apis.upstream_body(api, body, parts, prompt)
+        out = apis.upstream_body(api, body, parts, prompt, conv.align)
+        conv.align.previous = None  # (what the next request builds on is conv.align.current)
         log.debug("session %s: %d messages from the client, %d sent upstream (%d tokens)", tracked.id,
                   len(parts.conversation), len(out.get("input" if api == "responses" else "messages") or []),
                   prompt.get("tokens", 0))
-        upstream = self.upstream_request("POST", self.upstream_url(api, request.url.path),
+        upstream = self.upstream_request("POST", self.chat_url(api, request.url.path),
                                          headers=self.forward_headers(request, json_body=True),
                                          params=request.query_params or None, content=dumps(out))
         streaming = apis.is_streaming(api, body)

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import logging
+import operator
+import os
 from typing import Any
 
 import msgspec
@@ -44,6 +45,9 @@ from ctxd.server.handlers import HANDLERS
 log = logging.getLogger("ctxd.proxy")
 
 _ids = itertools.count(1)
+
+REMEMBERED_PROMPTS = 64
+"""Sessions whose last prompt is kept (``_prompt_builtins``), the most recent."""
 
 PROXY_METHODS = frozenset({"session/get", "session/history", "session/create", "session/update", "session/push",
                            "context/prompt"})
@@ -84,6 +88,8 @@ class InProcessLink:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self._callers: dict[str, _Caller] = {}
+        self._prompts: dict[tuple[str, Any], tuple[list[Any], list[Any]]] = {}
+        """The last prompt per session and format: its message objects and their plain data."""
 
     @classmethod
     async def open(cls, config: Config) -> "InProcessLink":
@@ -122,10 +128,35 @@ class InProcessLink:
         except Exception as exc:  # what a socket client gets: an internal error (logged by _finished)
             raise RpcError(int(ErrorCode.InternalError), f"Internal error: {type(exc).__name__}: {exc}") from None
         try:
+            if method == "context/prompt":
+                return self._prompt_builtins(session_id, params, result)
             return msgspec.to_builtins(result)
         except (TypeError, msgspec.EncodeError) as exc:  # (a bug: as the socket answers a result it cannot encode)
             log.error("cannot convert the result of %s: %s", method, exc)
             raise RpcError(int(ErrorCode.InternalError), f"cannot encode result: {exc}") from None
+
+    def _prompt_builtins(self, session_id: str, params: Any, result: Any) -> dict[str, Any]:
+        """A prompt as plain data, its messages converted only from the first that is not
+        the same object as in the last prompt of the session and format: between
+        compressions the daemon's renderer hands out the same message objects for what it
+        rendered before (``engine/render.py``), so a turn converts only its new messages.
+        The plain messages are shared with the previous result (the proxy never changes
+        them in place)."""
+        messages = result.messages
+        key = (session_id, params.get("format") if isinstance(params, dict) else None)
+        last = self._prompts.pop(key, None)
+        if last is not None and last[0]:
+            same = list(map(operator.is_, last[0], messages))
+            kept = same.index(False) if False in same else len(same)
+            plain = last[1][:kept] + msgspec.to_builtins(messages[kept:])
+        else:
+            plain = msgspec.to_builtins(messages)
+        self._prompts[key] = (messages, plain)
+        while len(self._prompts) > REMEMBERED_PROMPTS:
+            del self._prompts[next(iter(self._prompts))]
+        out = msgspec.to_builtins(msgspec.structs.replace(result, messages=[]))
+        out["messages"] = plain
+        return out
 
     def _finished(self, session_id: str, caller: _Caller, task: asyncio.Task[Any]) -> None:
         """A request is over: its error logged if it is a bug (as the daemon logs one), the

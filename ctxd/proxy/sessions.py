@@ -21,7 +21,7 @@ from typing import Any
 
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
 from ctxd.protocol.errors import ErrorCode
-from ctxd.proxy.apis import Split
+from ctxd.proxy.apis import AlignMemo, Split
 from ctxd.proxy.convert import Api, chain_hash, chain_part, to_ctxd
 
 log = logging.getLogger("ctxd.proxy")
@@ -113,6 +113,7 @@ class Conversation:
     chain: list[str]
     counts: list[int] = field(default_factory=list)  # counts[i]: len(items) after the first i client messages
     output: int | None = None  # the request's reply limit (apis.reply_limit)
+    align: AlignMemo = field(default_factory=AlignMemo)  # (apis.upstream_body)
 
 
 def _output_of(info: dict[str, Any]) -> int | None:
@@ -142,15 +143,17 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
     offset = len(parts.system_raw) if isinstance(parts.system_raw, list) and api != "anthropic" else 0
     client = parts.conversation
     start = 0
-    # Ollama's tool-call ids depend on the calls before them: no reuse there.
-    if previous is not None and previous.api == api and api != "ollama" and previous.parts.system_raw == \
-            parts.system_raw:
+    align = AlignMemo()
+    if previous is not None and previous.api == api and previous.parts.system_raw == parts.system_raw:
         known = previous.parts.conversation
-        start = min(len(known), len(client))
-        if client[:start] != known[:start]:
-            start = next(i for i in range(start) if client[i] != known[i])
-        n = previous.counts[start]
-        items, chain, counts = previous.items[:n], previous.chain[:n], previous.counts[:start + 1]
+        same = min(len(known), len(client))
+        if client[:same] != known[:same]:
+            same = next(i for i in range(same) if client[i] != known[i])
+        align = AlignMemo(previous.align.current, same)
+        if api != "ollama":  # (Ollama's tool-call ids depend on the calls before them: no reuse there)
+            start = same
+            n = previous.counts[start]
+            items, chain, counts = previous.items[:n], previous.chain[:n], previous.counts[:start + 1]
     for position in range(start, len(client)):
         raw = client[position]
         message = to_ctxd(api, raw, call_ids=call_ids, position=offset + position)
@@ -160,7 +163,7 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
             items.append((message, part, raw))
         counts.append(len(items))
     base = session if session else derive_session_id(api, model, parts)
-    return Conversation(api, model, base, bool(session), window, parts, items, chain, counts, output)
+    return Conversation(api, model, base, bool(session), window, parts, items, chain, counts, output, align)
 
 
 def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[Any]]]:

@@ -39,3 +39,61 @@ def test_runs_compared_at_once_align_as_one_by_one() -> None:
             got, want = apis._align(api, rendered, client), one_by_one(api, rendered, client)
             assert got == want
             assert all(a is b for a, b in zip(got, want))  # the client's own objects where aligned
+
+
+def _anthropic(message: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """A client's Anthropic message: blocks, now and then a cache breakpoint or a thinking block."""
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": message["content"]}]
+    if message["role"] == "assistant" and rng.random() < 0.3:
+        blocks.insert(0, {"type": "thinking", "thinking": "hm", "signature": "sig"})
+    if rng.random() < 0.2:
+        blocks[-1] = dict(blocks[-1], cache_control={"type": "ephemeral"})
+    return {"role": message["role"], "content": blocks if rng.random() < 0.7 else message["content"]}
+
+
+def test_the_previous_alignment_reused_gives_the_same_body() -> None:
+    """Each turn's upstream body built on the previous request's alignment (``AlignMemo``)
+    equals the one built from nothing, whatever happens between turns: ctxd's prompt
+    growing, changing before its end (a compression, a cleared output), the client
+    editing or dropping messages, breakpoints moving."""
+    from ctxd.proxy.sessions import conversation
+
+    rng = random.Random(11)
+    for api in ("openai", "anthropic", "ollama"):
+        for _ in range(40):
+            ours: list[dict[str, Any]] = []  # what ctxd would render (as JSON)
+            client: list[dict[str, Any]] = []
+            previous = None
+            for turn in range(rng.randint(1, 60)):
+                for role in ("user", "assistant")[:rng.randint(1, 2)]:
+                    text = f"{role} {turn}"
+                    ours.append({"role": role, "content": [{"type": "text", "text": text}] if api == "anthropic"
+                                 else text})
+                    client.append(_anthropic({"role": role, "content": text}, rng) if api == "anthropic"
+                                  else {"role": role, "content": text})
+                event = rng.random()
+                if event < 0.1 and len(ours) > 4:  # a compression: a summary in place of the older part
+                    cut = rng.randrange(1, len(ours) - 2)
+                    ours = [{"role": "user", "content": f"[summary up to {cut}]"}] + ours[cut:]
+                elif event < 0.15 and ours:  # ctxd's copy of one message differs (an output cleared)
+                    i = rng.randrange(len(ours))
+                    ours[i] = dict(ours[i], content=f"[cleared {i}]")
+                elif event < 0.2 and client:  # the client edits a message, or moves its breakpoint
+                    i = rng.randrange(len(client))
+                    client[i] = _anthropic({"role": client[i]["role"], "content": f"edited {i}"}, rng) \
+                        if api == "anthropic" else dict(client[i], content=f"edited {i}")
+                elif event < 0.23 and len(client) > 2:  # the client drops its oldest messages
+                    client = client[2:]
+                body = {"model": "m", "messages": [dict(m) for m in client]}
+                if api == "anthropic":
+                    body["system"] = [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]
+                parts = apis.split(api, body)
+                conv = conversation(api, body, parts, session="s", window=None, previous=previous)
+                prompt = {"messages": [dict(m) for m in ours], "system": "sys"}
+                got = apis.upstream_body(api, dict(body), parts, prompt, conv.align)
+                conv.align.previous = None
+                want = apis.upstream_body(api, dict(body), parts, prompt)
+                assert got == want
+                if api != "anthropic":  # (there, a breakpoint added or dropped is a new message)
+                    assert all(a is b for a, b in zip(got["messages"], want["messages"]))
+                previous = conv

@@ -166,6 +166,44 @@ async def test_results_and_errors_are_the_socket_clients(base_dir) -> None:
     assert not Path(config.socket_path).exists()
 
 
+async def test_each_prompt_is_what_the_socket_answers(base_dir) -> None:
+    """A prompt in process is converted from the previous one's plain messages for what
+    the daemon rendered before (``_prompt_builtins``): after every turn, compression, pin
+    and goal it equals what a socket client gets for the same prompt, in each format."""
+    config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
+                                                     "socket": str(base_dir / "run" / "ctxd.sock")}})
+    link = await InProcessLink.open(config)
+    client = await Client.connect_unix(Path(config.socket_path))
+    await client.initialize(client_name="in-process-test")
+    formats = [{"format": "openai"}, {"format": "ollama"}, {"format": "anthropic", "cacheControl": False},
+               {"format": "anthropic", "cacheControl": True}]
+    try:
+        await link.request("s", "session/create", {"sessionId": "s", "contextWindow": 4096,
+                                                   "systemPrompt": "You check modules."})
+        for turn in range(40):
+            call = f"call{turn}"
+            push = [{"role": "user", "content": f"check module {turn}"},
+                    {"role": "assistant", "content": f"checking {turn}",
+                     "toolCalls": [{"id": call, "function": {"name": "check", "arguments": "{}"}}]},
+                    {"role": "tool", "toolCallId": call, "content": f"module {turn}: " + "ok " * 60}]
+            for n, shape in enumerate(formats):
+                params = {"sessionId": "s", **shape, **({"push": push} if n == 0 else {})}
+                ours = await link.request("s", "context/prompt", params)
+                theirs = await client.request("context/prompt", {"sessionId": "s", **shape})
+                assert ours == theirs, (turn, shape)
+            if turn == 10:
+                await client.request("context/compress", {"sessionId": "s"})
+            elif turn == 20:
+                await client.request("message/pin", {"sessionId": "s", "seq": 3})
+            elif turn == 25:
+                await client.request("goal/set", {"sessionId": "s", "description": "Check them all."})
+        stats = await client.request("context/stats", {"sessionId": "s"})
+        assert stats["compressionCount"] > 1  # (passes ran on their own too)
+    finally:
+        await client.close()
+        await link.close()
+
+
 async def test_one_session_in_order_others_alongside(base_dir) -> None:
     """A session's requests run one after another in the order made (as on one daemon
     connection): a reply's push sent and not awaited is stored before the next turn."""
