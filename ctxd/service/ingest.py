@@ -47,6 +47,7 @@ from ctxd.service import compression, notify, snapshots, turns
 from ctxd.service.state import SessionState, StaleSession, context_moved
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
+from ctxd.store.dialect import pipeline_safe
 from ctxd.store.messages import NewMessage, StoredMessage
 from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionStats
 from ctxd.store.state import Figures, StoredState, decode_stored
@@ -319,10 +320,11 @@ def _copy_stats(stats: SessionStats) -> SessionStats:
     )
 
 
+@pipeline_safe
 def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
                counts: list[MessageTokens], now: str, watermark_tools: tuple[str, ...],
                shared: bool = False, staged: list[int] | None = None, clean: bool = False,
-               check_context: bool = False) -> _Outcome:
+               check_context: bool = False, between: Callable[[], object] | None = None) -> _Outcome:
     """Runs on the writer thread inside the transaction; pure except for SQL. ``shared``:
     another daemon may have pushed since this one read the session (the row is locked now;
     :class:`StaleSession` if so, and the caller reloads and tries again). ``staged``: the
@@ -330,21 +332,22 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
     everything else). ``clean``: first remove rows an unfinished push may have left.
     ``check_context``: also :class:`StaleSession` if another daemon changed the session's
     context (a pin, goal, watermark, restore, a pass) since this one read it: the push
-    writes memory's context state and goal, and would undo that change."""
+    writes memory's context state and goal, and would undo that change. ``between``: called
+    between the rows a large push sends (PostgreSQL's COPY; ``Turns.step_aside``). On
+    PostgreSQL the writer runs it in pipeline mode: it waits for the server where it reads,
+    and at COMMIT."""
     if clean:
         message_store.drop_unfinished(conn, state.id)
-    last_seq = session_store.last_seq_for_push(conn, state.id)
-    if last_seq is None:
+    keys = [key for _, _, key in prepared if key is not None]
+    head = session_store.read_for_push(conn, state.id, keys, context=check_context)
+    if head is None:
         raise session_not_found(state.id)
+    last_seq, seen = head.last_seq, head.seen
     if shared and last_seq != state.row.last_seq:
         raise StaleSession(state.id)
-    if check_context:
-        stored_context = session_store.context_for_push(conn, state.id)
-        if stored_context is not None and context_moved(state, decode_stored(stored_context[0]).compression,
-                                                        stored_context[1]):
-            raise StaleSession(state.id)
-    keys = [key for _, _, key in prepared if key is not None]
-    seen = message_store.find_keys(conn, state.id, keys, last_seq) if keys else {}
+    if head.context is not None and context_moved(state, decode_stored(head.context[0]).compression,
+                                                  head.context[1]):
+        raise StaleSession(state.id)
     stats = _copy_stats(state.row.stats)
     results: list[PushedMessage] = []
     to_insert: list[tuple[int, NewMessage]] = []
@@ -401,7 +404,7 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
                                                     f"being written; nothing was stored, try again")
         message_store.end_staged(conn, state.id)
     elif to_insert:
-        message_store.insert_messages(conn, state.id, to_insert)
+        message_store.insert_messages(conn, state.id, to_insert, between)
     session_store.update_totals(conn, state.id, last_activity=now, added_messages=len(to_insert),
                                 added_tokens=added_tokens, context_tokens=new_state.figures.prompt,
                                 last_seq=last_seq, stats=stats, context_state=msgspec.json.encode(new_state))
@@ -476,7 +479,7 @@ async def _write(svc: Service, state: SessionState, prepared: list[tuple[Message
             # (A pass of this daemon mid-way: memory is ahead of what is stored, not behind.)
             check = shared and not state.compress_lock.locked()
             outcome = await write(_write_job, state, prepared, counts, now_iso(), watermark_tools, shared,
-                                  None, clean, check)
+                                  None, clean, check, turns.TURNS.step_aside if apart else None)
             if clean:
                 state.unfinished = False
             return outcome

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import msgspec
 
@@ -53,6 +53,9 @@ class StoredMessage:
 
 _COLUMNS = ("session_id", "seq", "role", "created_at", "tokens", "tok_overhead", "tok_text", "tok_tool_call",
             "tok_tool_result", "tok_thinking", "idempotency_key", "body")
+BETWEEN_BYTES = 1024 * 1024
+_PG_TYPES = ("text", "int8", "text", "text", "int8", "int8", "int8", "int8", "int8", "int8", "text", "bytea")
+"""The columns' types on PostgreSQL (``migrations_pg``), for COPY's binary format."""
 _INSERT = f"INSERT INTO messages ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 _SELECT = (
     "SELECT seq, created_at, tokens, tok_overhead, tok_text, tok_tool_call, tok_tool_result, "
@@ -61,12 +64,16 @@ _SELECT = (
 
 
 def find_keys(conn: sqlite3.Connection, session_id: str, keys: list[str],
-              through_seq: int | None = None) -> dict[str, tuple[int, int]]:
+              through_seq: int | None = None, *, committed: bool = False) -> dict[str, tuple[int, int]]:
     """Idempotency keys already stored in the session: key -> (seq, tokens). ``through_seq``:
     the session's committed ``last_seq`` (rows of an unfinished push above it were never
-    acknowledged, so their keys do not count)."""
+    acknowledged, so their keys do not count); ``committed``: the same bound, read from the
+    session row by the statement itself."""
     found: dict[str, tuple[int, int]] = {}
-    bound, bound_args = ("", ()) if through_seq is None else (" AND seq <= ?", (through_seq,))
+    if committed:
+        bound, bound_args = _COMMITTED, (session_id,)
+    else:
+        bound, bound_args = ("", ()) if through_seq is None else (" AND seq <= ?", (through_seq,))
     for start in range(0, len(keys), 500):
         chunk = keys[start:start + 500]
         rows = conn.execute(
@@ -79,14 +86,19 @@ def find_keys(conn: sqlite3.Connection, session_id: str, keys: list[str],
     return found
 
 
-def insert_messages(conn: sqlite3.Connection, session_id: str, rows: Iterable[tuple[int, NewMessage]]) -> None:
+def insert_messages(conn: sqlite3.Connection, session_id: str, rows: Iterable[tuple[int, NewMessage]],
+                    between: Callable[[], object] | None = None) -> None:
     """Write messages in the caller's transaction (the search indexer picks them up after).
-    On PostgreSQL by COPY: one statement for the batch, about twice as fast as INSERTs."""
+    On PostgreSQL by COPY: one statement for the batch, about twice as fast as INSERTs; but
+    COPY waits for the server twice, and is not allowed in pipeline mode, where INSERTs
+    go with the transaction's other statements (``dialect.pipeline_safe``). ``between``
+    (PostgreSQL's COPY only): called after about every ``BETWEEN_BYTES`` of bodies sent, so
+    that a large push's rows let other clients' requests run (``service/turns.py``)."""
     values = [(session_id, seq, m.message.role, m.created_at, m.tokens.total, m.tokens.overhead,
                m.tokens.text, m.tokens.tool_call, m.tokens.tool_result, m.tokens.thinking, m.key, m.body)
               for seq, m in rows]
-    if is_postgres(conn):
-        conn.copy_rows("messages", _COLUMNS, values)  # type: ignore[attr-defined]
+    if is_postgres(conn) and not conn.in_pipeline:  # type: ignore[attr-defined]
+        conn.copy_rows("messages", _COLUMNS, values, _PG_TYPES, between, BETWEEN_BYTES)  # type: ignore[attr-defined]
         return
     conn.executemany(_INSERT, values)
 

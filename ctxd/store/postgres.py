@@ -9,10 +9,14 @@ guarantees:
   (group commit, as ``store/db.py``; the queue and batching are inherited from it).
   A deadlock or serialization failure against another daemon's transaction reruns the
   whole batch; a lost connection fails the batch with a StorageError and the next batch
-  reconnects, so the service resumes by itself once the server is back.
+  reconnects, so the service resumes by itself once the server is back. A transaction of
+  jobs marked ``dialect.pipeline_safe`` (a push) runs in pipeline mode: it waits for the
+  server where a job reads and at COMMIT, not after every statement.
 - **Order per session across daemons**: a push reads its session's ``last_seq`` with
-  ``FOR UPDATE`` (``sessions.last_seq_for_push``), so a push through another daemon
+  ``FOR UPDATE`` (``sessions.read_for_push``), so a push through another daemon
   waits for this COMMIT and then continues from the seq written here.
+- **Notifications to other daemons** (LISTEN/NOTIFY): sent by a thread of their own
+  (:class:`_Notifier`), heard on a connection of their own.
 - **One compression pass per session across daemons**: :meth:`exclusive`, a session-level
   advisory lock held on its own connection (released if the daemon dies).
 - **Reads**: a psycopg_pool ``ConnectionPool`` of autocommit connections, each read one
@@ -29,9 +33,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import stat
+import threading
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from functools import partial
 from importlib import resources
 from pathlib import Path
@@ -45,7 +51,7 @@ from psycopg import errors as pg_errors
 from ctxd.ownership import foreign
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.store.db import REQUEST_CANCELLED, Database, StoreOpenError, _Job
-from ctxd.store.dialect import PgConn
+from ctxd.store.dialect import PgConn, is_pipeline_safe
 from ctxd.store.thread import SqliteThread, ThreadClosed
 
 log = logging.getLogger(__name__)
@@ -116,7 +122,7 @@ class PostgresDatabase(Database):
         """A second writer connection, for :meth:`write_apart` (opened when first needed)."""
         self._apart_lock = asyncio.Lock()
         self._broken = False
-        self._outbox: asyncio.Queue[str] = asyncio.Queue()
+        self._notifier: _Notifier | None = None
         self._relay_tasks: list[asyncio.Task[None]] = []
         self.commits = 0
         self.jobs = 0
@@ -177,6 +183,10 @@ class PostgresDatabase(Database):
             apart, self._apart = self._apart, None
             if apart is not None:
                 await apart.close()
+        notifier, self._notifier = self._notifier, None
+        if notifier is not None:  # (what was published is sent first)
+            notifier.queue.put(None)
+            await anyio.to_thread.run_sync(notifier.join, CONNECT_TIMEOUT_SECONDS)
         for task in self._relay_tasks:
             task.cancel()
         await asyncio.gather(*self._relay_tasks, return_exceptions=True)
@@ -205,38 +215,18 @@ class PostgresDatabase(Database):
     # --- messages between daemons (LISTEN/NOTIFY) ---------------------------------
 
     def publish(self, message: str) -> None:
-        """Queue ``message`` for the other daemons; one connection sends them in order
-        (a NOTIFY is delivered in commit order). One larger than a NOTIFY goes as parts
-        sent in one transaction, which PostgreSQL delivers together."""
+        """Queue ``message`` for the other daemons; one connection, on a thread of its own
+        (:class:`_Notifier`), sends them in order (a NOTIFY is delivered in commit order).
+        One larger than a NOTIFY goes as parts sent in one transaction, which PostgreSQL
+        delivers together."""
         size = len(message.encode())
         if size > MAX_RELAYED_BYTES:
             log.warning("a notification of %d bytes is too large for the other daemons; not relayed", size)
             return
-        if not any(t.get_name() == "ctxd-pg-notify" for t in self._relay_tasks):
-            self._relay_tasks.append(asyncio.create_task(self._send_loop(), name="ctxd-pg-notify"))
-        self._outbox.put_nowait(message)
-
-    async def _send_loop(self) -> None:
-        conn = None
-        while True:
-            message = await self._outbox.get()
-            try:
-                if conn is None or conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._kwargs())
-                parts = split_message(message)
-                if len(parts) == 1:
-                    await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, message))
-                else:
-                    async with conn.transaction():
-                        for part in parts:
-                            await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, part))
-            except asyncio.CancelledError:
-                if conn is not None:
-                    await conn.close()
-                raise
-            except (psycopg.Error, StoreOpenError) as exc:  # the server is away: this one is lost
-                log.warning("could not tell the other daemons (%s)", exc)
-                conn = None
+        if self._notifier is None:
+            self._notifier = _Notifier(self.url, self._kwargs)
+            self._notifier.start()
+        self._notifier.queue.put(message)
 
     async def subscribe(self, deliver: Callable[[str], None], resync: Callable[[float], None] | None = None) -> None:
         """LISTEN on a connection of its own; reconnects (and listens again) after a failure,
@@ -266,6 +256,9 @@ class PostgresDatabase(Database):
                             log.exception("catching up after a lost LISTEN connection failed")
                     lost_at = None
                     async for note in conn.notifies():
+                        notifier = self._notifier
+                        if notifier is not None and note.pid == notifier.backend_pid:
+                            continue  # (this daemon's own: nothing to deliver)
                         message = joined.add(note.payload)
                         if message is None:
                             continue
@@ -359,7 +352,7 @@ class PostgresDatabase(Database):
                                                                 f"{exc}")
         for _ in range(BATCH_ATTEMPTS):
             try:
-                (outcome,) = self._group_once(conn, [job])
+                (outcome,) = self._group_once(conn, [job], pipeline=False)
                 return outcome
             except _Retry:
                 continue
@@ -392,32 +385,50 @@ class PostgresDatabase(Database):
         return [(False, CtxdError(ErrorCode.StorageError, "the write kept conflicting with other daemons' "
                                                           "transactions; nothing was stored"))] * len(batch)
 
-    def _group_once(self, conn: PgConn, batch: list[_Job]) -> list[tuple[bool, Any]]:
+    def _group_once(self, conn: PgConn, batch: list[_Job], pipeline: bool = True) -> list[tuple[bool, Any]]:
+        """One transaction of ``batch``; in pipeline mode when every job allows it
+        (``dialect.pipeline_safe``) and ``pipeline``: then the connection waits for the
+        server only where a job reads a result, at each job's end when there are several
+        (so that a job's error is its own), and at COMMIT."""
         raw = conn.raw
+        use_pipeline = pipeline and all(is_pipeline_safe(job.fn) for job in batch)
         outcomes: list[tuple[bool, Any]] = []
-        raw.execute("BEGIN")
+        several = len(batch) > 1
         try:
-            for job in batch:
-                if len(batch) > 1:
-                    raw.execute("SAVEPOINT job")
+            with raw.pipeline() if use_pipeline else nullcontext() as piped:
                 try:
-                    value = job.fn(conn, *job.args)
-                except TRANSIENT:
-                    raise _Retry() from None
-                except Exception as exc:
-                    if isinstance(exc, psycopg.OperationalError):
-                        raise
-                    if len(batch) == 1:
-                        raw.execute("ROLLBACK")
-                        return [(False, _as_error(exc))]
-                    raw.execute("ROLLBACK TO SAVEPOINT job")
-                    raw.execute("RELEASE SAVEPOINT job")
-                    outcomes.append((False, _as_error(exc)))
-                else:
-                    if len(batch) > 1:
-                        raw.execute("RELEASE SAVEPOINT job")
-                    outcomes.append((True, value))
-            raw.execute("COMMIT")
+                    raw.execute("BEGIN")
+                    for job in batch:
+                        if several:
+                            raw.execute("SAVEPOINT job")
+                        try:
+                            value = job.fn(conn, *job.args)
+                            if several and piped is not None:
+                                piped.sync()  # (its statements' errors are raised here, as its own)
+                        except TRANSIENT:
+                            raise _Retry() from None
+                        except Exception as exc:
+                            if isinstance(exc, psycopg.OperationalError):
+                                raise
+                            if piped is not None:
+                                _settle(piped)  # (what it sent before failing is answered, errors and all)
+                            if not several:
+                                raw.execute("ROLLBACK")
+                                return [(False, _as_error(exc))]
+                            raw.execute("ROLLBACK TO SAVEPOINT job")
+                            raw.execute("RELEASE SAVEPOINT job")
+                            outcomes.append((False, _as_error(exc)))
+                        else:
+                            if several:
+                                raw.execute("RELEASE SAVEPOINT job")
+                            outcomes.append((True, value))
+                    raw.execute("COMMIT")
+                except (_Retry, psycopg.Error) as exc:
+                    if piped is not None and not isinstance(exc, psycopg.OperationalError):
+                        _settle(piped)  # (the pipeline ends without a second error to log)
+                    raise
+            # (In pipeline mode the block's end is where COMMIT, and anything not yet
+            # answered, is answered: a single job's late error is raised here.)
         except _Retry:
             _rollback(raw)
             raise
@@ -433,6 +444,81 @@ class PostgresDatabase(Database):
         self.commits += 1
         self.jobs += len(batch)
         return outcomes
+
+
+class _Notifier(threading.Thread):
+    """Sends what :meth:`PostgresDatabase.publish` queues, from a thread with a connection
+    of its own: the event loop only queues (sent from the loop, each notification cost it
+    an asynchronous round trip, about as much of the loop's time as the push it told of).
+    What queued up meanwhile goes in one transaction; its commit does not wait for the WAL
+    to reach the disk (``synchronous_commit = off``: a notification is no data, and a
+    daemon that missed some after the server went away catches up by other means,
+    ``service/relay.py``), so it costs no flush beside the pushes'. Messages are sent in
+    the order queued; a message lost with the connection is logged, not retried."""
+
+    def __init__(self, url: str, kwargs: Callable[[], dict[str, Any]]) -> None:
+        super().__init__(name="ctxd-pg-notify", daemon=True)
+        self.url = url
+        self.kwargs = kwargs
+        self.queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.backend_pid: int | None = None
+        """The server process sending them (what other daemons see as its notifications' pid)."""
+        self.transactions = 0
+
+    def run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        pending: list[str] = []
+        while True:
+            if not pending:
+                first = self.queue.get()
+                if first is None:
+                    break
+                pending.append(first)
+            stop = False
+            while True:  # (whatever else is waiting goes in the same transaction)
+                try:
+                    more = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                pending.append(more)
+            batch = _one_transaction(pending)
+            pending = pending[len(batch):]
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.url, autocommit=True, **self.kwargs())
+                    conn.execute("SET synchronous_commit = off")
+                    self.backend_pid = conn.info.backend_pid
+                parts = [part for message in batch for part in split_message(message)]
+                if len(parts) == 1:  # (autocommit: a transaction of its own)
+                    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, parts[0]))
+                else:
+                    with conn.pipeline(), conn.transaction():
+                        for part in parts:
+                            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, part))
+                self.transactions += 1
+            except (psycopg.Error, StoreOpenError) as exc:  # the server is away: these are lost
+                log.warning("could not tell the other daemons (%s)", exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            if stop:
+                self.queue.put(None)
+        if conn is not None:
+            conn.close()
+
+
+def _one_transaction(messages: list[str]) -> list[str]:
+    """The first of ``messages`` that can share a transaction: PostgreSQL delivers a payload
+    once however often one transaction notifies it, so a repeated message waits for the next."""
+    seen: set[str] = set()
+    for index, message in enumerate(messages):
+        if message in seen:
+            return messages[:index]
+        seen.add(message)
+    return messages
 
 
 def split_message(message: str, limit: int = MAX_NOTIFY_BYTES) -> list[str]:
@@ -483,6 +569,17 @@ class Reassembly:
             return None
         message, self.parts = "".join(self.parts), []
         return message
+
+
+def _settle(piped: Any) -> None:
+    """Send what a pipeline holds and read every answer, ignoring errors (the caller is
+    already failing the job or the batch)."""
+    try:
+        piped.sync()
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error:
+        pass
 
 
 def _rollback(raw: Any) -> None:

@@ -17,6 +17,7 @@ from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.goal import Goal
 from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ctxd.store.dialect import is_postgres
+from ctxd.store.messages import find_keys
 from ctxd.tokens import MessageTokens
 
 
@@ -268,18 +269,42 @@ def last_seq_for_push(conn: sqlite3.Connection, session_id: str) -> int | None:
     return None if row is None else row[0]
 
 
-def context_for_push(conn: sqlite3.Connection, session_id: str) -> tuple[bytes, Goal | None] | None:
-    """The stored context state and goal, read in a push's transaction after
-    :func:`last_seq_for_push` locked the row: on shared storage, what the push compares
-    with memory before it writes memory's copy over them."""
-    row = conn.execute("SELECT context_state, goal FROM sessions WHERE id = ?", (session_id,)).fetchone()
+@dataclass(slots=True)
+class PushHead:
+    """What a push reads before it writes (:func:`read_for_push`)."""
+
+    last_seq: int
+    context: tuple[bytes, Goal | None] | None
+    """The stored context state and goal, when asked for."""
+    seen: dict[str, tuple[int, int]]
+    """Idempotency keys already stored: key -> (seq, tokens)."""
+
+
+def read_for_push(conn: sqlite3.Connection, session_id: str, keys: list[str], *,
+                  context: bool = False) -> PushHead | None:
+    """A push's reads, sent together: the session's ``last_seq`` (on PostgreSQL with the row
+    locked, :func:`last_seq_for_push`), with ``context`` its stored context state and goal
+    (on shared storage, what the push compares with memory before it writes memory's copy
+    over them), and which of ``keys`` are stored. Every statement is sent before any answer
+    is read, so in PostgreSQL's pipeline mode (``dialect.pipeline_safe``) they cost one round
+    trip. None if there is no such session."""
+    columns = "last_seq, context_state, goal" if context else "last_seq"
+    lock = " FOR UPDATE" if is_postgres(conn) else ""
+    head = conn.execute(f"SELECT {columns} FROM sessions WHERE id = ?{lock}", (session_id,))
+    # (Bounded by the committed last_seq read in the statement, which on PostgreSQL runs
+    # after the row lock above was granted: the same bound as the seq just read.)
+    seen = find_keys(conn, session_id, keys, committed=True) if keys else {}
+    row = head.fetchone()
     if row is None:
         return None
-    state, goal = row
-    state = state.encode() if isinstance(state, str) else bytes(state)
-    if goal is not None and not isinstance(goal, (str, bytes)):
-        goal = _json.encode(goal)
-    return state, _goal_decoder.decode(goal) if goal else None
+    stored = None
+    if context:
+        state, goal = row[1], row[2]
+        state = state.encode() if isinstance(state, str) else bytes(state)
+        if goal is not None and not isinstance(goal, (str, bytes)):
+            goal = _json.encode(goal)
+        stored = (state, _goal_decoder.decode(goal) if goal else None)
+    return PushHead(row[0], stored, seen)
 
 
 _UNCHANGED: Any = object()

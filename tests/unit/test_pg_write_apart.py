@@ -32,8 +32,8 @@ async def test_a_small_push_commits_while_a_large_push_is_being_written(
     release = threading.Event()
     real = message_store.insert_messages
 
-    def held(conn: Any, session_id: str, rows: Any) -> None:
-        real(conn, session_id, rows)
+    def held(conn: Any, session_id: str, rows: Any, *more: Any) -> None:
+        real(conn, session_id, rows, *more)
         if session_id == "big":  # the large push's rows are in, its transaction still open
             inside.set()
             assert release.wait(30)
