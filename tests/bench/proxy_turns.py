@@ -29,7 +29,7 @@ from typing import Any
 PHASES = ("read", "turn", "body", "reply", "total", "turn_wall")
 
 CHILD = r'''
-import asyncio, json, sys, tempfile, time
+import asyncio, json, shutil, sys, tempfile, time
 from pathlib import Path
 from ctxd.config import load_config
 from ctxd.proxy.apis import split, upstream_body
@@ -78,6 +78,7 @@ async def main():
     finally:
         await sessions.drain()
         await link.close()
+        shutil.rmtree(base, ignore_errors=True)
     print(json.dumps({k: sorted(v)[len(v) // 2] for k, v in out.items()}))
 
 asyncio.run(main())
