@@ -125,6 +125,8 @@ _DATE_WORDS = frozenset("""January February March April May June July August Sep
 Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec Monday Tuesday Wednesday Thursday Friday Saturday
 Sunday""".split())
 _RELATIVE_DAYS = frozenset({"yesterday", "today", "tonight", "tomorrow", "recently", "ago"})
+_FIRST_PERSON = frozenset({"i", "i'm", "i've", "i'd", "i'll", "my", "me", "we", "we're", "we've", "our", "us",
+                           "i’m", "i’ve", "i’d", "i’ll", "we’re", "we’ve"})
 _PERIOD_LEAD = frozenset({"last", "next", "this", "past"})
 _PERIODS = frozenset("""week weekend month year night summer winter spring fall autumn monday tuesday wednesday
 thursday friday saturday sunday""".split())
@@ -776,6 +778,9 @@ class _Weights:
     filler: float
     question: float
     long: float
+    personal: float = 0.0
+    """Per first-person word, up to three: a speaker's own news ("I signed up for a pottery
+    class yesterday") is what later questions ask about; praise and agreement are not."""
 
 
 # Agent prose: paths, identifiers, outcomes and decisions say most; recent work counts.
@@ -786,9 +791,12 @@ _AGENT_WEIGHTS = _Weights(rarity=2.0, rarity_cap=4.0, recency=1.0, first=0.3, en
 # better than the mix of cues did: AUC 0.78 against 0.74); cues add a little each, names
 # and numbers a little more (entity 0.3 -> 0.6, number 0.3 -> 0.5: once praise stopped
 # counting as rare, LoCoMo answers kept at 16k 31.7% -> 33.2%; 1.0 / 0.8 kept 32.5%).
+# A speaker's own news, and when it happened, weigh more (first person 0.45 a word, a date
+# 0.7 -> 1.7): LoCoMo's evidence turns ranked at AUC 0.781 -> 0.81, evidence turns kept
+# over 7-17k windows 1.30x -> 1.36x a sliding window (docs/performance.md).
 _CHAT_WEIGHTS = _Weights(rarity=3.0, rarity_cap=7.0, recency=0.3, first=0.0, entity=0.6, number=0.5,
-                         number_word=0.2, date=0.7, place=0.3, path=1.0, ident=0.3, outcome=0.2, decision=0.8,
-                         error=0.3, filler=1.0, question=0.4, long=0.0)
+                         number_word=0.2, date=1.7, place=0.3, path=1.0, ident=0.3, outcome=0.2, decision=0.8,
+                         error=0.3, filler=1.0, question=0.4, long=0.0, personal=0.45)
 
 
 class _Analysis:
@@ -871,6 +879,10 @@ class _Analysis:
             score += w.date
         if _PLACE.search(text):
             score += w.place
+        if w.personal:
+            mine = len(lows & _FIRST_PERSON)
+            if mine:
+                score += w.personal * min(3, mine)
         if _has_path(text):
             score += w.path
         if _has_ident(text):

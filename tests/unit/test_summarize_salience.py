@@ -424,3 +424,16 @@ def test_praise_is_not_a_rare_word_in_a_chat():
     worth = salience(filler + [praise, fact], tiktoken_count)
     assert worth[-1] > worth[-2]
     assert worth[-2] <= max(worth[:-2]) + 0.5  # praise ranks with the other small talk, not above it
+
+
+def test_a_speakers_own_news_outranks_a_remark_about_the_world():
+    """Later questions ask what happened to the speakers and when ("When did Melanie sign up
+    for pottery?"): a turn telling one's own news, dated, is worth more than a general
+    remark with as many rare words."""
+    from ctxd.summarize.extractive import salience
+
+    news = "I signed up for a pottery class yesterday, it is my new way to unwind."
+    remark = "Pottery classes seem like a calming hobby for busy parents who want quiet evenings."
+    filler = [FILLER[i % len(FILLER)] for i in range(8)]
+    worth = salience(filler + [remark, news], tiktoken_count)
+    assert worth[-1] > worth[-2]
