@@ -56,6 +56,9 @@ _COLUMNS = ("session_id", "seq", "role", "created_at", "tokens", "tok_overhead",
 BETWEEN_BYTES = 1024 * 1024
 _PG_TYPES = ("text", "int8", "text", "text", "int8", "int8", "int8", "int8", "int8", "int8", "text", "bytea")
 """The columns' types on PostgreSQL (``migrations_pg``), for COPY's binary format."""
+_INSERT_ARRAYS = (f"INSERT INTO messages ({', '.join(_COLUMNS)}) SELECT * FROM unnest("
+                  + ", ".join(f"?::{t}[]" for t in _PG_TYPES) + ")")
+"""PostgreSQL: every row in one statement, each column an array."""
 _INSERT = f"INSERT INTO messages ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 _SELECT = (
     "SELECT seq, created_at, tokens, tok_overhead, tok_text, tok_tool_call, tok_tool_result, "
@@ -90,14 +93,19 @@ def insert_messages(conn: sqlite3.Connection, session_id: str, rows: Iterable[tu
                     between: Callable[[], object] | None = None) -> None:
     """Write messages in the caller's transaction (the search indexer picks them up after).
     On PostgreSQL by COPY: one statement for the batch, about twice as fast as INSERTs; but
-    COPY waits for the server twice, and is not allowed in pipeline mode, where INSERTs
-    go with the transaction's other statements (``dialect.pipeline_safe``). ``between``
-    (PostgreSQL's COPY only): called after about every ``BETWEEN_BYTES`` of bodies sent, so
-    that a large push's rows let other clients' requests run (``service/turns.py``)."""
+    COPY waits for the server twice, and is not allowed in pipeline mode (a small push,
+    ``dialect.pipeline_safe``), where one INSERT of the rows as arrays (``unnest``: one
+    statement however many rows) goes with the transaction's other statements. ``between`` (PostgreSQL's COPY only): called after about
+    every ``BETWEEN_BYTES`` of bodies sent, so that a large push's rows let other clients'
+    requests run (``service/turns.py``)."""
     values = [(session_id, seq, m.message.role, m.created_at, m.tokens.total, m.tokens.overhead,
                m.tokens.text, m.tokens.tool_call, m.tokens.tool_result, m.tokens.thinking, m.key, m.body)
               for seq, m in rows]
-    if is_postgres(conn) and not conn.in_pipeline:  # type: ignore[attr-defined]
+    if is_postgres(conn):
+        if conn.in_pipeline:  # type: ignore[attr-defined]
+            if values:
+                conn.execute(_INSERT_ARRAYS, [list(column) for column in zip(*values)])
+            return
         conn.copy_rows("messages", _COLUMNS, values, _PG_TYPES, between, BETWEEN_BYTES)  # type: ignore[attr-defined]
         return
     conn.executemany(_INSERT, values)

@@ -235,3 +235,16 @@ def test_notifications_go_from_a_thread_what_waited_in_one_transaction_in_order(
         assert notifier.backend_pid is not None
     finally:
         listener.close()
+
+
+async def test_a_batch_keeps_copy(service: Service, tmp_path: Path) -> None:
+    """Past ``ingest.PIPELINE_MESSAGES`` a push keeps COPY (a pipeline cannot hold one; the
+    rows as INSERTs went in at half the rate), in the binary format."""
+    await _session(service, "batch")
+    batch = [{"role": "user", "content": f"message {i}"} for i in range(ingest.PIPELINE_MESSAGES + 1)]
+    async with Trace(service, tmp_path / "trace") as trace:
+        result = await ingest.push(service, params("session/push", sessionId="batch", messages=batch))
+    assert len(result.messages) == len(batch)
+    assert trace.sent("CopyData")
+    copy = [line for line in trace.lines if "COPY messages" in line]
+    assert copy and "FORMAT BINARY" in copy[0]
