@@ -142,7 +142,8 @@ class Entry:
         if message.role == "tool" and message.tool_call_id:
             results.append(message.tool_call_id)
         return cls(seq, message, tokens, tuple(calls), tuple(results), tuple(names),
-                   has_text and message.role == "user" and not is_observation(message))
+                   has_text and message.role == "user" and not is_observation(message)
+                   and not is_demonstration(message))
 
     @property
     def role(self) -> str:
@@ -158,6 +159,15 @@ def is_observation(message: Message) -> bool:
     them ``metadata.observation: true`` (ctxd's importers do). They are compressed like
     tool output instead of being kept verbatim."""
     return bool(message.metadata) and message.metadata.get("observation") is True  # type: ignore[union-attr]
+
+
+def is_demonstration(message: Message) -> bool:
+    """A user-role message that is a worked example, not the user's words: SWE-agent opens
+    with a scripted session of another task (``is_demo``; its importer marks it
+    ``metadata.demonstration: true``), 4-5k tokens. Kept verbatim as the user's words, it
+    took the task's place as "the session's first user message" and, past the user's
+    share, the real task was folded first."""
+    return bool(message.metadata) and message.metadata.get("demonstration") is True  # type: ignore[union-attr]
 
 
 def never_compressed(entry: "Entry") -> bool:

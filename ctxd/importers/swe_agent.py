@@ -10,6 +10,8 @@ as action/observation records) and ``replay_config`` are not imported; ``info``
 * Older files (no function calling) return command output as ``user`` messages: they
   stay ``user`` messages, marked ``metadata.observation = true`` (a user message that
   directly follows an assistant message).
+* A demonstration (``is_demo: true``: a worked example of another task, shown before the
+  real one) is marked ``metadata.demonstration = true``: not the user's words, nor the task.
 * In the function-calling variant the assistant carries ``tool_calls`` and tool
   messages carry ``tool_call_ids`` (a list): ``tool_call_id`` is the first id, the full
   list stays in ``metadata.tool_call_ids``.
@@ -59,6 +61,8 @@ def parse(doc: Document) -> list[Transcript]:
             message.tool_call_id = ids[0]
         if message.role == "user" and previous_role == "assistant":
             meta["observation"] = True
+        if message.role == "user" and raw.get("is_demo") is True:
+            meta["demonstration"] = True
         message.metadata = meta or None
         previous_role = raw.get("role")
         b.add(message, where)

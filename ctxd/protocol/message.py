@@ -91,7 +91,10 @@ class Message(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown
     same session returns the original result and stores nothing twice. ``metadata`` is
     free-form, except ``metadata.observation: true`` on a user message: it carries tool
     output (agents that return command results as user messages), so it is compressed
-    like tool output instead of being kept verbatim as the user's words.
+    like tool output instead of being kept verbatim as the user's words; and
+    ``metadata.demonstration: true``: a worked example an agent framework sends as a user
+    message (SWE-agent's ``is_demo``), compressed like the rest of the conversation, and
+    not taken for the agent's task.
     """
 
     role: Role

@@ -588,6 +588,13 @@ def _item_chars(level: Level, target: int) -> int:
 
 # ---- chat messages --------------------------------------------------------------------------
 
+def _not_the_users(message: Message) -> bool:
+    """Tool output or a worked example sent as a user message (``metadata.observation`` or
+    ``metadata.demonstration``, engine/context.py)."""
+    metadata = message.metadata or {}
+    return metadata.get("observation") is True or metadata.get("demonstration") is True
+
+
 def is_chat(messages: Sequence[Message]) -> bool:
     """True for a conversation without tools (people talking, or a plain chat with a model):
     no tool calls or results, no tool output sent as a user message, no shell blocks."""
@@ -596,7 +603,7 @@ def is_chat(messages: Sequence[Message]) -> bool:
         if message.role == "tool" or message.tool_calls:
             return False
         metadata = message.metadata
-        if metadata and metadata.get("observation") is True:
+        if metadata and (metadata.get("observation") is True or metadata.get("demonstration") is True):
             return False
         content = message.content
         if isinstance(content, list):
@@ -818,7 +825,7 @@ class _Analysis:
         if request.kind != "checkpoint_merge":
             seen = 0
             for message in reversed(request.messages):
-                if message.role != "user" or (message.metadata or {}).get("observation") is True:
+                if message.role != "user" or _not_the_users(message):
                     continue
                 text = " ".join(_texts(message))[:2000]
                 if not text:
@@ -964,6 +971,8 @@ def _candidates(request: SummaryRequest, analysis: _Analysis
     for index, message in enumerate(request.messages):
         if message.role == "user" and (message.metadata or {}).get("observation") is True:
             continue  # tool output sent back as a user message: facts, not the user's words
+        if message.role == "user" and (message.metadata or {}).get("demonstration") is True:
+            continue  # a worked example of another task: neither a request nor progress
         texts = _texts(message)
         if not texts:
             continue

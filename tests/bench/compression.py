@@ -597,10 +597,12 @@ def prompt_text(prompt: dict[str, Any]) -> str:
 def user_texts(message: Any) -> list[str]:
     """The user's own words in a message (what ctxd keeps verbatim), block by block. A
     user-role message marked ``metadata.observation: true`` is tool output an agent sent
-    back as a user message (the SWE-agent importer marks them), not the user's words."""
+    back as a user message (the SWE-agent importer marks them), not the user's words; nor
+    is ``metadata.demonstration: true``, a worked example of another task (SWE-agent)."""
     from ctxd.protocol.message import TextBlock
 
-    if message.role != "user" or (message.metadata or {}).get("observation") is True:
+    if message.role != "user" or (message.metadata or {}).get("observation") is True \
+            or (message.metadata or {}).get("demonstration") is True:
         return []
     content = message.content
     if isinstance(content, str):

@@ -34,7 +34,7 @@ counter and the same ``budget.maxPromptTokens``:
    daemon reported before the message was pushed (``budget.tokenRatio``, 1.0 where absent:
    pending; ``budget.tokenOverhead``, 0 where absent). Target: median within 3%.
 6. A coding agent's working state in the final prompt at 8k: files named in its
-   commands, errors it met, its task (first user message); ctxd vs task + sliding
+   commands, errors it met, its task (first user message, a demonstration aside); ctxd vs task + sliding
    window. Target: ctxd >= 2x, task always kept.
 7. ``context/prompt`` server time, in process, on a 1,000-message (~200k-token) session
    that is not compressed, vs ``msgspec.json.encode`` of its result. Target p50 <= 3x.
@@ -1219,7 +1219,7 @@ def bench_state(lab: Lab, plan: Plan, log: Log, daemon: Daemon, corpus: Corpus) 
                               "task + sliding window", (x / y) if (x is not None and y) else None,
                               "(figure only)", None, {"metric": metric}))
     x, y = _share(c["task"]) or 0.0, _share(b["task"])
-    results.append(Result("6", f"agents @ {k}: task (first user message) verbatim (n={c['task'][0]})", x, "%", y,
+    results.append(Result("6", f"agents @ {k}: task (first user message, a demonstration aside) verbatim (n={c['task'][0]})", x, "%", y,
                           "task + sliding window", (x / y) if y else None, "100%", c["task"][0] == c["task"][1],
                           {"metric": "task", "lost": [r["key"] for r in rows if not r["task_kept"]]}))
     return results

@@ -892,3 +892,18 @@ def test_folded_lines_date_each_day_once_and_leave_out_attached_descriptions():
     assert split_attachment("Look! [shares a photo: a cat]") == ("Look!", "[shares a photo: a cat]")
     assert split_attachment("I said it [twice]") == ("I said it [twice]", "")  # the user's own brackets stay
     assert unfold(ctx, 2, count)
+
+
+def test_a_demonstration_is_neither_the_users_words_nor_the_task():
+    """SWE-agent opens with a worked example of another task (``metadata.demonstration``,
+    4-5k tokens) before the real one: kept as the user's words it counted as the task and,
+    past the user's share, the real task was folded first."""
+    from ctxd.engine.context import never_compressed
+
+    demo = Message(role="user", content=words(200, WORDS[0]), metadata={"demonstration": True})
+    kept = [demo] + [user(words(n, WORDS[i])) for i, n in ((1, 40), (2, 20), (3, 20))]
+    ctx = refresh(ActiveContext(system_prompt="sys", state=CompressionState(boundary=4, kept_seqs=[1, 2, 3, 4]),
+                                kept=entries(kept), recent=entries([assistant("ok"), user("now")], start=5)))
+    assert not ctx.kept[0].has_user_text and not never_compressed(ctx.kept[0])
+    chosen = plan_fold_users(ctx, max_user_tokens=user_tokens(ctx) - 30)
+    assert [e.seq for e in chosen] == [3, 4]  # the task is message 2, the first that is not a demonstration

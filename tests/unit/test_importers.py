@@ -164,7 +164,8 @@ def test_swe_agent_legacy_observations() -> None:
                         "assistant", "user"]
     demo, task = t.messages[1], t.messages[2]
     assert demo.metadata["is_demo"] is True
-    assert not task.metadata.get("observation")
+    assert demo.metadata["demonstration"] is True  # not the user's words, nor the task (engine/context.py)
+    assert not task.metadata.get("observation") and not task.metadata.get("demonstration")
     assistant = t.messages[3]
     assert assistant.metadata["action"] == "create reproduce_bug.py\n"
     assert assistant.metadata["thought"].startswith("First, I'll create")
