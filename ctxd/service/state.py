@@ -256,7 +256,10 @@ class SessionCache:
                 self.forget(state.id)
                 raise session_not_found(state.id)
             stored = decode_stored(row.context_state).compression
-            if (row.last_seq > state.row.last_seq or stored.revision > state.cstate.revision
+            # Stored behind memory, or created at another time: another daemon deleted the
+            # session and created it again under the same id (its seqs start over).
+            recreated = row.created_at != state.row.created_at or row.last_seq < state.row.last_seq
+            if (recreated or row.last_seq > state.row.last_seq or stored.revision > state.cstate.revision
                     or context_moved(state, stored, row.goal)):
                 await self.reload(state)
 

@@ -159,6 +159,32 @@ async def test_a_prompt_through_another_daemon_is_never_stale(service: Service, 
         await other.close()
 
 
+async def test_a_session_deleted_and_created_again_by_another_daemon_is_not_served_stale(
+        service: Service, service_config: Config, tmp_path: Path) -> None:
+    """Another daemon deletes a loaded session and creates it again under the same id with
+    fewer messages: its seqs and revision start over, below what this daemon holds, and the
+    old conversation was handed out until this daemon's next push."""
+    if service.db.dialect != "postgresql":
+        pytest.skip("two daemons on one database is PostgreSQL's case")
+    other = await Service.open(_twin(service_config, tmp_path), events=CollectingEvents())
+
+    async def contents(svc: Service) -> list[Any]:
+        result = await prompt.prompt(svc, params("context/prompt", sessionId="r", format="openai"))
+        return [m["content"] if isinstance(m, dict) else m.content for m in result.messages]
+
+    try:
+        await _create(service, "r")
+        await _push(service, "r", [{"role": "user", "content": f"old {i}"} for i in range(6)])
+        assert len(await contents(service)) == 6
+        await sessions.delete_session(other, "r")
+        await _create(other, "r")
+        await _push(other, "r", [{"role": "user", "content": "new"}])
+        assert await contents(service) == ["new"]
+        assert (await sessions.get_session(service, "r")).message_count == 1
+    finally:
+        await other.close()
+
+
 async def test_postgresql_restarted_mid_run_errors_clearly_then_resumes(service: Service, pg_server: Any) -> None:
     """While the server is down a push fails with a StorageError (nothing half-stored);
     once it is back the same Service pushes, reads and searches again by itself."""
