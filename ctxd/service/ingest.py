@@ -32,7 +32,7 @@ import anyio
 import msgspec
 
 from ctxd.engine import calibration
-from ctxd.engine.context import Entry
+from ctxd.engine.context import Entry, is_demonstration, is_observation
 from ctxd.engine.goals import apply_markers, parse_markers
 from ctxd.engine.watermark import find_checkpoint_call
 from ctxd.protocol.compression import CompressedNotification
@@ -273,8 +273,10 @@ def _first_line(text: str) -> str:
 
 
 def _title_of(message: Message) -> str | None:
-    """A session's default title: the first line of its first user message."""
-    if message.role != "user":
+    """A session's default title: the first line of its first user message (not tool output
+    sent as one, nor a demonstration: a SWE-agent session was titled "Here is a demonstration
+    of how to correctly accomplish this task.")."""
+    if message.role != "user" or is_observation(message) or is_demonstration(message):
         return None
     content = message.content
     text = content if isinstance(content, str) else "\n".join(

@@ -199,7 +199,7 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
         except msgspec.ValidationError as exc:
             raise CtxdError(ErrorCode.ImportFailed, f"document: its goal or settings are not valid: {exc}",
                             {"field": "document"}) from None
-        first_user = next((m for m, *_ in items if m.role == "user"), None)
+        first_user = next((m for m, *_ in items if _title_of(m)), None)
         title = params.title or doc.title
         if title is None and first_user is not None:
             title = _title_of(first_user)

@@ -331,3 +331,15 @@ async def test_a_newest_step_too_big_together_still_gets_a_prompt(service: Servi
     assert "left out by ctxd" in texts and "def f99_0()" in texts and "test_99_0 PASSED" in texts
     assert json.dumps(task)[1:-1] in texts  # the task verbatim, not folded to make room
 
+
+
+async def test_a_sessions_default_title_is_not_a_demonstration(service: Service) -> None:
+    """SWE-agent opens with a worked example of another task (``metadata.demonstration``):
+    its sessions were all titled "Here is a demonstration of how to correctly accomplish
+    this task." The title is the first line of the first user message that is the user's."""
+    await sessions.create_session(service, params("session/create", sessionId="demo", model="gpt-4o"))
+    await ingest.push(service, params("session/push", sessionId="demo", messages=[
+        {"role": "user", "content": "Here is a demonstration of how to correctly accomplish this task.\n...",
+         "metadata": {"demonstration": True}},
+        {"role": "user", "content": "Fix the TimeDelta rounding in fields.py\nSteps: ..."}]))
+    assert (await sessions.get_session(service, "demo")).title == "Fix the TimeDelta rounding in fields.py"
