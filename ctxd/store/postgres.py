@@ -125,6 +125,7 @@ class PostgresDatabase(Database):
         self._lz4 = False
         """The server compresses large values with lz4 (decided at open, see :meth:`_writer_conn`)."""
         self._notifier: _Notifier | None = None
+        self._closing = False
         self._relay_tasks: list[asyncio.Task[None]] = []
         self.commits = 0
         self.jobs = 0
@@ -202,6 +203,7 @@ class PostgresDatabase(Database):
                 raw.execute("INSERT INTO ctxd_schema (version, name) VALUES (%s, %s)", (version, name))
 
     async def close(self) -> None:
+        self._closing = True  # (no notifier is started after this one stopped)
         async with self._apart_lock:  # (a large write under way commits first)
             apart, self._apart = self._apart, None
             if apart is not None:
@@ -245,6 +247,9 @@ class PostgresDatabase(Database):
         size = len(message.encode())
         if size > MAX_RELAYED_BYTES:
             log.warning("a notification of %d bytes is too large for the other daemons; not relayed", size)
+            return
+        if self._closing:
+            log.debug("closing: a notification was not relayed (the other daemons catch up by reading)")
             return
         if self._notifier is None:
             self._notifier = _Notifier(self.url, self._kwargs)

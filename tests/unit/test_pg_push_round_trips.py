@@ -11,6 +11,7 @@ by COPY in its binary format: the bodies as they are, not written out in hex."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,18 @@ def test_two_large_notifications_sharing_a_part_both_arrive(pg_server: Any) -> N
         assert got == [a, b]
     finally:
         listener.close()
+
+
+async def test_a_notification_published_while_closing_starts_no_new_notifier(pg_server: Any) -> None:
+    """close() stops the notifier thread; a notification published while it waits for that
+    thread started a new one, with a connection nothing would ever close (found by review)."""
+    from ctxd.store.postgres import PostgresDatabase
+
+    db = PostgresDatabase(pg_server.create_database())
+    await db.open()
+    db.publish('{"m": 1}')
+    closing = asyncio.create_task(db.close())
+    await asyncio.sleep(0)  # (close is waiting for the notifier thread)
+    db.publish('{"m": 2}')
+    await closing
+    assert not [t for t in threading.enumerate() if t.name == "ctxd-pg-notify" and t.is_alive()]
