@@ -6,6 +6,7 @@ is visible before its COMMIT, and it is acknowledged after."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any
 
@@ -82,3 +83,40 @@ async def test_bodies_are_compressed_with_lz4_when_the_server_has_it(service: Se
         methods = [row[0] for row in conn.execute(
             "SELECT pg_column_compression(body) FROM messages WHERE session_id = 'z' ORDER BY seq")]
     assert methods == ["lz4", "lz4", "lz4"]
+
+
+async def test_a_small_push_commits_while_an_import_is_being_written(
+        service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An import's one transaction (10,000 rows) held every other client's push on the one
+    writer for ~230 ms (bench fairness on PostgreSQL): it runs on the second writer."""
+    from ctxd.service import transfer
+
+    await sessions.create_session(service, params("session/create", sessionId="small", model="gpt-4o"))
+    inside = threading.Event()
+    release = threading.Event()
+    real = message_store.insert_messages
+
+    def held(conn: Any, session_id: str, rows: Any, *more: Any) -> None:
+        real(conn, session_id, rows, *more)
+        if session_id == "imported":
+            inside.set()
+            assert release.wait(30)
+
+    monkeypatch.setattr(message_store, "insert_messages", held)
+    document = {"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
+                             for i in range(40)]}
+    importing = asyncio.create_task(transfer.import_session(service, params(
+        "session/import", document=json.dumps(document), sessionId="imported")))
+    try:
+        while not inside.is_set():
+            await asyncio.sleep(0.01)
+            assert not importing.done(), importing
+        small = await asyncio.wait_for(ingest.push(service, params(
+            "session/push", sessionId="small", messages=[{"role": "user", "content": "hello"}])), 20)
+        assert [m.seq for m in small.messages] == [1]
+    finally:
+        release.set()
+    result = await asyncio.wait_for(importing, 30)
+    assert result.session_ids == ["imported"]
+    got = await history.history(service, params("session/history", sessionId="imported"))
+    assert len(got.messages) == 40
