@@ -57,6 +57,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ctxd.engine.context import is_demonstration, is_observation
 from ctxd.engine.extract import Extraction, extract
 from ctxd.engine.folding import split_attachment
 from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, message_text
@@ -589,10 +590,8 @@ def _item_chars(level: Level, target: int) -> int:
 # ---- chat messages --------------------------------------------------------------------------
 
 def _not_the_users(message: Message) -> bool:
-    """Tool output or a worked example sent as a user message (``metadata.observation`` or
-    ``metadata.demonstration``, engine/context.py)."""
-    metadata = message.metadata or {}
-    return metadata.get("observation") is True or metadata.get("demonstration") is True
+    """Tool output or a worked example sent as a user message (engine/context.py)."""
+    return is_observation(message) or is_demonstration(message)
 
 
 def is_chat(messages: Sequence[Message]) -> bool:
@@ -602,8 +601,7 @@ def is_chat(messages: Sequence[Message]) -> bool:
     for message in messages:
         if message.role == "tool" or message.tool_calls:
             return False
-        metadata = message.metadata
-        if metadata and (metadata.get("observation") is True or metadata.get("demonstration") is True):
+        if _not_the_users(message):
             return False
         content = message.content
         if isinstance(content, list):
@@ -969,10 +967,8 @@ def _candidates(request: SummaryRequest, analysis: _Analysis
     n = max(1, len(request.messages))
     order = 0
     for index, message in enumerate(request.messages):
-        if message.role == "user" and (message.metadata or {}).get("observation") is True:
-            continue  # tool output sent back as a user message: facts, not the user's words
-        if message.role == "user" and (message.metadata or {}).get("demonstration") is True:
-            continue  # a worked example of another task: neither a request nor progress
+        if message.role == "user" and _not_the_users(message):
+            continue  # tool output or a worked example sent as a user message: not the user's request
         texts = _texts(message)
         if not texts:
             continue

@@ -19,6 +19,23 @@ from ctxd.store import messages as message_store
 from .service_helpers import params
 
 
+def _held_inserts(monkeypatch: pytest.MonkeyPatch, held_session: str) -> tuple[threading.Event, threading.Event]:
+    """Message rows for ``held_session`` stop once written, their transaction still open:
+    (set when they are in, set to let the transaction go on)."""
+    inside = threading.Event()
+    release = threading.Event()
+    real = message_store.insert_messages
+
+    def held(conn: Any, session_id: str, rows: Any, *more: Any) -> None:
+        real(conn, session_id, rows, *more)
+        if session_id == held_session:
+            inside.set()
+            assert release.wait(30)
+
+    monkeypatch.setattr(message_store, "insert_messages", held)
+    return inside, release
+
+
 @pytest.fixture
 def storage_url(pg_server: Any) -> str:
     return pg_server.create_database()
@@ -29,17 +46,7 @@ async def test_a_small_push_commits_while_a_large_push_is_being_written(
     monkeypatch.setattr(ingest, "STAGE_BYTES", 10_000)  # (the sizes do not matter to the mechanism)
     for sid in ("big", "small"):
         await sessions.create_session(service, params("session/create", sessionId=sid, model="gpt-4o"))
-    inside = threading.Event()
-    release = threading.Event()
-    real = message_store.insert_messages
-
-    def held(conn: Any, session_id: str, rows: Any, *more: Any) -> None:
-        real(conn, session_id, rows, *more)
-        if session_id == "big":  # the large push's rows are in, its transaction still open
-            inside.set()
-            assert release.wait(30)
-
-    monkeypatch.setattr(message_store, "insert_messages", held)
+    inside, release = _held_inserts(monkeypatch, "big")
     big = [{"role": "user", "content": f"part {i} " + "lorem ipsum " * 500} for i in range(4)]
     large = asyncio.create_task(ingest.push(service, params("session/push", sessionId="big", messages=big)))
     try:
@@ -92,17 +99,7 @@ async def test_a_small_push_commits_while_an_import_is_being_written(
     from ctxd.service import transfer
 
     await sessions.create_session(service, params("session/create", sessionId="small", model="gpt-4o"))
-    inside = threading.Event()
-    release = threading.Event()
-    real = message_store.insert_messages
-
-    def held(conn: Any, session_id: str, rows: Any, *more: Any) -> None:
-        real(conn, session_id, rows, *more)
-        if session_id == "imported":
-            inside.set()
-            assert release.wait(30)
-
-    monkeypatch.setattr(message_store, "insert_messages", held)
+    inside, release = _held_inserts(monkeypatch, "imported")
     document = {"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
                              for i in range(40)]}
     importing = asyncio.create_task(transfer.import_session(service, params(

@@ -81,6 +81,12 @@ async def test_tags_idempotency_and_duplicate_sessions(service: Service) -> None
     assert again.message_count == 2
 
 
+async def _contents(svc: Service, session_id: str) -> list[Any]:
+    """The contents of the session's prompt (OpenAI shape), message by message."""
+    result = await prompt.prompt(svc, params("context/prompt", sessionId=session_id, format="openai"))
+    return [m["content"] if isinstance(m, dict) else m.content for m in result.messages]
+
+
 def _twin(config: Config, tmp_path: Path) -> Config:
     return Config(daemon=DaemonConfig(data_dir=str(tmp_path / "twin")), storage=StorageConfig(url=config.storage.url))
 
@@ -142,18 +148,14 @@ async def test_a_prompt_through_another_daemon_is_never_stale(service: Service, 
         pytest.skip("two daemons on one database is PostgreSQL's case")
     other = await Service.open(_twin(service_config, tmp_path), events=CollectingEvents())
 
-    async def contents(svc: Service) -> list[Any]:
-        result = await prompt.prompt(svc, params("context/prompt", sessionId="p", format="openai"))
-        return [m["content"] if isinstance(m, dict) else m.content for m in result.messages]
-
     try:
         await _create(service, "p")
         await _push(service, "p", [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}])
-        assert await contents(other) == ["one", "two"]
+        assert await _contents(other, "p") == ["one", "two"]
         await _push(service, "p", [{"role": "user", "content": "three"}])
-        assert await contents(other) == ["one", "two", "three"]
+        assert await _contents(other, "p") == ["one", "two", "three"]
         await _push(other, "p", [{"role": "assistant", "content": "four"}])
-        assert await contents(service) == ["one", "two", "three", "four"]
+        assert await _contents(service, "p") == ["one", "two", "three", "four"]
         assert (await sessions.get_session(service, "p")).message_count == 4
     finally:
         await other.close()
@@ -168,18 +170,14 @@ async def test_a_session_deleted_and_created_again_by_another_daemon_is_not_serv
         pytest.skip("two daemons on one database is PostgreSQL's case")
     other = await Service.open(_twin(service_config, tmp_path), events=CollectingEvents())
 
-    async def contents(svc: Service) -> list[Any]:
-        result = await prompt.prompt(svc, params("context/prompt", sessionId="r", format="openai"))
-        return [m["content"] if isinstance(m, dict) else m.content for m in result.messages]
-
     try:
         await _create(service, "r")
         await _push(service, "r", [{"role": "user", "content": f"old {i}"} for i in range(6)])
-        assert len(await contents(service)) == 6
+        assert len(await _contents(service, "r")) == 6
         await sessions.delete_session(other, "r")
         await _create(other, "r")
         await _push(other, "r", [{"role": "user", "content": "new"}])
-        assert await contents(service) == ["new"]
+        assert await _contents(service, "r") == ["new"]
         assert (await sessions.get_session(service, "r")).message_count == 1
     finally:
         await other.close()
