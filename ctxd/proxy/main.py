@@ -152,7 +152,7 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
     # Each upstream request is written in one send (wire.py); the transport is used
     # without an httpx.AsyncClient (app.Proxy).
-    async with wire.upstream_transport(limits=limits, trust_env=False) as transport:
+    async with wire.UpstreamTransport(limits=limits) as transport:
         sessions = Sessions(link, default_window=config.proxy.context_window)
         proxy = Proxy(config.proxy, sessions, transport, timeout)
         # Only the user running the proxy is served (peers.py): each connection's uid is

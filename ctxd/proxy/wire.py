@@ -12,17 +12,18 @@ woken peer (cProfile of the proxy on a loaded 2-core machine: ~1 ms of wall time
   the event loop goes out together at the start of the next.
 * :class:`CoalescingStream` (the upstream side, an httpcore network stream): a request's
   writes are held until httpcore reads the answer (HTTP/1.1 reads only after the whole
-  request is written), or until ``FLUSH_BYTES`` are held.
+  request is written), or until ``FLUSH_BYTES`` are held; :class:`UpstreamTransport` is
+  httpx's transport over httpcore's connection pool with that stream's backend.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
-from typing import Any
+from typing import Any, AsyncIterator
 
-log = logging.getLogger("ctxd.proxy")
+import httpcore
+import httpx
 
 FLUSH_BYTES = 256 * 1024
 """An upstream request body is sent on once this much of it is held (a large upload is
@@ -91,94 +92,153 @@ def coalescing(protocol: type[Any]) -> type[Any]:
 
 # --- the upstream side (httpcore) ---------------------------------------------------------
 
-try:
-    import httpcore
-except ImportError:  # pragma: no cover (httpx depends on it)
-    httpcore = None  # type: ignore[assignment]
 
+class CoalescingStream(httpcore.AsyncNetworkStream):
+    """An httpcore connection's stream holding what is written until the answer is
+    read (or ``FLUSH_BYTES`` are held), then sending it in one write."""
 
-if httpcore is not None:
-    class CoalescingStream(httpcore.AsyncNetworkStream):
-        """An httpcore connection's stream holding what is written until the answer is
-        read (or ``FLUSH_BYTES`` are held), then sending it in one write."""
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._timeout: float | None = None
 
-        def __init__(self, stream: Any) -> None:
-            self._stream = stream
-            self._pending: list[bytes] = []
-            self._size = 0
-            self._timeout: float | None = None
-
-        async def _flush(self) -> None:
-            if self._pending:
-                data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-                self._pending.clear()
-                self._size = 0
-                await self._stream.write(data, self._timeout)
-
-        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-            if not buffer:
-                return
-            self._pending.append(bytes(buffer))
-            self._size += len(buffer)
-            self._timeout = timeout
-            if self._size >= FLUSH_BYTES:
-                await self._flush()
-
-        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-            try:
-                await self._flush()
-            except httpcore.WriteError:
-                # As httpcore does when a request's write fails: the answer is read
-                # anyway (a server may have answered early and closed; else the read
-                # fails, "Server disconnected without sending a response").
-                pass
-            return await self._stream.read(max_bytes, timeout)
-
-        async def aclose(self) -> None:
+    async def _flush(self) -> None:
+        if self._pending:
+            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
             self._pending.clear()
-            await self._stream.aclose()
+            self._size = 0
+            await self._stream.write(data, self._timeout)
 
-        async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
-                            timeout: float | None = None) -> Any:
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        self._pending.append(bytes(buffer))
+        self._size += len(buffer)
+        self._timeout = timeout
+        if self._size >= FLUSH_BYTES:
             await self._flush()
-            return CoalescingStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
 
-        def get_extra_info(self, info: str) -> Any:
-            return self._stream.get_extra_info(info)
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            await self._flush()
+        except httpcore.WriteError:
+            # As httpcore does when a request's write fails: the answer is read
+            # anyway (a server may have answered early and closed; else the read
+            # fails, "Server disconnected without sending a response").
+            pass
+        return await self._stream.read(max_bytes, timeout)
 
-    class CoalescingBackend(httpcore.AsyncNetworkBackend):
-        """httpcore's network backend, its connections' streams made :class:`CoalescingStream`."""
+    async def aclose(self) -> None:
+        self._pending.clear()
+        await self._stream.aclose()
 
-        def __init__(self, backend: Any) -> None:
-            self._backend = backend
+    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                        timeout: float | None = None) -> Any:
+        await self._flush()
+        return CoalescingStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
 
-        async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                              local_address: str | None = None, socket_options: Any = None) -> Any:
-            return CoalescingStream(await self._backend.connect_tcp(
-                host, port, timeout=timeout, local_address=local_address, socket_options=socket_options))
-
-        async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                      socket_options: Any = None) -> Any:
-            return CoalescingStream(await self._backend.connect_unix_socket(
-                path, timeout=timeout, socket_options=socket_options))
-
-        async def sleep(self, seconds: float) -> None:
-            await self._backend.sleep(seconds)
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
 
 
-def upstream_transport(**options: Any) -> Any:
-    """httpx's transport for the upstreams (``options``: ``httpx.AsyncHTTPTransport``'s),
-    its connections writing each request in one send. httpx offers no public way to give
-    its connection pool a network backend (httpcore's own ``network_backend``), so the
-    pool it made is given one; should a later httpx keep it elsewhere, the transport is
-    used as it is (each request then takes two sends, as before)."""
-    import httpx
+class CoalescingBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, its connections' streams made :class:`CoalescingStream`."""
 
-    transport = httpx.AsyncHTTPTransport(**options)
-    pool = getattr(transport, "_pool", None)
-    if httpcore is not None and isinstance(pool, httpcore.AsyncConnectionPool) \
-            and isinstance(getattr(pool, "_network_backend", None), httpcore.AsyncNetworkBackend):
-        pool._network_backend = CoalescingBackend(pool._network_backend)
-    else:
-        log.debug("httpx's connection pool not recognised: upstream requests are written as httpcore writes them")
-    return transport
+    def __init__(self, backend: httpcore.AsyncNetworkBackend) -> None:
+        self._backend = backend
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None, socket_options: Any = None) -> Any:
+        return CoalescingStream(await self._backend.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address, socket_options=socket_options))
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Any = None) -> Any:
+        return CoalescingStream(await self._backend.connect_unix_socket(
+            path, timeout=timeout, socket_options=socket_options))
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
+_ERRORS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
+    (httpcore.TimeoutException, httpx.TimeoutException), (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout), (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout), (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ConnectError, httpx.ConnectError), (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError), (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol), (httpcore.ProtocolError, httpx.ProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError))
+
+
+def httpx_error(exc: Exception) -> httpx.HTTPError | None:
+    """httpx's exception for one of httpcore's: the most specific that applies, as
+    ``httpx.AsyncHTTPTransport`` maps them (its mapping is not public); None for any
+    other exception."""
+    found: type[httpx.HTTPError] | None = None
+    for theirs, ours in _ERRORS:
+        if isinstance(exc, theirs) and (found is None or issubclass(ours, found)):
+            found = ours
+    return None if found is None else found(str(exc))
+
+
+class AnswerStream(httpx.AsyncByteStream):
+    """An upstream answer's body as httpx reads it, httpcore's errors made httpx's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for part in self._stream:
+                yield part
+        except Exception as exc:
+            mapped = httpx_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class UpstreamTransport(httpx.AsyncBaseTransport):
+    """httpx's transport for the upstreams: httpx's transport interface over httpcore's
+    connection pool, whose connections write each request in one send
+    (:class:`CoalescingBackend`). Both libraries' public APIs: httpx offers no way to give
+    its ``AsyncHTTPTransport`` a network backend, httpcore's pool takes one. It does what
+    ``AsyncHTTPTransport`` does for what a proxy needs: HTTP/1.1, the limits, TLS with the
+    system's certificates, no proxy settings taken from the environment."""
+
+    def __init__(self, *, limits: httpx.Limits, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
+            max_connections=limits.max_connections, max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry, network_backend=CoalescingBackend(httpcore.AnyIOBackend()))
+
+    async def __aenter__(self) -> UpstreamTransport:
+        await self.pool.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        core = httpcore.Request(method=request.method, url=httpcore.URL(
+            scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+            headers=request.headers.raw, content=request.stream, extensions=request.extensions)
+        try:
+            answer = await self.pool.handle_async_request(core)
+        except Exception as exc:
+            mapped = httpx_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        return httpx.Response(status_code=answer.status, headers=answer.headers,
+                              stream=AnswerStream(answer.stream), extensions=answer.extensions)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()

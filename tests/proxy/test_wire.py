@@ -5,9 +5,11 @@ proxy tests exercise both through real sockets."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import httpcore
+import httpx
 import pytest
 
 from ctxd.proxy import wire
@@ -121,13 +123,57 @@ async def test_a_failed_write_still_reads_the_answer_as_httpcore_does() -> None:
     assert real.events == [("read", b"")]
 
 
-async def test_the_upstream_transport_gets_the_coalescing_backend() -> None:
-    transport = wire.upstream_transport(trust_env=False)
-    try:
-        backend = transport._pool._network_backend  # type: ignore[attr-defined]
-        assert isinstance(backend, wire.CoalescingBackend)
-    finally:
-        await transport.aclose()
+async def test_the_upstream_transport_writes_a_request_in_one_send_and_reads_its_answer() -> None:
+    """A real server on 127.0.0.1: the request (head and body) arrives in one segment,
+    and the answer comes back through httpx's interface."""
+    got: list[bytes] = []
+    arrived = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.append(await reader.read(65536))  # one read: what one send delivered
+        arrived.set()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: text/plain\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, wire.UpstreamTransport(limits=httpx.Limits()) as transport:
+        request = httpx.Request("POST", f"http://127.0.0.1:{port}/v1/chat/completions?x=1",
+                                content=b'{"messages": []}', headers={"content-type": "application/json"})
+        response = await transport.handle_async_request(request)
+        assert response.status_code == 200 and response.headers["content-type"] == "text/plain"
+        assert await response.aread() == b"hello"
+        await arrived.wait()
+    head, _, body = got[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n") and body == b'{"messages": []}'
+
+
+async def test_the_upstream_transport_raises_httpx_errors() -> None:
+    """httpcore's exceptions come out as httpx's, the most specific one: what the proxy
+    catches to answer 502/504 and to send a request again."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    async with wire.UpstreamTransport(limits=httpx.Limits()) as transport:
+        with pytest.raises(httpx.ConnectError):
+            await transport.handle_async_request(httpx.Request("GET", f"http://127.0.0.1:{port}/"))
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, wire.UpstreamTransport(limits=httpx.Limits()) as transport:
+        request = httpx.Request("GET", f"http://127.0.0.1:{port}/",
+                                extensions={"timeout": httpx.Timeout(0.2).as_dict()})
+        with pytest.raises(httpx.ReadTimeout):
+            await transport.handle_async_request(request)
+    assert wire.httpx_error(ValueError("not httpcore's")) is None
+    assert type(wire.httpx_error(httpcore.ConnectTimeout("x"))) is httpx.ConnectTimeout
 
 
 def test_the_event_loop_is_uvloop_when_installed() -> None:
