@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 import msgspec
@@ -20,7 +20,7 @@ from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.goal import Goal
 from ctxd.protocol.history import ExportParams, ExportResult, ImportParams, ImportResult
 from ctxd.protocol.message import Message
-from ctxd.service import compression
+from ctxd.service import compression, turns
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.ingest import PIPELINE_MESSAGES, THREAD_COUNT_BYTES, _add_stats, _title_of, check_message
@@ -89,9 +89,12 @@ def too_many(count: int, limit: int) -> CtxdError:
                      {"field": "document", "count": count, "limit": limit})
 
 
-def _parse(params: ImportParams, max_messages: int) -> tuple[list[SessionDocument], str, list[str]]:
-    """The document's conversations; run in a thread. A ctxd JSON export is counted before
-    any message is decoded, so an oversized one is refused for the price of a scan."""
+def _parse(params: ImportParams, max_messages: int,
+           between: Callable[[], object] | None = None) -> tuple[list[SessionDocument], str, list[str]]:
+    """The document's conversations; run in a thread, calling ``between`` (the daemon's
+    ``Turns.step_aside_and_rest``) between pieces of a ctxd JSON export's scan and decode. A
+    ctxd JSON export is counted before any message is decoded, so an oversized one is
+    refused for the price of a scan."""
     from ctxd.exchange.document import import_outline, outline_json
     from ctxd.exchange.jsonl import import_jsonl, is_ctxd_jsonl
     from ctxd.exchange.markdown import import_markdown, is_ctxd_markdown
@@ -110,10 +113,10 @@ def _parse(params: ImportParams, max_messages: int) -> tuple[list[SessionDocumen
             fmt = "markdown"
     try:
         if fmt == "json":
-            outline = outline_json(text)
+            outline = outline_json(text, between)
             if len(outline.messages) > max_messages:
                 raise too_many(len(outline.messages), max_messages)
-            return [import_outline(outline)], fmt, []
+            return [import_outline(outline, between)], fmt, []
         if fmt == "jsonl":
             return [import_jsonl(text)], fmt, []
         if fmt == "markdown":
@@ -150,8 +153,11 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
         # Reading the frame just held the loop: other clients' requests go first, then the
         # scan (which holds the interpreter while it runs, thread or not).
         await anyio.sleep(PAUSE_SECONDS)
-    # Decoding a large document on the event loop would stall every other client.
-    docs, fmt, warnings = await anyio.to_thread.run_sync(_parse, params, max_messages)
+    # Decoding a large document on the event loop would stall every other client; in a
+    # thread, it steps aside while their requests run.
+    turns.TURNS.mark_heavy()
+    docs, fmt, warnings = await anyio.to_thread.run_sync(_parse, params, max_messages,
+                                                         turns.TURNS.step_aside_and_rest)
     count = sum(len(doc.messages) for doc in docs)
     if count > max_messages:
         raise too_many(count, max_messages)
