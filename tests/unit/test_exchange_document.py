@@ -153,3 +153,23 @@ def test_an_import_over_the_cap_is_refused_from_slices(fmt: str, small_slices: N
     docs, parsed, _ = _parse(ImportParams(document=text, format=fmt), 300, lambda: calls.append(1))
     assert parsed == "json" and [m.seq for m in docs[0].messages] == list(range(1, 301)) and calls
 
+
+def test_an_imports_messages_are_prepared_stepping_aside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``session/import`` validates, encodes and counts the messages in a thread that steps
+    aside between pieces (before: on the event loop, in 10 ms slices), and refuses a
+    message over ``limits.max_message_bytes`` with its figures."""
+    from ctxd.protocol.errors import CtxdError
+    from ctxd.service import transfer
+    from ctxd.tokens import TokenCounter
+
+    monkeypatch.setattr(transfer, "STEP_SECONDS", 0.0)
+    doc = import_outline(outline_json(export([entry(i, f"message {i}") for i in range(40)])))
+    calls: list[int] = []
+    items, stats, used, system = transfer._prepare(doc, TokenCounter.for_model("gpt-4"), 4096, "now",
+                                                   lambda: calls.append(1))
+    assert len(items) == 40 and len(calls) >= 39 and used == sum(t.context for _, _, t, _ in items)
+    assert [m.content for m, *_ in items] == [f"message {i}" for i in range(40)]
+    assert all(body == msgspec.json.encode(m) and created == "2025-01-01T00:00:00Z" for m, body, _, created in items)
+    with pytest.raises(CtxdError) as refused:
+        transfer._prepare(doc, TokenCounter.for_model("gpt-4"), 20, "now", lambda: None)
+    assert refused.value.data == {"field": "messages[0]", "size": len(items[0][1]), "limit": 20}
