@@ -243,8 +243,7 @@ def doctor(ctx: click.Context, data_dir: str | None, url: str | None, database: 
         path = Path(database).expanduser()
     else:
         if data_dir:
-            settings.data_dir = data_dir
-            settings._config = None
+            settings.use_data_dir(data_dir)
         path = settings.config.data_dir.expanduser() / store_doctor.DB_NAME
     if not path.exists():
         where = f"in {path.parent}" if not database else f"at {path}"

@@ -140,6 +140,12 @@ class Settings:
                 out.setdefault("daemon", {})[key] = value
         return out
 
+    def use_data_dir(self, data_dir: str) -> None:
+        """Another data directory than the flags gave (a subcommand's own option): the
+        configuration is loaded again with it."""
+        self.data_dir = data_dir
+        self._config = None
+
     @property
     def config(self) -> Config:
         if self._config is None:

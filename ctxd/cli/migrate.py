@@ -50,7 +50,7 @@ def _copy_back(url: str, path: Path, password_file: str) -> dict[str, Any]:
     from ctxd.store.copy import copy_to_sqlite
     from ctxd.store.postgres import PostgresDatabase, migrations
 
-    kwargs = PostgresDatabase(url, password_file=password_file)._kwargs()
+    kwargs = PostgresDatabase(url, password_file=password_file).connect_kwargs()
     try:
         pg = psycopg.connect(url, autocommit=True, **kwargs)
     except psycopg.Error as exc:

@@ -133,7 +133,8 @@ class PostgresDatabase(Database):
     def describe(self) -> str:
         return self.url
 
-    def _kwargs(self) -> dict[str, Any]:
+    def connect_kwargs(self) -> dict[str, Any]:
+        """psycopg's connection arguments besides the URL (timeout, name, the password file's password)."""
         kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, "application_name": "ctxd"}
         if self.password_file:
             kwargs["password"] = read_password_file(Path(self.password_file).expanduser())
@@ -142,7 +143,7 @@ class PostgresDatabase(Database):
     # --- lifecycle -----------------------------------------------------------------
 
     async def open(self) -> None:
-        kwargs = self._kwargs()
+        kwargs = self.connect_kwargs()
         try:
             self._writer = SqliteThread("ctxd-pg-writer")
             await self._writer.open(partial(self._connect, kwargs))
@@ -228,7 +229,7 @@ class PostgresDatabase(Database):
         """A session-level advisory lock on a connection of its own, awaited without holding
         a thread; the connection's end (even the daemon's death) releases it."""
         try:
-            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._kwargs())
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self.connect_kwargs())
         except psycopg.Error as exc:
             raise CtxdError(ErrorCode.StorageError, f"cannot reach the database for a lock: {exc}") from None
         try:
@@ -252,7 +253,7 @@ class PostgresDatabase(Database):
             log.debug("closing: a notification was not relayed (the other daemons catch up by reading)")
             return
         if self._notifier is None:
-            self._notifier = _Notifier(self.url, self._kwargs)
+            self._notifier = _Notifier(self.url, self.connect_kwargs)
             self._notifier.start()
         self._notifier.queue.put(message)
 
@@ -272,7 +273,7 @@ class PostgresDatabase(Database):
             joined = Reassembly()
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True,
-                                                                 **self._kwargs()) as conn:
+                                                                 **self.connect_kwargs()) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     if not ready.done():
                         ready.set_result(None)
@@ -350,7 +351,7 @@ class PostgresDatabase(Database):
             if self._apart is None:
                 apart = SqliteThread("ctxd-pg-writer-apart")
                 try:
-                    await apart.open(partial(self._connect, self._kwargs()))
+                    await apart.open(partial(self._connect, self.connect_kwargs()))
                 except (psycopg.Error, StoreOpenError) as exc:
                     await apart.close()
                     raise CtxdError(ErrorCode.StorageError,
@@ -374,7 +375,7 @@ class PostgresDatabase(Database):
     def _run_apart(self, conn: PgConn, job: _Job) -> tuple[bool, Any]:
         if conn.raw.closed:
             try:
-                conn.raw = self._writer_conn(self._kwargs())
+                conn.raw = self._writer_conn(self.connect_kwargs())
             except (psycopg.Error, StoreOpenError) as exc:
                 return False, CtxdError(ErrorCode.StorageError, f"the database is unreachable, nothing was stored: "
                                                                 f"{exc}")
@@ -395,7 +396,7 @@ class PostgresDatabase(Database):
         for _ in range(BATCH_ATTEMPTS):
             if self._broken or conn.raw.closed:
                 try:
-                    conn.raw = self._writer_conn(self._kwargs())
+                    conn.raw = self._writer_conn(self.connect_kwargs())
                 except (psycopg.Error, StoreOpenError) as exc:
                     return [(False, CtxdError(ErrorCode.StorageError,
                                               f"the database is unreachable, nothing was stored: {exc}"))] * len(batch)
