@@ -20,6 +20,8 @@ client sends one large request per scenario:
 - ``import``: ``session/import`` of a 200,000-message document (refused by the
   ``limits.max_batch_messages`` cap), then of a legal 10,000-message one (after a
   3-message import: the document modules load on first use);
+- ``import-large`` (only when named): a legal ``session/import`` of a ctxd export of the
+  push's messages (40 x 4 MB; quick: 10);
 - ``llm``: ``context/compress`` through an Ollama-compatible summarizer (the real HTTP
   server of ``tests/llm_servers.py``, in a process of its own) answering 20 MB of text
   (quick: 8 MB), which ctxd stops reading at ``summarizer.max_response_bytes`` and falls
@@ -423,32 +425,54 @@ def import_document(n: int) -> str:
                        "messages": messages, "checkpoints": [], "compressions": [], "events": []})
 
 
+def import_request(document: str) -> tuple[Callable[[SocketClient], None], Callable[[SocketClient], str]]:
+    """(prepare, heavy) for a ``session/import`` of ``document``. The frame is built before
+    the clock starts, as the push's is: encoding a 30 MB document (escaping its quotes) holds
+    this process's interpreter lock ~80 ms, and the light clients are threads of this
+    process (before 2026-11-28 that counted against the daemon). A small import first: the
+    document modules load on first use."""
+    holder: dict[str, Any] = {}
+
+    def prepare(client: SocketClient) -> None:
+        client.request("session/import", {"document": import_document(3), "format": "json", "sessionId": "warm-up"})
+        holder["id"], holder["frame"] = client.frame("session/import", {"document": document, "format": "json"})
+
+    def heavy(client: SocketClient) -> str:
+        client.send(holder["frame"])
+        message = client.wait(holder["id"])
+        if "error" in message:
+            return f"refused {message['error']['code']}: {message['error']['message'][:60]}"
+        return f"{message['result']['messageCount']} messages imported"
+
+    return prepare, heavy
+
+
 def scenario_import(lab: "Lab", plan: Plan) -> list[Row]:
     rows = []
     for n in (plan.import_refused, plan.import_legal):
         document = import_document(n)
-        holder: dict[str, Any] = {}
-
-        def heavy(client: SocketClient) -> str:
-            client.send(holder["frame"])
-            message = client.wait(holder["id"])
-            if "error" in message:
-                return f"refused {message['error']['code']}: {message['error']['message'][:60]}"
-            return f"{message['result']['messageCount']} messages imported"
-
-        def prepare(client: SocketClient, document: str = document) -> None:
-            # The document modules load on first use: a small import first.
-            client.request("session/import", {"document": import_document(3), "format": "json",
-                                              "sessionId": "warm-up"})
-            # The frame is built before the clock starts, as the push's is: encoding a 30 MB
-            # document (escaping its quotes) holds this process's interpreter lock ~80 ms,
-            # and the light clients are threads of this process (before 2026-11-28 that
-            # counted against the daemon).
-            holder["id"], holder["frame"] = client.frame("session/import", {"document": document, "format": "json"})
-
+        prepare, heavy = import_request(document)
         rows.append(measure(lab, "import", f"session/import of {n:,} messages ({len(document) / 1e6:.0f} MB)",
                             heavy, sets=["compression.auto=false"], prepare=prepare))
     return rows
+
+
+def scenario_import_large(lab: "Lab", plan: Plan) -> list[Row]:
+    """(Not in the default set.) A legal import near the frame limit: ``push_messages``
+    messages of just under ``limits.max_message_bytes``, as the push's, in a ctxd export."""
+    rng = random.Random(11)
+    size = 4 * 1024 * 1024 - 2048
+    messages = [{"seq": i + 1, "createdAt": "2025-01-01T00:00:00Z",
+                 "message": {"role": "user" if i % 2 == 0 else "assistant", "content": prose(rng, size)}}
+                for i in range(plan.push_messages)]
+    document = json.dumps({"format": "ctxd.session", "version": 1, "exportedAt": "2025-01-01T00:00:00Z",
+                           "session": {"sessionId": "imported-large", "createdAt": "2025-01-01T00:00:00Z",
+                                       "model": "gpt-4", "contextWindow": 1_000_000},
+                           "messages": messages, "checkpoints": [], "compressions": [], "events": []})
+    del messages
+    prepare, heavy = import_request(document)
+    return [measure(lab, "import-large", f"session/import of {plan.push_messages} x 4 MB "
+                    f"({len(document) / 1e6:.0f} MB)", heavy, sets=["compression.auto=false"], prepare=prepare)]
 
 
 class LLMServerProcess:
@@ -532,6 +556,8 @@ def scenario_llm(lab: "Lab", plan: Plan) -> list[Row]:
 SCENARIOS: dict[str, Callable[["Lab", Plan], list[Row]]] = {
     "idle": scenario_idle, "push": scenario_push, "import": scenario_import, "llm": scenario_llm,
 }
+EXTRA: dict[str, Callable[["Lab", Plan], list[Row]]] = {"import-large": scenario_import_large}
+"""Scenarios run only when ``--only`` names them."""
 
 
 class Lab:
@@ -611,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_llm(argv[1], int(argv[2]))
     p = argparse.ArgumentParser(prog="python -m tests.bench.fairness", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller heavy requests")
-    p.add_argument("--only", default="", help=f"comma-separated scenarios ({', '.join(SCENARIOS)})")
+    p.add_argument("--only", default="", help=f"comma-separated scenarios ({', '.join(SCENARIOS)}; "
+                   f"also {', '.join(EXTRA)})")
     p.add_argument("--out", default="bench-results/fairness.json", help="JSON results file")
     p.add_argument("--strict", action="store_true", help="exit 1 when a p99 is over the target")
     p.add_argument("--keep", action="store_true", help="keep the temp tree (data dirs, daemons' stderr)")
@@ -622,16 +649,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
     chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SCENARIOS)
-    unknown = [s for s in chosen if s not in SCENARIOS]
+    unknown = [s for s in chosen if s not in SCENARIOS and s not in EXTRA]
     if unknown:
-        p.error(f"unknown scenario(s): {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+        p.error(f"unknown scenario(s): {', '.join(unknown)}; choose from {', '.join([*SCENARIOS, *EXTRA])}")
     lab = Lab(args.keep, args.ctxd_path, args.storage)
     rows: list[Row] = []
     started = time.perf_counter()
     try:
         for name in chosen:
             print(f"[fairness {time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
-            rows += SCENARIOS[name](lab, plan)
+            rows += {**SCENARIOS, **EXTRA}[name](lab, plan)
     finally:
         lab.close()
     try:
