@@ -5,9 +5,12 @@ reached directly.
                                 [--daemon in-process|socket]
 
 * added latency of a non-streaming OpenAI request (p50, p99), one conversation growing
-  by a turn per request in a 200K window (no compression due), proxied and direct
-  requests alternating;
-* time to the first streamed byte, proxied and direct;
+  by a turn per request in a 200K window (no compression due), direct, proxied and
+  through a bare pass-through on the same stack (``tests.bench.passthrough``: uvicorn,
+  httpx over httpcore, the proxy's socket and one-send writes, none of ctxd's work: what
+  any proxy of this design adds) in a new order each round; the JSON's ``ctxd_share_ms``
+  is the proxy's added time less the pass-through's;
+* time to the first streamed byte, the same three;
 * 100 concurrent streaming conversations of 3 turns each through the proxy: wall time,
   per-request p50/p99, that every session holds its 6 messages, and the proxy's RSS;
 * a 300-turn Anthropic conversation (a tool call and its output each turn, the client's
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import shutil
 import sys
 import time
@@ -69,6 +73,15 @@ async def _first_byte(http: httpx.AsyncClient, url: str, messages: list[dict[str
                     delta = json.loads(line[6:])["choices"][0]["delta"]
                     text += delta.get("content") or ""
     return first or 0.0, (time.perf_counter() - start) * 1000, text
+
+
+def _order(urls: dict[str, str], i: int) -> list[str]:
+    """The order of round ``i``'s requests, a permutation of its own (seeded): no target
+    always follows the same one (the request after a proxied one finds the daemon storing
+    its reply)."""
+    order = list(urls)
+    random.Random(i).shuffle(order)
+    return order
 
 
 LONG_WINDOW = 8192
@@ -230,6 +243,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
     base = short_dir("ctxd-bench-proxy-")
     daemon = Daemon(base / "data", socket_path=base / "run" / "ctxd.sock")
     proxy: ProxyProcess | None = None
+    floor: ProxyProcess | None = None
     try:
         if args.daemon == "socket":
             daemon.start()
@@ -241,40 +255,49 @@ async def run(args: argparse.Namespace) -> list[Result]:
             if args.daemon == "in-process":
                 proxy.command.remove("--no-autostart")  # no daemon runs: the proxy runs one itself
             proxy.start()
+            floor = ProxyProcess(daemon.socket_path, upstream, base / "floor.log", [])
+            floor.command = [sys.executable, "-m", "tests.bench.passthrough", upstream.url]
+            floor.start()
             direct_url = upstream.url + "/v1/chat/completions"
             proxied_url = proxy.url + "/v1/chat/completions"
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
             async with httpx.AsyncClient(timeout=60, limits=limits) as http:
-                # 1. Non-streaming added latency.
+                # 1. Non-streaming added latency: direct, through the bare pass-through (the
+                # stack's floor) and through ctxd, in a new order each round.
                 messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a benchmark."}]
-                direct: list[float] = []
-                proxied: list[float] = []
+                urls = {"direct": direct_url, "floor": floor.url + "/v1/chat/completions", "proxy": proxied_url}
+                times: dict[str, list[float]] = {k: [] for k in urls}
                 # No compression due (what the issue's target is for): at the default 8K window
                 # passes ran from about request 130 on.
                 headers = {"authorization": "Bearer bench", "x-ctxd-session": "bench-latency",
                            "x-ctxd-context-window": "200000"}
                 for i in range(args.requests):
                     messages.append({"role": "user", "content": f"Request {i}: report the build status of module {i}."})
-                    direct.append(await _whole(http, direct_url, messages, headers))
-                    proxied.append(await _whole(http, proxied_url, messages, headers))
+                    for k in _order(urls, i):
+                        times[k].append(await _whole(http, urls[k], messages, headers))
                     messages.append({"role": "assistant", "content": f"Answer to: Request {i}: report the build "
                                                                        f"status of module {i}."})
                 warm = slice(min(10, args.requests // 10), None)
                 for q in (50, 99):
-                    d, p = percentile(direct[warm], q), percentile(proxied[warm], q)
+                    d, f, p = (percentile(times[k][warm], q) for k in ("direct", "floor", "proxy"))
                     results.append(Result("proxy", f"non-streaming request p{q} (added {p - d:.2f} ms)", p, "ms",
-                                          d, "direct", p / d if d else None))
+                                          d, "direct", p / d if d else None,
+                                          details={"added_ms": p - d, "floor_added_ms": f - d,
+                                                   "ctxd_share_ms": p - f}))
+                    results.append(Result("proxy", f"  through a bare pass-through on the same stack, p{q} "
+                                          f"(added {f - d:.2f} ms)", f, "ms", d, "direct", f / d if d else None))
                 # 2. Time to first streamed byte.
-                first_direct: list[float] = []
-                first_proxied: list[float] = []
+                firsts: dict[str, list[float]] = {k: [] for k in urls}
                 for i in range(max(20, args.requests // 4)):
                     msgs = [{"role": "user", "content": f"Stream {i}, please."}]
                     h = {"authorization": "Bearer bench", "x-ctxd-session": f"bench-ttfb-{i}"}
-                    first_direct.append((await _first_byte(http, direct_url, msgs, h))[0])
-                    first_proxied.append((await _first_byte(http, proxied_url, msgs, h))[0])
-                d, p = percentile(first_direct, 50), percentile(first_proxied, 50)
+                    for k in _order(urls, i):
+                        firsts[k].append((await _first_byte(http, urls[k], msgs, h))[0])
+                d, f, p = (percentile(firsts[k], 50) for k in ("direct", "floor", "proxy"))
                 results.append(Result("proxy", "time to first streamed byte p50", p, "ms", d, "direct",
-                                      p / d if d else None))
+                                      p / d if d else None, details={"floor_ms": f}))
+                results.append(Result("proxy", "  through the bare pass-through", f, "ms", d, "direct",
+                                      f / d if d else None))
                 # 3. Concurrent streaming conversations.
                 per_request: list[float] = []
 
@@ -324,8 +347,9 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 if args.turns:
                     results += await long_conversation(http, upstream, proxy.url, args.turns, daemon)
     finally:
-        if proxy is not None:
-            proxy.stop()
+        for process in (proxy, floor):
+            if process is not None:
+                process.stop()
         daemon.stop()
         shutil.rmtree(base, ignore_errors=True)
     return results
