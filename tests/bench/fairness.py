@@ -391,6 +391,12 @@ def scenario_idle(lab: "Lab", plan: Plan) -> list[Row]:
     return [measure(lab, "idle", "nothing (3 s)", heavy)]
 
 
+def send_prepared(client: SocketClient, holder: dict[str, Any]) -> dict[str, Any]:
+    """Send the frame built before the clock started (``holder["frame"]``), wait for its answer."""
+    client.send(holder["frame"])
+    return client.wait(holder["id"])
+
+
 def scenario_push(lab: "Lab", plan: Plan) -> list[Row]:
     rng = random.Random(7)
     size = 4 * 1024 * 1024 - 2048  # each message's JSON just under limits.max_message_bytes
@@ -405,8 +411,7 @@ def scenario_push(lab: "Lab", plan: Plan) -> list[Row]:
         holder["frame"], holder["id"] = data, msg_id
 
     def heavy(client: SocketClient) -> str:
-        client.send(holder["frame"])
-        message = client.wait(holder["id"])
+        message = send_prepared(client, holder)
         if "error" in message:
             return f"error {message['error']['code']}"
         return f"{len(message['result']['messages'])} messages stored"
@@ -429,7 +434,7 @@ def import_request(document: str) -> tuple[Callable[[SocketClient], None], Calla
     """(prepare, heavy) for a ``session/import`` of ``document``. The frame is built before
     the clock starts, as the push's is: encoding a 30 MB document (escaping its quotes) holds
     this process's interpreter lock ~80 ms, and the light clients are threads of this
-    process (before 2026-11-28 that counted against the daemon). A small import first: the
+    process (before e41e80b that counted against the daemon). A small import first: the
     document modules load on first use."""
     holder: dict[str, Any] = {}
 
@@ -438,8 +443,7 @@ def import_request(document: str) -> tuple[Callable[[SocketClient], None], Calla
         holder["id"], holder["frame"] = client.frame("session/import", {"document": document, "format": "json"})
 
     def heavy(client: SocketClient) -> str:
-        client.send(holder["frame"])
-        message = client.wait(holder["id"])
+        message = send_prepared(client, holder)
         if "error" in message:
             return f"refused {message['error']['code']}: {message['error']['message'][:60]}"
         return f"{message['result']['messageCount']} messages imported"
