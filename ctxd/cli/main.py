@@ -24,7 +24,6 @@ import errno
 import json
 import logging
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import IO, Any, Awaitable, Callable, TypeVar
 
 import click
 
+from ctxd.cli.ids import LAST, match_ids
 from ctxd.client import Client, DaemonUnavailable, RpcError, daemon_log_path, start_daemon, try_connect_unix
 from ctxd.config import Config, ConfigError, load_config
 from ctxd.ownership import PrivateFileError, read_private_file
@@ -49,7 +49,6 @@ EXIT_BAD_INPUT = 4
 
 CLIENT_NAME = "ctxd-cli"
 START_WAIT_SECONDS = 15.0
-LAST = "last"
 
 EPILOG = """\b
 Exit codes:
@@ -336,36 +335,6 @@ def run(settings: Settings, work: Callable[[Client], Awaitable[T]], *, autostart
 
 # --- session arguments ---------------------------------------------------------------
 
-
-def uuid_like(session_id: str) -> bool:
-    """Whether an id is one ctxd made up (a UUID): those are shown shortened, as a unique prefix."""
-    return len(session_id) == 36 and session_id.count("-") == 4 and \
-        all(c in "0123456789abcdef-" for c in session_id)
-
-
-_GENERATED_TAIL = re.compile(r"[0-9a-f]{12,}$")
-
-
-def short_ids(ids: list[str], minimum: int = 8) -> dict[str, str]:
-    """Each id as shown in tables: ids ctxd made up as their shortest prefix that no other
-    id starts with (UUIDs: at least ``minimum`` characters; ``proxy-openai-<hash>``: the
-    name and at least 6 characters of the hash); ids a client chose whole."""
-    out: dict[str, str] = {}
-    for sid in ids:
-        tail = _GENERATED_TAIL.search(sid)
-        if uuid_like(sid):
-            length = minimum
-        elif tail is not None and tail.start() > 0 and sid[tail.start() - 1] == "-":
-            length = tail.start() + 6
-        else:
-            out[sid] = sid
-            continue
-        while length < len(sid) and any(o != sid and o.startswith(sid[:length]) for o in ids):
-            length += 1
-        out[sid] = sid[:length]
-    return out
-
-
 async def resolve_session_id(client: Client, given: str) -> str:
     """``given`` as a session id: the session of that id if there is one, else ``last``
     (the most recently active session) or the one session whose id starts with it; when
@@ -383,13 +352,13 @@ async def resolve_session_id(client: Client, given: str) -> str:
         latest = max(sessions, key=lambda s: s.get("lastActivity") or "")
         log.info("session %r is %s (the most recently active)", given, latest["sessionId"])
         return str(latest["sessionId"])
-    matches = sorted(s["sessionId"] for s in sessions if s["sessionId"].startswith(given))
+    matches = match_ids(given, [s["sessionId"] for s in sessions])
     if len(matches) > 1:
         shown = ", ".join(matches[:5]) + (f" and {len(matches) - 5} more" if len(matches) > 5 else "")
         raise CliError(f"{given!r} is the start of {len(matches)} session ids ({shown}); give more of it",
                        EXIT_USAGE)
     if matches:
-        log.info("session %r is %s (the only id starting so)", given, matches[0])
+        log.info("session %r is %s (the only id starting so, or the first of a fork family)", given, matches[0])
         return matches[0]
     return given
 
@@ -550,7 +519,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except click.ClickException as exc:
         if _json_requested or "--json" in args:
-            click.echo(json.dumps(_json_error(exc), ensure_ascii=False))
+            from ctxd.cli.render import JSON_UNSAFE  # (a message may quote a C1 control)
+
+            click.echo(JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}",
+                                       json.dumps(_json_error(exc), ensure_ascii=False)))
         exc.show()
         return exc.exit_code
     except click.Abort:

@@ -150,6 +150,16 @@ def plain_console() -> "Console":
                    soft_wrap=False, emoji=False, markup=False)
 
 
+def _console_of_width(terminal: bool, width: int) -> "Console":
+    """:func:`console` (or :func:`plain_console`), ``width`` columns wide."""
+    from rich.console import Console
+
+    if terminal:
+        return Console(highlight=False, soft_wrap=False, width=width)
+    return Console(color_system=None, force_terminal=False, force_interactive=False, highlight=False,
+                   soft_wrap=False, emoji=False, markup=False, width=width)
+
+
 @lru_cache(maxsize=1)
 def err_console() -> "Console":
     from rich.console import Console
@@ -160,11 +170,23 @@ def err_console() -> "Console":
 # --- printing ----------------------------------------------------------------------
 
 
-def print_json(value: Any, *, compact: bool = False) -> None:
-    """The one thing ``--json`` prints: the value, as JSON, on stdout."""
+# Characters JSON may carry raw but a terminal acts on: DEL and the C1 controls (U+0080-
+# U+009F: U+009B is CSI, U+009D OSC, U+009C ST...). JSON escapes C0 controls itself.
+JSON_UNSAFE = re.compile("[\x7f-\x9f]")
+
+
+def json_text(value: Any, *, compact: bool = False) -> str:
+    """``value`` as JSON, readable (non-ASCII text as is) but never with a character a
+    terminal would act on: DEL and C1 controls are written as ``\\u`` escapes, which
+    decode to the same value."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":")) if compact else \
         json.dumps(value, ensure_ascii=False, indent=2)
-    click.echo(text)
+    return JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def print_json(value: Any, *, compact: bool = False) -> None:
+    """The one thing ``--json`` prints: the value, as JSON, on stdout."""
+    click.echo(json_text(value, compact=compact))
 
 
 def line(*parts: "str | Styled | Marked", sep: str = " ") -> None:
@@ -229,6 +251,10 @@ def table(columns: Sequence[Column], rows: Iterable["Sequence[str | Styled | Mar
         wanted = sum(natural[i] for i in flexible)
         for i in flexible:
             widths[i] = min(natural[i], max(8, room * natural[i] // max(wanted, 1)))
+    # When even the flex columns at their narrowest leave too little room, the table is
+    # wider than the output (the terminal wraps it, a pipe gets longer lines) rather than
+    # the other columns cut: an id, a count or a time that ends in an ellipsis is useless.
+    render_width = max(out.width, sum(widths) + gap * (len(columns) - 1))
 
     def new_table(header: bool) -> Table:
         t = Table(title=Text(safe(title)) if title and terminal and header else None, title_justify="left",
@@ -255,12 +281,16 @@ def table(columns: Sequence[Column], rows: Iterable["Sequence[str | Styled | Mar
                     out_cells[j] = Text("\n").join(lines)
         return out_cells
 
+    # (rich never prints wider than its console: a wider table gets a console of its width)
+    wide = out if render_width <= out.width else _console_of_width(terminal, render_width)
+
     def emit(renderable: Any) -> None:
+        target = wide if isinstance(renderable, Table) else out
         if terminal:
-            out.print(renderable)
+            target.print(renderable)
             return
-        with out.capture() as captured:
-            out.print(renderable)
+        with target.capture() as captured:
+            target.print(renderable)
         for text_line in captured.get().splitlines():
             click.echo(text_line.rstrip())
 

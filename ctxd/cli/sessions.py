@@ -19,8 +19,8 @@ from ctxd.cli.main import (
     request,
     run,
     settings_of,
-    short_ids,
 )
+from ctxd.cli.ids import short_ids
 from ctxd.client import Client
 
 
