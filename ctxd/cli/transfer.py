@@ -34,7 +34,7 @@ from ctxd.store.files import fsync_directory
 EXPORT_FORMATS = ("json", "markdown", "jsonl")
 SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".md": "markdown",
                   ".markdown": "markdown"}
-IMPORT_FORMATS = ("auto", "json", "jsonl", "markdown", "claude_code", "openai_chat", "mini_swe_agent",
+IMPORT_FORMATS = ("auto", "json", "jsonl", "markdown", "claude_code", "openai_chat", "aider", "mini_swe_agent",
                   "swe_agent", "openhands", "openhands_events", "locomo")
 
 
@@ -177,12 +177,19 @@ def import_(ctx: click.Context, file: str, fmt: str | None, session_id: str | No
     document, source = read_document(file)
     if not document.strip():
         raise bad_input(f"{source}: the file is empty")
-    if fmt is None:
-        from ctxd.importers.aider import looks_like_aider
+    from ctxd.importers.aider import looks_like_aider
 
+    if fmt is None:
         markdown = Path(file).suffix.lower() in (".md", ".markdown")
         # (aider's .aider.chat.history.md is Markdown too: the daemon tells it from the content)
         fmt = "markdown" if markdown and not looks_like_aider(document[:65536].encode()) else "auto"
+    elif fmt == "aider":
+        # session/import has no "aider" format: it tells aider's history from its content,
+        # which is what --format aider asks for once the file is seen to be one.
+        if not looks_like_aider(document[:65536].encode()):
+            raise bad_input(f"{source}: does not look like aider's chat history (no \"# aider chat started at\" "
+                            "line)")
+        fmt = "auto"
     params: dict[str, Any] = {"document": document, "format": fmt}
     if session_id is not None:
         params["sessionId"] = session_id
