@@ -16,6 +16,7 @@ from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
 
+from ctxd.cli.ids import LAST, match_ids
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
 
 log = logging.getLogger("ctxd.mcp")
@@ -50,7 +51,9 @@ class Resolved:
     """A session id and how it was chosen (said in every tool result)."""
 
     session_id: str
-    how: str  # "given", "CTXD_SESSION", "most recently active"
+    how: str  # "given", "CTXD_SESSION", "most recently active"; with how a short form was read
+    matched: bool = False
+    """Whether ``session_id`` was found from what was given (a prefix, ``last``)."""
 
     def label(self) -> str:
         return f"session {self.session_id}" + ("" if self.how == "given" else f" ({self.how})")
@@ -158,11 +161,16 @@ class DaemonLink:
 
     async def session_request(self, resolved: Resolved, method: str, params: dict[str, Any],
                               *, what: str | None = None) -> Any:
-        """A request about one session; a missing session is named with how it was chosen."""
+        """A request about one session; a missing session is named with how it was chosen.
+        An id that names no session may be a short form of one, as ``ctxd-cli sessions
+        list`` shows them (a unique prefix; ``last``): ``resolved`` then becomes that
+        session, and the request is made for it."""
         try:
             return await self.raw_request(method, {"sessionId": resolved.session_id, **params})
         except RpcError as exc:
             if exc.code == SESSION_NOT_FOUND:
+                if not resolved.matched and await self._match(resolved):
+                    return await self.session_request(resolved, method, params, what=what)
                 where = "" if resolved.how == "given" else f" (from {resolved.how})"
                 raise NotFound(f"no session {resolved.session_id!r}{where}. The tool list_sessions "
                                "lists the sessions ctxd holds.") from None
@@ -170,6 +178,30 @@ class DaemonLink:
         except DaemonUnavailable as exc:
             raise ToolError(f"the ctxd daemon is unreachable: {exc}. Check it with `ctxd-cli daemon status`; "
                             "the next call reconnects (starting it if needed).") from None
+
+    async def _match(self, resolved: Resolved) -> bool:
+        """Make ``resolved`` the one session its id is a short form of (True), or leave it
+        (False: none is); several are an error that names them."""
+        given = resolved.session_id
+        sessions = (await self.request("session/list")).get("sessions") or []
+        resolved.matched = True
+        if given == LAST:
+            if not sessions:
+                return False
+            matches = [max(sessions, key=lambda x: x.get("lastActivity") or "")["sessionId"]]
+            how = "most recently active"
+        else:
+            matches = match_ids(given, [x["sessionId"] for x in sessions])
+            how = f"from {given!r}"
+        if len(matches) > 1:
+            shown = ", ".join(matches[:5]) + (f" and {len(matches) - 5} more" if len(matches) > 5 else "")
+            raise ToolError(f"{given!r} is the start of {len(matches)} session ids ({shown}); give more of it")
+        if not matches:
+            return False
+        resolved.session_id = matches[0]
+        resolved.how = how if resolved.how == "given" else f"{resolved.how}, {how}"
+        log.info("session %r is %s", given, matches[0])
+        return True
 
 
 def tool_error(exc: RpcError, what: str | None = None) -> ToolError:

@@ -54,6 +54,10 @@ class Item:
     text: str
     continue_hint: Callable[[int], str] | None = None
     """Given how many characters of ``text`` were shown, where the rest can be read."""
+    start: int = 0
+    """Where in ``text`` the message's own text starts (after its ``---`` line)."""
+    base: int = 0
+    """Characters of the message before ``text`` (read_message's ``char_offset``)."""
 
 
 def page(header: str, items: list[Item], *, offset: int, total: int | None, max_tokens: int,
@@ -92,7 +96,10 @@ def _page(header: str, items: list[Item], *, offset: int, total: int | None, max
             text, chars = clip(item.text, max(budget, 1))
             shown.append(text + "\n[... cut at the token cap]")
             hint = item.continue_hint(chars) if item.continue_hint else ""
-            cut_note = f"The last item was cut after {chars:,} of {len(item.text):,} characters" + (
+            # (counted in the message's text, as char_offset counts, not in the item's lines)
+            shown_chars = item.base + max(0, chars - item.start)
+            total_chars = item.base + len(item.text) - item.start
+            cut_note = f"The last item was cut after {shown_chars:,} of {total_chars:,} characters" + (
                 f"; the rest: {hint}." if hint else ".")
         break
     n = len(shown)

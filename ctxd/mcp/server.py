@@ -156,9 +156,9 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
         """Read a message whole (or `count` messages from it) by sequence number, as it was
         pushed, whether or not it is still in the prompt."""
         s = await session(session_id)
-        sid = s.session_id
         result = await link.session_request(s, "session/history", {"from": seq, "limit": count},
                                             what=f"message #{seq} in {s.label()}")
+        sid = s.session_id  # (after the request: a short form given is the whole id now)
         entries = result.get("messages") or []
         if not entries or entries[0]["seq"] != seq:
             total = result.get("messageCount", 0)
@@ -182,7 +182,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
             def hint(chars: int, seq_: int = entry["seq"], base_: int = base, start_: int = start) -> str:
                 return f"read_message(seq={seq_}, char_offset={base_ + max(0, chars - start_)}, session_id={sid!r})"
 
-            items.append(Item(f"{head}\n{body}", continue_hint=hint))
+            items.append(Item(f"{head}\n{body}", continue_hint=hint, start=start, base=base))
         next_seq = result.get("nextSeq")
 
         def next_hint(nxt: int) -> str:
@@ -217,10 +217,10 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
                                 offset: Offset = 0, max_tokens: MaxTokens = None) -> str:
         """The original messages a checkpoint stands for, from history (paged)."""
         s = await session(session_id)
-        sid = s.session_id
         result = await link.session_request(s, "checkpoint/expand", {"checkpointId": checkpoint_id},
                                             what=f"checkpoint {checkpoint_id!r} in {s.label()} "
                                                  "(list_checkpoints lists them)")
+        sid = s.session_id
         checkpoint = result.get("checkpoint") or {}
         messages = result.get("messages") or []
         if offset and offset >= len(messages):
@@ -233,7 +233,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
             def hint(chars: int, seq_: int = m["seq"], start_: int = start) -> str:
                 return f"read_message(seq={seq_}, char_offset={max(0, chars - start_)}, session_id={sid!r})"
 
-            items.append(Item(f"{head}\n{render.message_body(m['message'])}", continue_hint=hint))
+            items.append(Item(f"{head}\n{render.message_body(m['message'])}", continue_hint=hint, start=start))
         ranges = ", ".join(f"#{a}-#{b}" if a != b else f"#{a}" for a, b in checkpoint.get("messageRanges", []))
         header = (f"Checkpoint {checkpoint.get('id', checkpoint_id)} of {s.label()}: a {checkpoint.get('kind', '')} "
                   f"(level {checkpoint.get('level', '?')}) of messages {ranges or 'none'}, "
@@ -368,7 +368,8 @@ def _session_summary(s: dict[str, Any]) -> dict[str, Any]:
 def _session_line(s: dict[str, Any]) -> str:
     title = f" {s['title']!r}" if s.get("title") else ""
     model = f" · {s['model']}" if s.get("model") else ""
-    return (f"- {s['sessionId']}{title}{model} · {s.get('messageCount', 0):,} messages, "
+    count = s.get("messageCount", 0)
+    return (f"- {s['sessionId']}{title}{model} · {count:,} message{'' if count == 1 else 's'}, "
             f"{s.get('tokenCount', 0):,} tokens in history, {s.get('contextTokens', 0):,}/"
             f"{s.get('contextWindow', 0):,} in the prompt · last active {s.get('lastActivity', '?')}")
 
