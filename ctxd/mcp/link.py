@@ -140,8 +140,13 @@ class DaemonLink:
         except RpcError as exc:
             raise tool_error(exc, what) from None
         except DaemonUnavailable as exc:
-            raise ToolError(f"the ctxd daemon is unreachable: {exc}. Check it with `ctxd-cli daemon status`; "
-                            "the next call reconnects (starting it if needed).") from None
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: DaemonUnavailable) -> ToolError:
+        then = ("the next call reconnects (starting it if needed)" if self.autostart else
+                "the next call reconnects once it runs (ctxd mcp --no-autostart never starts one: "
+                "`ctxd-cli daemon start` does)")
+        return ToolError(f"the ctxd daemon is unreachable: {exc}. Check it with `ctxd-cli daemon status`; {then}.")
 
     # --- which session --------------------------------------------------------------
 
@@ -176,8 +181,7 @@ class DaemonLink:
                                "lists the sessions ctxd holds.") from None
             raise tool_error(exc, what) from None
         except DaemonUnavailable as exc:
-            raise ToolError(f"the ctxd daemon is unreachable: {exc}. Check it with `ctxd-cli daemon status`; "
-                            "the next call reconnects (starting it if needed).") from None
+            raise self._unreachable(exc) from None
 
     async def _match(self, resolved: Resolved) -> bool:
         """Make ``resolved`` the one session its id is a short form of (True), or leave it

@@ -82,3 +82,14 @@ async def test_a_cut_message_counts_its_own_characters(mcp_env: McpEnv) -> None:
         text = await call(session, "list_sessions")
         assert re.search(r"- one 'one' · 1 message, ", text), text
     no_crash(mcp_env)
+
+
+async def test_no_autostart_does_not_promise_a_start(mcp_env: McpEnv) -> None:
+    """With --no-autostart and no daemon, the error says how to get one, not that the next
+    call starts it."""
+    async with mcp_env.session("--no-autostart") as session:
+        text = await call_error(session, "list_sessions", {})
+        assert "unreachable" in text and "starting it if needed" not in text, text
+        assert "never starts one" in text and "ctxd-cli daemon start" in text, text
+    assert mcp_env.daemon_pid() is None
+    no_crash(mcp_env)
