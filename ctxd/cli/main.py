@@ -195,7 +195,8 @@ def _set_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--json`` on a subcommand, the same as the global ``ctxd-cli --json``."""
     return click.option("--json", "json_", is_flag=True, expose_value=False, callback=_set_json,
-                        help="Print the daemon's result as JSON (and nothing else) on stdout.")(fn)
+                        help="Print the result as JSON (and nothing else) on stdout; errors too, as "
+                             "{\"error\": ...}.")(fn)
 
 
 # --- connecting --------------------------------------------------------------------
