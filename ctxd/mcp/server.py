@@ -16,7 +16,7 @@ from typing import Annotated, Any, AsyncIterator, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from ctxd import __version__
 from ctxd.mcp import render
@@ -53,6 +53,35 @@ Seq = Annotated[int, Field(ge=1, description="A message's sequence number in its
 log = logging.getLogger("ctxd.mcp")
 
 
+class _Server(MCPServer):
+    """The SDK's server, with arguments that fail validation reported in a line the agent
+    reads at once (``seq should be greater than or equal to 1 (given 0)``) instead of
+    pydantic's report (``1 validation error for read_messageArguments ... For further
+    information visit https://errors.pydantic.dev/...``)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if type(exc) is ToolError and isinstance(exc.__cause__, ValidationError):
+                raise ToolError(f"Error executing tool {name}: {argument_errors(exc.__cause__)}") from exc.__cause__
+            raise
+
+
+def argument_errors(error: ValidationError) -> str:
+    """Each failed argument: its name, what it should be, and what was given."""
+    parts = []
+    for e in error.errors(include_url=False):
+        name = ".".join(str(p) for p in e.get("loc", ())) or "arguments"
+        if e.get("type") == "missing":
+            parts.append(f"{name} is required")
+            continue
+        message = str(e.get("msg", "is invalid"))
+        message = message[len("Input "):] if message.startswith("Input ") else message
+        parts.append(f"{name} {message[:1].lower()}{message[1:]} (given {e.get('input')!r})")
+    return "bad arguments: " + "; ".join(parts)
+
+
 def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> MCPServer:
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[None]:
@@ -61,7 +90,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
         finally:
             await link.close()
 
-    server: MCPServer = MCPServer("ctxd", version=__version__, instructions=INSTRUCTIONS,
+    server: MCPServer = _Server("ctxd", version=__version__, instructions=INSTRUCTIONS,
                                   website_url=None, lifespan=lifespan,
                                   log_level="DEBUG" if log.isEnabledFor(logging.DEBUG) else "WARNING")
 
