@@ -383,9 +383,9 @@ def _check_consistency(conn: Any, report: Report, tables: set[str]) -> None:
             report.notes.append("messages missing from the history (lost in a recovery; the rest is consistent): "
                                 + ", ".join(gaps[:MAX_LISTED]) + (" ..." if len(gaps) > MAX_LISTED else ""))
         if pending:
-            report.notes.append("message rows of an unfinished push, not part of any history (a large push being "
-                                "written, or one a stopped daemon left; ctxd removes them when it starts or before "
-                                "the session's next push): " + ", ".join(pending[:MAX_LISTED])
+            report.notes.append("message rows of an unfinished push or import, not part of any history (a large "
+                                "push or import being written, or one a stopped daemon left; ctxd removes them when "
+                                "it starts or before the session's next push): " + ", ".join(pending[:MAX_LISTED])
                                 + (" ..." if len(pending) > MAX_LISTED else ""))
         orphans: list[str] = []
         for table in ("messages", *OWNED):

@@ -25,6 +25,7 @@ import msgspec
 
 from ctxd.doctor.check import OWNED, TABLES, DoctorError, Report, column_info, open_readonly, sniff, table_names
 from ctxd.store.files import fsync_directory
+from ctxd.store.messages import IMPORTING
 from ctxd.store.payloads import decodes, payload_decoders
 
 # Read attempts one table's damaged ranges may cost before the rest of a range is given up.
@@ -425,23 +426,33 @@ def _copy_all(src: sqlite3.Connection, out: sqlite3.Connection, src_tables: set[
 def _drop_unfinished(src: sqlite3.Connection, out: sqlite3.Connection, src_tables: set[str],
                      result: RecoveryResult) -> None:
     """Rows of an unfinished push (``store/messages.py``, "Staged pushes") were never
-    acknowledged: they are left out (else the totals below would take them in)."""
+    acknowledged: they are left out (else the totals below would take them in), and so is
+    the session of an unfinished import, with all its rows."""
     if "unfinished_pushes" not in src_tables:
         return
     try:
-        marks = src.execute("SELECT session_id FROM unfinished_pushes").fetchall()
+        marks = src.execute("SELECT session_id, after_seq FROM unfinished_pushes").fetchall()
     except sqlite3.DatabaseError:
         return
-    for (sid,) in marks:
-        cursor = out.execute("DELETE FROM messages WHERE session_id = ? AND seq > "
-                             "(SELECT last_seq FROM sessions WHERE id = ?)", (sid, sid))
+    for sid, after in marks:
+        if after == IMPORTING:
+            cursor = out.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
+        else:
+            cursor = out.execute("DELETE FROM messages WHERE session_id = ? AND seq > "
+                                 "(SELECT last_seq FROM sessions WHERE id = ?)", (sid, sid))
         if cursor.rowcount:
             rec = result.table("messages")
             rec.copied -= cursor.rowcount
             if rec.expected is not None:
                 rec.expected -= cursor.rowcount
-            result.notes.append(f"session {sid}: {cursor.rowcount} message rows of an unfinished push (never "
-                                "acknowledged) were left out")
+            result.notes.append(f"session {sid}: {cursor.rowcount} message rows of an unfinished "
+                                f"{'import' if after == IMPORTING else 'push'} (never acknowledged) were left out")
+        if after == IMPORTING and out.execute("DELETE FROM sessions WHERE id = ?", (sid,)).rowcount:
+            rec = result.table("sessions")
+            rec.copied -= 1
+            if rec.expected is not None:
+                rec.expected -= 1
+            result.notes.append(f"session {sid}: an unfinished import (never acknowledged nor shown) was left out")
 
 
 def _rebuild_sessions(out: sqlite3.Connection, result: RecoveryResult) -> None:

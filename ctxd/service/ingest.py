@@ -8,10 +8,10 @@ sequence number and token count and are not stored again.
 
 A large push on SQLite (over ``STAGE_BYTES`` of stored bodies) is *staged* instead, so
 that it never holds the one writer for long (other clients' pushes wait for the writer):
-its rows are written in transactions of about ``STAGE_CHUNK_BYTES``, above the session's
-committed ``last_seq`` where no reader looks, and a last small transaction makes them
-part of the session exactly as the one transaction would have (totals, stats, goal,
-watermark, ``last_seq``). It is still all-or-nothing for every reader, acknowledged after
+its rows are written in transactions of about ``STAGE_CHUNK_BYTES`` (and at most
+``STAGE_CHUNK_ROWS`` rows), above the session's committed ``last_seq`` where no reader
+looks, and a last small transaction makes them part of the session exactly as the one
+transaction would have (totals, stats, goal, watermark, ``last_seq``). It is still all-or-nothing for every reader, acknowledged after
 that last COMMIT only, and ordered by the session lock, held throughout. Rows of a staged
 push that failed are removed at once, else before the session's next push or when the
 daemon next starts (``store/messages.py``, "Staged pushes"). PostgreSQL keeps one
@@ -65,6 +65,9 @@ module doc); smaller ones take one transaction, as they always did."""
 STAGE_CHUNK_BYTES = 2 * 1024 * 1024
 """About how much of a staged push one transaction writes (at least one message, so up to
 ``limits.max_message_bytes``): what another client's push may find the writer busy with."""
+STAGE_CHUNK_ROWS = 1000
+"""At most this many rows in one staged transaction: a 10,000-message import is only 1.5 MB,
+and its rows in one transaction held the writer 65-100 ms (``service/transfer.py``)."""
 STAGE_YIELD = 2.0
 """While other writes come in, a staged push leaves the writer to them for this many times
 as long as its last transaction took, before its next one (a third of the writer's time):
@@ -529,11 +532,14 @@ def _stage_plan(conn: sqlite3.Connection, session_id: str, keys: list[str | None
     return last_seq, order
 
 
-def _stage_chunks(rows: list[tuple[int, NewMessage]]) -> list[list[tuple[int, NewMessage]]]:
+def stage_chunks(rows: list[tuple[int, NewMessage]]) -> list[list[tuple[int, NewMessage]]]:
+    """Rows to stage, cut into transactions of about ``STAGE_CHUNK_BYTES`` and at most
+    ``STAGE_CHUNK_ROWS`` rows."""
     chunks: list[list[tuple[int, NewMessage]]] = []
     size = 0
     for row in rows:
-        if not chunks or (size and size + len(row[1].body) > STAGE_CHUNK_BYTES):
+        if not chunks or len(chunks[-1]) >= STAGE_CHUNK_ROWS or (
+                size and size + len(row[1].body) > STAGE_CHUNK_BYTES):
             chunks.append([])
             size = 0
         chunks[-1].append(row)
@@ -546,6 +552,22 @@ def _stage_rows(conn: sqlite3.Connection, session_id: str, rows: list[tuple[int,
     started = time.perf_counter()
     message_store.insert_messages(conn, session_id, rows)
     return time.perf_counter() - started
+
+
+async def write_stages(svc: Service, session_id: str, chunks: list[list[tuple[int, NewMessage]]]) -> None:
+    """A staged push's or import's rows, a transaction per chunk, above the session's
+    ``last_seq`` (marked unfinished before the first). While other writes come in, the
+    writer is left to them between two transactions (``STAGE_YIELD``)."""
+    db = svc.db
+    seen, others_at = db.jobs, -1e9
+    for chunk in chunks:
+        took = await db.write(_stage_rows, session_id, chunk)
+        now_s = time.monotonic()
+        if db.jobs - seen > 1:
+            others_at = now_s
+        if now_s - others_at < 1.0:  # other writes came in lately: leave them room
+            await anyio.sleep(STAGE_YIELD * took)
+        seen = db.jobs
 
 
 async def _write_staged(svc: Service, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
@@ -562,16 +584,7 @@ async def _write_staged(svc: Service, state: SessionState, prepared: list[tuple[
     state.unfinished = True
     svc.indexer.unfinished += len(rows)
     try:
-        db = svc.db
-        seen, others_at = db.jobs, -1e9
-        for chunk in _stage_chunks(rows):
-            took = await db.write(_stage_rows, state.id, chunk)
-            now_s = time.monotonic()
-            if db.jobs - seen > 1:
-                others_at = now_s
-            if now_s - others_at < 1.0:  # other writes came in lately: leave them room
-                await anyio.sleep(STAGE_YIELD * took)
-            seen = db.jobs
+        await write_stages(svc, state.id, stage_chunks(rows))
         outcome = await svc.db.write(_write_job, state, prepared, counts, now, watermark_tools, False,
                                      [seq for seq, _ in rows])
         state.unfinished = False

@@ -187,7 +187,8 @@ async def delete_session(svc: Service, session_id: str, *, reason: str = "reques
 
 def _victims(conn: object, keep: int, exclude: set[str]) -> list[str]:
     """Sessions beyond the ``keep`` most recently active (``exclude`` counts as kept)."""
-    rows = conn.execute("SELECT id FROM sessions ORDER BY last_activity DESC, id").fetchall()  # type: ignore[attr-defined]
+    rows = conn.execute(f"SELECT id FROM sessions WHERE {store.shown(conn)} "  # type: ignore[attr-defined, arg-type]
+                        "ORDER BY last_activity DESC, id").fetchall()
     ids = [sid for (sid,) in rows]
     kept = [sid for sid in ids if sid in exclude]
     others = [sid for sid in ids if sid not in exclude]

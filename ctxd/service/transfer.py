@@ -1,11 +1,19 @@
 """``session/export`` and ``session/import``: moving a session between machines.
 
 Import is all or nothing: every message is validated and counted first, then the
-session and its whole history are written in one transaction.
+session and its whole history are written in one transaction; or, a large import on
+SQLite, *staged* as a large push is (``service/ingest.py``): the session row first, with
+no messages and marked unfinished, which hides it from every reader; its rows in
+transactions of at most ``ingest.STAGE_CHUNK_ROWS``, above its ``last_seq`` of 0; then a
+last small transaction gives it its history and totals and removes the mark. An import
+that fails, or a daemon killed meanwhile, leaves nothing (``store/messages.py``,
+``drop_unfinished``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 import time
 import uuid
@@ -19,11 +27,11 @@ from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.goal import Goal
 from ctxd.protocol.history import ExportParams, ExportResult, ImportParams, ImportResult
-from ctxd.protocol.message import Message
 from ctxd.service import compression, turns
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
-from ctxd.service.ingest import PIPELINE_MESSAGES, THREAD_COUNT_BYTES, _add_stats, _title_of, check_message
+from ctxd.service.ingest import (PIPELINE_MESSAGES, THREAD_COUNT_BYTES, _add_stats, _title_of, check_message,
+                                 stage_chunks, write_stages)
 from ctxd.service.sessions import MIN_WINDOW, enforce_retention
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
@@ -37,6 +45,7 @@ from ctxd.tokens import PROMPT_PRIMING, TokenCounter
 MEDIA = {"json": "application/json", "jsonl": "application/jsonl", "markdown": "text/markdown"}
 SUFFIX = {"json": "json", "jsonl": "jsonl", "markdown": "md"}
 _encode = msgspec.json.Encoder().encode
+log = logging.getLogger(__name__)
 
 
 def _filename(doc: SessionDocument, fmt: str) -> str:
@@ -139,13 +148,14 @@ def _parse(params: ImportParams, max_messages: int,
 
 
 def _prepare(doc: SessionDocument, counter: TokenCounter, limit: int, now: str,
-             between: Callable[[], object]) -> tuple[list[tuple[Message, bytes, Any, str]], SessionStats, int, int]:
+             between: Callable[[], object]) -> tuple[list[tuple[int, NewMessage]], SessionStats, int, int]:
     """(In a thread.) Each message of ``doc`` validated, encoded as it will be stored and
-    counted, with the session's stats: (items, stats, context tokens used, system tokens).
+    counted, with the session's stats: (its rows by seq, stats, context tokens used, system
+    tokens).
     ``between`` (the daemon's ``Turns.step_aside_and_rest``) runs every ``STEP_SECONDS`` or
     so: on the event loop, in 10 ms slices with 3 ms pauses, a 10,000-message import held
     other clients' pushes 110-250 ms on PostgreSQL."""
-    items: list[tuple[Message, bytes, Any, str]] = []
+    rows: list[tuple[int, NewMessage]] = []
     stats = SessionStats()
     used = 0
     system_tokens = counter.count_system(doc.system_prompt or "")
@@ -168,17 +178,52 @@ def _prepare(doc: SessionDocument, counter: TokenCounter, limit: int, now: str,
         before = PROMPT_PRIMING + system_tokens + used  # (an import is sent whole: prompt == history)
         _add_stats(stats, message, tokens, before, before, doc.context_window or 0)
         used += tokens.context
-        items.append((message, body, tokens, item.created_at or now))
-    return items, stats, used, system_tokens
+        rows.append((index + 1, NewMessage(message, body, tokens, None, item.created_at or now)))
+    return rows, stats, used, system_tokens
 
 
-def _import_job(conn: Any, row: SessionRow, items: list[tuple[Message, bytes, Any, str]],
-                stored_state: bytes) -> None:
+def _import_job(conn: Any, row: SessionRow, rows: list[tuple[int, NewMessage]], stored_state: bytes) -> None:
     session_store.insert_session(conn, row)
-    message_store.insert_messages(conn, row.id, [
-        (seq, NewMessage(m, body, tokens, None, created)) for seq, (m, body, tokens, created) in
-        enumerate(items, start=1)])
+    message_store.insert_messages(conn, row.id, rows)
     session_store.save_context(conn, row.id, context_state=stored_state)
+
+
+def _begin_import(conn: Any, row: SessionRow) -> None:
+    """A staged import's first transaction: its session with no messages yet (what
+    ``ctxd-cli doctor`` finds consistent), hidden by its mark."""
+    session_store.insert_session(conn, dataclasses.replace(row, message_count=0, token_count=0, last_seq=0))
+    message_store.begin_staged(conn, row.id, message_store.IMPORTING, row.last_activity)
+
+
+def _end_import(conn: Any, row: SessionRow, stored_state: bytes) -> None:
+    """Its last: the staged rows become the session's history, and the session is shown,
+    exactly as :func:`_import_job` would have left it."""
+    message_store.end_staged(conn, row.id)
+    session_store.update_session(conn, row.id, message_count=row.message_count, token_count=row.token_count,
+                                 last_seq=row.last_seq)
+    session_store.save_context(conn, row.id, context_state=stored_state)
+
+
+async def _write_staged(svc: Service, row: SessionRow, chunks: list[list[tuple[int, NewMessage]]],
+                        stored_state: bytes) -> None:
+    """A large import on SQLite in several transactions (the module doc)."""
+    # Before the try: if this fails (the id is taken), nothing of ours was written, and the
+    # clean-up must not touch what another write of that id marked. (A shutdown cancelling
+    # it once committed leaves the hidden session to the next start's clean-up.)
+    await svc.db.write(_begin_import, row)
+    count = sum(len(chunk) for chunk in chunks)
+    svc.indexer.unfinished += count
+    try:
+        await write_stages(svc, row.id, chunks)
+        await svc.db.write(_end_import, row, stored_state)
+    except BaseException:
+        try:  # nothing of it was acknowledged: it goes now (else when the daemon next starts)
+            await svc.db.write(message_store.drop_unfinished, row.id)
+        except Exception as exc:
+            log.warning("session %s: a failed import stays, hidden, until the daemon next starts (%s)", row.id, exc)
+        raise
+    finally:
+        svc.indexer.unfinished -= count
 
 
 async def import_session(svc: Service, params: ImportParams) -> ImportResult:
@@ -205,7 +250,7 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
         session_id = params.session_id or doc.session_id or str(uuid.uuid4())
         counter = TokenCounter.for_model(doc.model)
         now = now_iso()
-        items, stats, used, system_tokens = await anyio.to_thread.run_sync(
+        rows, stats, used, system_tokens = await anyio.to_thread.run_sync(
             _prepare, doc, counter, limit, now, turns.TURNS.step_aside_and_rest)
         window = doc.context_window if doc.context_window and doc.context_window >= MIN_WINDOW else None
         try:
@@ -214,7 +259,7 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
         except msgspec.ValidationError as exc:
             raise CtxdError(ErrorCode.ImportFailed, f"document: its goal or settings are not valid: {exc}",
                             {"field": "document"}) from None
-        first_user = next((m for m, *_ in items if _title_of(m)), None)
+        first_user = next((r.message for _, r in rows if _title_of(r.message)), None)
         title = params.title or doc.title
         if title is None and first_user is not None:
             title = _title_of(first_user)
@@ -222,20 +267,26 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
             id=session_id, created_at=doc.created_at or now, last_activity=now, model=doc.model,
             provider=doc.provider, context_window=window, system_prompt=doc.system_prompt,
             system_tokens=system_tokens, title=title, tags=doc.tags, metadata=doc.metadata,
-            encoding=counter.encoding, tokens_estimated=counter.estimated, message_count=len(items),
-            token_count=sum(t.total for _, _, t, _ in items), context_tokens=PROMPT_PRIMING + system_tokens + used,
-            last_seq=len(items), stats=stats, goal=goal, settings=settings,
+            encoding=counter.encoding, tokens_estimated=counter.estimated, message_count=len(rows),
+            token_count=sum(r.tokens.total for _, r in rows), context_tokens=PROMPT_PRIMING + system_tokens + used,
+            last_seq=len(rows), stats=stats, goal=goal, settings=settings,
         )
         stored = StoredState(figures=Figures(system=system_tokens, used=used))
-        # An import of more than a push's handful of messages runs beside the writer's other
-        # jobs where the store can (PostgreSQL's second writer connection): its one
-        # transaction of 10,000 rows held every other client's push for ~230 ms.
-        write = svc.db.write_apart if len(items) > PIPELINE_MESSAGES else svc.db.write
-        await write(_import_job, row, items, _encode(stored))
-        svc.indexer.stored(len(items))
+        chunks = stage_chunks(rows) if svc.db.dialect == "sqlite" else []
+        if len(chunks) > 1:
+            # SQLite has one writer: an import's 10,000 rows in one transaction held every
+            # other client's push 65-100 ms.
+            await _write_staged(svc, row, chunks, _encode(stored))
+        else:
+            # An import of more than a push's handful of messages runs beside the writer's
+            # other jobs where the store can (PostgreSQL's second writer connection): its one
+            # transaction of 10,000 rows held every other client's push for ~230 ms.
+            write = svc.db.write_apart if len(rows) > PIPELINE_MESSAGES else svc.db.write
+            await write(_import_job, row, rows, _encode(stored))
+        svc.indexer.stored(len(rows))
         state = svc.cache.adopt(row)
         ids.append(session_id)
-        total += len(items)
+        total += len(rows)
         compression.schedule(svc, state)
     await enforce_retention(svc, exclude=set(ids))
     return ImportResult(session_ids=ids, message_count=total, format=fmt, warnings=warnings[:50])

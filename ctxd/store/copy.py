@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.store.messages import IMPORTING
 
 # (table, ORDER BY on SQLite, ORDER BY on PostgreSQL: the order rows are inserted in,
 # which identity columns and SQLite's rowid keep)
@@ -123,12 +124,14 @@ def copy_job(conn: Any, sqlite_path: Path) -> CopyReport:
                           for i, v in enumerate(row)) for row in chunk])
 
             where = ""
-            if table == "messages" and src.execute("SELECT 1 FROM sqlite_master WHERE name = 'unfinished_pushes'"
-                                                   ).fetchone():
+            staging = src.execute("SELECT 1 FROM sqlite_master WHERE name = 'unfinished_pushes'").fetchone()
+            if table == "messages" and staging:
                 # Rows of a push still being written (or left by a stopped daemon) are no
                 # session's history yet: store/messages.py, "Staged pushes".
                 where = (" WHERE NOT (session_id IN (SELECT session_id FROM unfinished_pushes) AND seq > "
                          "(SELECT last_seq FROM sessions s WHERE s.id = messages.session_id))")
+            elif table == "sessions" and staging:  # nor is the session of an unfinished import
+                where = f" WHERE id NOT IN (SELECT session_id FROM unfinished_pushes WHERE after_seq = {IMPORTING})"
             _copy_table(report, table, _chunks(src.execute(f"SELECT {names} FROM {table}{where} ORDER BY {order}")),
                         put,
                         lambda names=names, table=table: raw.execute(f"SELECT {names} FROM {table}"))

@@ -11,6 +11,12 @@ read here is bounded by it (a session's history is ``seq <= sessions.last_seq``,
 whatever else is stored), and ``unfinished_pushes`` marks them. Rows a killed daemon
 left there were never acknowledged: :func:`drop_unfinished` removes them, at start-up
 and before the session's next push.
+
+A large import on SQLite is staged the same way (``service/transfer.py``): its session row
+is written first with no messages (``last_seq`` 0), marked with ``after_seq``
+:data:`IMPORTING`, and its rows above it; the mark also hides the session itself from
+every reader (``store/sessions.py``), and :func:`drop_unfinished` removes such a session
+whole.
 """
 
 from __future__ import annotations
@@ -159,9 +165,14 @@ def count_messages(conn: sqlite3.Connection, session_id: str) -> int:
 
 # --- staged pushes (see the module doc) ------------------------------------------------
 
+IMPORTING = -1
+"""``after_seq`` of the mark of a staged import: the session itself is unfinished."""
+
+
 def begin_staged(conn: sqlite3.Connection, session_id: str, after_seq: int, now: str) -> None:
     """Mark the session as having a push in progress above ``after_seq`` (its own short
-    transaction, committed before the first of its rows)."""
+    transaction, committed before the first of its rows), or, with :data:`IMPORTING`, as
+    an import's session not written yet (in the transaction that inserts it)."""
     conn.execute("INSERT INTO unfinished_pushes (session_id, after_seq, started_at) VALUES (?, ?, ?)",
                  (session_id, after_seq, now))
 
@@ -174,13 +185,16 @@ def end_staged(conn: sqlite3.Connection, session_id: str) -> None:
 def drop_unfinished(conn: sqlite3.Connection, session_id: str | None = None) -> int:
     """Remove the rows of unfinished pushes (of one session, or all): rows above the
     session's committed ``last_seq`` that an ``unfinished_pushes`` row marks, and the
-    mark. Never touches a row at or below ``last_seq``. How many rows it removed."""
+    mark. Never touches a row at or below ``last_seq``; an unfinished import's session
+    (:data:`IMPORTING`, never acknowledged nor shown) goes too. How many rows it removed."""
     where, args = ("", ()) if session_id is None else (" WHERE session_id = ?", (session_id,))
-    marks = conn.execute(f"SELECT u.session_id, max(u.after_seq, coalesce(s.last_seq, 0)) "
+    marks = conn.execute(f"SELECT u.session_id, u.after_seq, max(u.after_seq, coalesce(s.last_seq, 0)) "
                          f"FROM unfinished_pushes u LEFT JOIN sessions s ON s.id = u.session_id{where}",
                          args).fetchall()
     removed = 0
-    for sid, above in marks:
+    for sid, after, above in marks:
         removed += conn.execute("DELETE FROM messages WHERE session_id = ? AND seq > ?", (sid, above)).rowcount
         conn.execute("DELETE FROM unfinished_pushes WHERE session_id = ?", (sid,))
+        if after == IMPORTING:
+            conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
     return removed

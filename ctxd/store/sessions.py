@@ -17,7 +17,7 @@ from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.goal import Goal
 from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ctxd.store.dialect import is_postgres
-from ctxd.store.messages import find_keys
+from ctxd.store.messages import IMPORTING, find_keys
 from ctxd.tokens import MessageTokens
 
 
@@ -191,8 +191,18 @@ def insert_session(conn: sqlite3.Connection, row: SessionRow) -> SessionRow:
     return row
 
 
+def shown(conn: sqlite3.Connection) -> str:
+    """A condition on ``sessions`` rows: not the session of an import still being written
+    (SQLite's staged imports, ``store/messages.py``), which no reader may see before its
+    last transaction. Always true on PostgreSQL, where an import is one transaction."""
+    if is_postgres(conn):
+        return "TRUE"
+    return f"id NOT IN (SELECT session_id FROM unfinished_pushes WHERE after_seq = {IMPORTING})"
+
+
 def get_session(conn: sqlite3.Connection, session_id: str) -> SessionRow | None:
-    values = conn.execute(f"SELECT {COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    values = conn.execute(f"SELECT {COLUMNS} FROM sessions WHERE id = ? AND {shown(conn)}",
+                          (session_id,)).fetchone()
     return _row(values) if values else None
 
 
@@ -204,11 +214,11 @@ def require_session(conn: sqlite3.Connection, session_id: str) -> SessionRow:
 
 
 def list_sessions(conn: sqlite3.Connection, limit: int | None = None, tag: str | None = None) -> list[SessionRow]:
-    sql = f"SELECT {COLUMNS} FROM sessions"
+    sql = f"SELECT {COLUMNS} FROM sessions WHERE {shown(conn)}"
     args: list[Any] = []
     if tag is not None:
         elements = "json_array_elements_text(sessions.tags::json)" if is_postgres(conn) else "json_each(sessions.tags)"
-        sql += f" WHERE EXISTS (SELECT 1 FROM {elements} WHERE value = ?)"
+        sql += f" AND EXISTS (SELECT 1 FROM {elements} WHERE value = ?)"
         args.append(tag)
     sql += " ORDER BY last_activity DESC, id"
     if limit is not None:
@@ -218,7 +228,7 @@ def list_sessions(conn: sqlite3.Connection, limit: int | None = None, tag: str |
 
 
 def count_sessions(conn: sqlite3.Connection) -> int:
-    return conn.execute("SELECT count(*) FROM sessions").fetchone()[0]
+    return conn.execute(f"SELECT count(*) FROM sessions WHERE {shown(conn)}").fetchone()[0]
 
 
 def delete_session(conn: sqlite3.Connection, session_id: str) -> int:
@@ -389,7 +399,7 @@ def retention_victims(conn: sqlite3.Connection, keep: int, older_than: str | Non
     """(id, reason, title, message_count, last_activity) of the sessions retention removes:
     those inactive since before ``older_than``, then the least recently active beyond the
     ``keep`` newest (0: no count limit). ``exclude`` is never removed, and counts as kept."""
-    rows = conn.execute("SELECT id, title, message_count, last_activity FROM sessions "
+    rows = conn.execute(f"SELECT id, title, message_count, last_activity FROM sessions WHERE {shown(conn)} "
                         "ORDER BY last_activity DESC, id").fetchall()
     out: list[tuple[str, str, str | None, int, str]] = []
     kept = 0
@@ -409,5 +419,5 @@ def retention_victims(conn: sqlite3.Connection, keep: int, older_than: str | Non
 
 def active_since(conn: sqlite3.Connection, since: str) -> list[SessionRow]:
     """Sessions pushed to at or after ``since`` (an ISO timestamp as stored)."""
-    return [_row(v) for v in conn.execute(f"SELECT {COLUMNS} FROM sessions WHERE last_activity >= ? ORDER BY id",
-                                          (since,)).fetchall()]
+    return [_row(v) for v in conn.execute(f"SELECT {COLUMNS} FROM sessions WHERE last_activity >= ? "
+                                          f"AND {shown(conn)} ORDER BY id", (since,)).fetchall()]

@@ -96,6 +96,15 @@ def test_migrate_back_from_postgresql_into_a_new_sqlite_file_verified(cli, pg_se
     assert "nothing to copy from" in nothing.error_line()
 
 
+def _copy_messages(raw: Any, sid: str, into: str, add: int) -> None:
+    """Rows as a staged write leaves them: ``sid``'s messages again, in ``into`` at seq + ``add``."""
+    raw.execute("INSERT INTO messages (session_id, seq, role, created_at, tokens, tok_overhead, tok_text, "
+                "tok_tool_call, tok_tool_result, tok_thinking, idempotency_key, body) "
+                "SELECT ?, seq + ?, role, created_at, tokens, tok_overhead, tok_text, tok_tool_call, "
+                "tok_tool_result, tok_thinking, idempotency_key, body FROM messages WHERE session_id = ?",
+                (into, add, sid))
+
+
 def test_migrate_leaves_out_the_rows_of_an_unfinished_push(cli, pg_server) -> None:
     """Rows a staged push wrote above its session's last_seq before the daemon stopped
     (service/ingest.py) were never acknowledged: they are not copied."""
@@ -106,13 +115,34 @@ def test_migrate_leaves_out_the_rows_of_an_unfinished_push(cli, pg_server) -> No
     raw = sqlite3.connect(sqlite_config.database_path)
     with raw:
         raw.execute("INSERT INTO unfinished_pushes (session_id, after_seq, started_at) VALUES ('m1', 10, 'now')")
-        raw.execute("INSERT INTO messages (session_id, seq, role, created_at, tokens, tok_overhead, tok_text, "
-                    "tok_tool_call, tok_tool_result, tok_thinking, idempotency_key, body) "
-                    "SELECT session_id, seq + 10, role, created_at, tokens, tok_overhead, tok_text, tok_tool_call, "
-                    "tok_tool_result, tok_thinking, idempotency_key, body FROM messages WHERE session_id = 'm1'")
+        _copy_messages(raw, "m1", "m1", 10)
     raw.close()
     url = pg_server.create_database()
     report = cli.json("migrate", "--to", url, "--database", str(sqlite_config.database_path))
+    assert report["tables"]["messages"]["rows"] == 20
+    asyncio.run(_check(Config(daemon=DaemonConfig(data_dir=str(cli.root / "pg")), storage=StorageConfig(url=url)),
+                       expected))
+
+
+def test_migrate_leaves_out_an_unfinished_import(cli, pg_server) -> None:
+    """A large import on SQLite writes its session first, hidden and with no messages, then
+    its rows above last_seq 0 (service/transfer.py); one the daemon never finished was
+    never acknowledged nor shown: neither the session nor its rows are copied."""
+    import sqlite3
+
+    sqlite_config = Config(daemon=DaemonConfig(data_dir=str(cli.data_dir)))
+    expected = asyncio.run(_fill(sqlite_config))
+    raw = sqlite3.connect(sqlite_config.database_path)
+    with raw:
+        raw.execute("INSERT INTO sessions (id, created_at, last_activity, encoding, tokens_estimated, tags, "
+                    "metadata) SELECT 'imp', created_at, last_activity, encoding, tokens_estimated, tags, metadata "
+                    "FROM sessions WHERE id = 'm1'")
+        raw.execute("INSERT INTO unfinished_pushes (session_id, after_seq, started_at) VALUES ('imp', -1, 'now')")
+        _copy_messages(raw, "m1", "imp", 0)
+    raw.close()
+    url = pg_server.create_database()
+    report = cli.json("migrate", "--to", url, "--database", str(sqlite_config.database_path))
+    assert report["tables"]["sessions"]["rows"] == 2
     assert report["tables"]["messages"]["rows"] == 20
     asyncio.run(_check(Config(daemon=DaemonConfig(data_dir=str(cli.root / "pg")), storage=StorageConfig(url=url)),
                        expected))

@@ -433,6 +433,50 @@ def pg_url_of(data_dir: Path) -> str | None:
     return _PG_URLS.get(str(Path(data_dir).resolve()))
 
 
+def count_now(db: str, sql: str, args: tuple[Any, ...] = ()) -> int:
+    """A ``count(*)`` from the SQLite file ``db`` while its daemon writes it: 0 while the
+    file or its tables cannot be read yet."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return 0
+    try:
+        return conn.execute(sql, args).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+    finally:
+        conn.close()
+
+
+async def kill_while_staged(daemon: Any, client: Any, request: "asyncio.Task[Any]", staged: Callable[[], int],
+                            what: str, meanwhile: Callable[[], Any] | None = None) -> None:
+    """SIGKILL ``daemon`` once ``staged()`` sees rows of ``request`` (a large push or import,
+    written in several transactions) in its database (after awaiting ``meanwhile()``, if
+    given), and check that the request was not acknowledged and that ``ctxd-cli doctor``
+    finds the file sound; ``client`` is closed."""
+    deadline = time.monotonic() + 120
+    while not staged():
+        assert not request.done(), f"the {what} finished before a transaction of it was seen (too fast to kill)"
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.002)
+    if meanwhile is not None:
+        await meanwhile()
+    daemon.kill()
+    try:
+        await request
+    except BaseException:  # noqa: BLE001 - the connection went away with the daemon
+        pass
+    else:
+        raise AssertionError(f"the {what} was acknowledged although the daemon was killed before it finished")
+    await client.close(shutdown=False)
+    # What it left is marked, not damage.
+    from ctxd.doctor.check import check
+
+    report = check(Path(daemon.data_dir) / "ctxd.db")
+    assert report.ok, report.problems
+    assert any("unfinished push or import" in note for note in report.notes), report.notes
+
+
 def db_query(data_dir: Path, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Rows of ``sql`` (``?`` placeholders) from the database of the daemon on ``data_dir``,
     whichever backend it is: its SQLite file opened read-only, or its PostgreSQL database

@@ -7,12 +7,10 @@ same push sent again (same idempotency keys) is stored, not taken for a duplicat
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-import time
 
 from ctxd.client import Client
 from ctxd.doctor.check import check
-from tests.e2e.helpers import db_rows
+from tests.e2e.helpers import count_now, db_rows, kill_while_staged
 
 MB = 1024 * 1024
 
@@ -25,17 +23,8 @@ async def connect(daemon) -> Client:
 
 def _staged_rows(db: str) -> int:
     """Rows above the session's last_seq (a staged push's, not yet part of it)."""
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return 0
-    try:
-        return conn.execute("SELECT count(*) FROM messages m JOIN sessions s ON s.id = m.session_id "
-                            "WHERE m.seq > s.last_seq").fetchone()[0]
-    except sqlite3.Error:
-        return 0
-    finally:
-        conn.close()
+    return count_now(db, "SELECT count(*) FROM messages m JOIN sessions s ON s.id = m.session_id "
+                         "WHERE m.seq > s.last_seq")
 
 
 async def test_sigkill_between_the_transactions_of_a_large_push(daemon_factory):
@@ -49,23 +38,7 @@ async def test_sigkill_between_the_transactions_of_a_large_push(daemon_factory):
     big = [{"role": "user", "content": f"big {i} " + "lorem ipsum " * (MB // 12), "idempotencyKey": f"big-{i}"}
            for i in range(48)]  # 48 MB: 24 transactions of 2 MB
     push = asyncio.create_task(client.request("session/push", {"sessionId": "s", "messages": big}))
-    deadline = time.monotonic() + 120
-    while not _staged_rows(db):
-        assert not push.done(), "the push finished before a transaction of it was seen (too fast to kill)"
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.002)
-    daemon.kill()
-    try:
-        await push
-    except BaseException:  # noqa: BLE001 - the connection went away with the daemon
-        pass
-    else:
-        raise AssertionError("the push was acknowledged although the daemon was killed before it finished")
-    await client.close(shutdown=False)
-
-    report = check(db)
-    assert report.ok, report.problems
-    assert any("unfinished push" in note for note in report.notes), report.notes
+    await kill_while_staged(daemon, client, push, lambda: _staged_rows(db), "push")
 
     daemon.start()
     client = await connect(daemon)

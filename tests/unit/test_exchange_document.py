@@ -165,11 +165,13 @@ def test_an_imports_messages_are_prepared_stepping_aside(monkeypatch: pytest.Mon
     monkeypatch.setattr(transfer, "STEP_SECONDS", 0.0)
     doc = import_outline(outline_json(export([entry(i, f"message {i}") for i in range(40)])))
     calls: list[int] = []
-    items, stats, used, system = transfer._prepare(doc, TokenCounter.for_model("gpt-4"), 4096, "now",
-                                                   lambda: calls.append(1))
-    assert len(items) == 40 and len(calls) >= 39 and used == sum(t.context for _, _, t, _ in items)
-    assert [m.content for m, *_ in items] == [f"message {i}" for i in range(40)]
-    assert all(body == msgspec.json.encode(m) and created == "2025-01-01T00:00:00Z" for m, body, _, created in items)
+    rows, stats, used, system = transfer._prepare(doc, TokenCounter.for_model("gpt-4"), 4096, "now",
+                                                  lambda: calls.append(1))
+    assert len(rows) == 40 and len(calls) >= 39 and used == sum(r.tokens.context for _, r in rows)
+    assert [seq for seq, _ in rows] == list(range(1, 41))
+    assert [r.message.content for _, r in rows] == [f"message {i}" for i in range(40)]
+    assert all(r.body == msgspec.json.encode(r.message) and r.created_at == "2025-01-01T00:00:00Z" and r.key is None
+               for _, r in rows)
     with pytest.raises(CtxdError) as refused:
         transfer._prepare(doc, TokenCounter.for_model("gpt-4"), 20, "now", lambda: None)
-    assert refused.value.data == {"field": "messages[0]", "size": len(items[0][1]), "limit": 20}
+    assert refused.value.data == {"field": "messages[0]", "size": len(rows[0][1].body), "limit": 20}

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from ctxd.config import Config, DaemonConfig
 from ctxd.doctor.check import check
 from ctxd.doctor.recover import recover
 from ctxd.protocol.errors import CtxdError
@@ -23,6 +22,7 @@ from ctxd.service.core import Service
 from ctxd.store import messages as message_store
 
 from .service_helpers import chat, params
+from .staged_helpers import failing_stages, hook_chunks, restarted, snapshot, written_jobs
 
 SID = "big"
 OTHER = "small"
@@ -73,24 +73,6 @@ async def _seen(svc: Service) -> dict[str, Any]:
             "export": (exported.message_count, len(exported.document)), "stored": await svc.db.read(message_store.count_messages, SID)}
 
 
-def _hook_chunks(svc: Service, monkeypatch: pytest.MonkeyPatch, after: int,
-                 action: Callable[[], Awaitable[None]]) -> list[int]:
-    """Run ``action`` once, right after the staged push's ``after``-th row transaction
-    committed (and before its next one)."""
-    real = svc.db.write
-    chunks: list[int] = []
-
-    async def write(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        result = await real(fn, *args, **kwargs)
-        if fn is ingest._stage_rows:
-            chunks.append(len(args[1]))
-            if len(chunks) == after:
-                await action()
-        return result
-
-    monkeypatch.setattr(svc.db, "write", write)
-    return chunks
-
 
 async def test_a_staged_push_is_invisible_until_its_last_commit(
         service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,7 +90,7 @@ async def test_a_staged_push_is_invisible_until_its_last_commit(
         during["other"] = (await _push(service, chat(0, 1), OTHER)).message_count
         during["doctor"] = check(service.config.database_path)
 
-    chunks = _hook_chunks(service, monkeypatch, 3, look)
+    chunks = hook_chunks(service, monkeypatch, 3, look)
     result = await _push(service, big(6, "b"))
     assert chunks == [1] * 6  # one message per transaction
     report = during.pop("doctor")
@@ -125,16 +107,6 @@ async def test_a_staged_push_is_invisible_until_its_last_commit(
     assert final.ok and not any("unfinished" in n for n in final.notes)
 
 
-def _snapshot(path: Path, to: Path) -> None:
-    """What a SIGKILL leaves on disk: every committed transaction, nothing else."""
-    to.parent.mkdir(parents=True)
-    src, dst = sqlite3.connect(path), sqlite3.connect(to)
-    try:
-        src.backup(dst)
-    finally:
-        src.close()
-        dst.close()
-
 
 async def test_a_kill_between_transactions_leaves_the_session_as_it_was(
         service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,9 +115,9 @@ async def test_a_kill_between_transactions_leaves_the_session_as_it_was(
     killed = tmp_path / "killed" / "ctxd.db"
 
     async def kill() -> None:
-        _snapshot(service.config.database_path, killed)
+        snapshot(service.config.database_path, killed)
 
-    _hook_chunks(service, monkeypatch, 2, kill)
+    hook_chunks(service, monkeypatch, 2, kill)
     await _push(service, big(5, "k", keys=True))
 
     # The file as the killed daemon left it: the staged rows are there, marked, and not damage.
@@ -163,9 +135,7 @@ async def test_a_kill_between_transactions_leaves_the_session_as_it_was(
     raw.close()
     assert any("unfinished push" in n for n in recovered.notes) and not recovered.sessions_recomputed
 
-    config = Config(daemon=DaemonConfig(data_dir=str(killed.parent)))
-    svc = await Service.open(config)  # removes them before anything else
-    try:
+    async with restarted(killed) as svc:  # removes them before anything else
         raw = sqlite3.connect(killed)
         assert raw.execute("SELECT count(*) FROM messages WHERE session_id = ?", (SID,)).fetchone()[0] == 4
         assert raw.execute("SELECT count(*) FROM unfinished_pushes").fetchone()[0] == 0
@@ -180,30 +150,13 @@ async def test_a_kill_between_transactions_leaves_the_session_as_it_was(
         assert all(m.duplicate for m in again.messages)
         page = await history.history(svc, params("session/history", sessionId=SID, limit=100))
         assert [e.seq for e in page.messages] == list(range(1, 10))
-    finally:
-        await svc.close()
-    final = check(killed)
-    assert final.ok and not any("unfinished" in n for n in final.notes)
 
 
 async def test_a_failed_staged_push_leaves_nothing_and_the_next_push_works(
         service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
     await _create(service, SID)
     await _push(service, chat(0, 1))
-    real_write = service.db.write
-    calls = {"n": 0, "fail_cleanup": True}
-
-    async def write(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if fn is ingest._stage_rows:
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise CtxdError(-32000, "disk full (simulated)")
-        if fn is message_store.drop_unfinished and calls["fail_cleanup"]:
-            calls["fail_cleanup"] = False
-            raise CtxdError(-32000, "still full (simulated)")
-        return await real_write(fn, *args, **kwargs)
-
-    monkeypatch.setattr(service.db, "write", write)
+    calls = failing_stages(service, monkeypatch, 3, cleanup_failures=1)
     with pytest.raises(CtxdError, match="simulated"):
         await _push(service, big(4, "f", keys=True))
     # Its rows are still there (the clean-up failed too), above last_seq: nobody sees them.
@@ -241,14 +194,7 @@ async def test_duplicates_in_a_staged_push_are_answered_as_in_one_transaction(se
 async def test_small_pushes_take_one_transaction(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ingest, "STAGE_BYTES", 8 * 1024 * 1024)
     await _create(service, SID)
-    real = service.db.write
-    jobs: list[Any] = []
-
-    async def write(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        jobs.append(fn)
-        return await real(fn, *args, **kwargs)
-
-    monkeypatch.setattr(service.db, "write", write)
+    jobs = written_jobs(service, monkeypatch)
     result = await _push(service, big(6, "s"))
     assert [m.seq for m in result.messages] == [1, 2, 3, 4, 5, 6]
     ours = [fn for fn in jobs if getattr(fn, "__module__", "") == ingest.__name__]
