@@ -8,6 +8,8 @@ and never logged; ``X-Ctxd-*`` headers are the proxy's own and are not forwarded
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -32,6 +34,38 @@ SESSION_HEADER = "x-ctxd-session"
 WINDOW_HEADER = "x-ctxd-context-window"
 HOP_BY_HOP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "trailers", "transfer-encoding", "upgrade", "content-length"})
+
+
+class ClientGone:
+    """While the proxy waits for the upstream's answer, watches the client's connection and
+    cancels the waiting task if the client hangs up: a whole answer (or a stream's head)
+    awaited for a client that left would keep the upstream generating, and billing, until
+    it ends or times out. Used once the request's body is read whole (the connection
+    then has nothing to say but that it closed); a relayed stream is ended by Starlette,
+    which watches the connection while it streams."""
+
+    __slots__ = ("_task", "_watch", "gone")
+
+    def __init__(self, receive: Any) -> None:
+        self._task = asyncio.current_task()
+        self.gone = False
+        self._watch = asyncio.get_running_loop().create_task(self._wait(receive))
+
+    async def _wait(self, receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop(self) -> None:
+        self._watch.cancel()
+
+    def consumed(self) -> bool:
+        """Whether a cancellation of the task was this watch's (it is then taken back)."""
+        if self.gone and self._task is not None and self._task.uncancel() == 0:
+            return True
+        return False
 
 
 class Proxy:
@@ -113,7 +147,7 @@ class Proxy:
                                          headers=self.forward_headers(request, json_body=True),
                                          params=request.query_params or None, content=dumps(out))
         streaming = apis.is_streaming(api, body)
-        response = await self._exchange(api, upstream, whole="unless-ok" if streaming else "always")
+        response = await self._exchange(api, upstream, whole="unless-ok" if streaming else "always", client=request)
         if isinstance(response, Response):
             return response
         if not streaming or response.status_code != 200:
@@ -214,10 +248,27 @@ class Proxy:
             await response.aclose()
 
     async def _exchange(self, api: Api, upstream: httpx.Request, *, whole: Literal["always", "unless-ok", "never"],
-                        replayable: bool = True) -> httpx.Response | Response:
+                        replayable: bool = True, client: Request | None = None) -> httpx.Response | Response:
         """The upstream's answer, its body read (``whole``: always, unless it is a 200 to
         relay as a stream, never), or the error the client gets instead: 504 for a
-        timeout, 502 for anything else."""
+        timeout, 502 for anything else. ``client``: the request, read whole, whose
+        connection is watched meanwhile: should the client hang up, the upstream request
+        is cancelled (its connection closed) and a 499 returned, which nobody reads."""
+        if client is None:
+            return await self._answer(api, upstream, whole=whole, replayable=replayable)
+        watch = ClientGone(client.receive)
+        try:
+            return await self._answer(api, upstream, whole=whole, replayable=replayable)
+        except asyncio.CancelledError:
+            if not watch.consumed():
+                raise
+            log.info("the client hung up before the upstream answered; the upstream request was cancelled")
+            return Response(status_code=499)
+        finally:
+            watch.stop()
+
+    async def _answer(self, api: Api, upstream: httpx.Request, *, whole: Literal["always", "unless-ok", "never"],
+                      replayable: bool) -> httpx.Response | Response:
         try:
             response = await self._send(upstream, replayable=replayable)
         except httpx.TimeoutException as exc:
@@ -297,7 +348,7 @@ class Proxy:
         upstream = self.upstream_request("POST", self.upstream_url(api, request.url.path), content=dumps(out),
                                          headers=self.forward_headers(request, json_body=True),
                                          params=request.query_params or None)
-        response = await self._exchange(api, upstream, whole="always")
+        response = await self._exchange(api, upstream, whole="always", client=request)
         if isinstance(response, Response):
             return response
         return Response(response.content, status_code=response.status_code,
@@ -322,7 +373,8 @@ class Proxy:
         upstream = self.upstream_request(request.method, self.upstream_url(api, request.url.path),
                                          headers=self.forward_headers(request, json_body=False),
                                          params=request.query_params or None, content=content)
-        response = await self._exchange(api, upstream, whole="never", replayable=body is not None)
+        response = await self._exchange(api, upstream, whole="never", replayable=body is not None,
+                                        client=request if body is not None else None)
         if isinstance(response, Response):
             return response
 

@@ -89,6 +89,34 @@ async def test_a_client_that_hangs_up_cancels_the_upstream(proxy, upstream, ctxd
         ["A slow answer, please.", "Answer to: A slow answer, please."]
 
 
+@both_modes
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages/count_tokens", "/v1/models"])
+async def test_a_client_that_hangs_up_before_the_answer_cancels_the_upstream(proxy, upstream, ctxd_daemon,
+                                                                            path: str) -> None:
+    """A whole answer awaited for a client that left: the upstream request is closed at
+    once (a real LLM would go on generating, and billing, until the proxy's timeout)."""
+    upstream.mode = "hang"
+    body = {"model": MODEL, "max_tokens": 100, "messages": [{"role": "user", "content": "Hello? Anyone?"}]}
+    headers = {"x-api-key": "sk-x", "anthropic-version": "2023-06-01"} if "messages" in path else {}
+    async with httpx.AsyncClient(timeout=30) as http:
+        request = http.get(proxy.url + path) if path == "/v1/models" else \
+            http.post(proxy.url + path, json=body, headers=headers)
+        waiting = asyncio.create_task(request)
+        await _wait(lambda: len(upstream.received) == 1, "the request to reach the upstream")
+        waiting.cancel()  # the client hangs up: httpx closes its connection
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    await _wait(lambda: upstream.hung_up == 1, "the upstream to see the proxy go", timeout=10)
+    # The proxy keeps serving, and the session kept the user's message.
+    upstream.mode = "ok"
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0)
+    reply = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Still there?"}])
+    assert reply.choices[0].message.content == "Answer to: Still there?"
+    if path == "/v1/chat/completions":
+        stored = {m["content"] for s in await sessions(ctxd_daemon) for m in await history(ctxd_daemon, s["sessionId"])}
+        assert "Hello? Anyone?" in stored
+
+
 async def test_an_upstream_that_hangs_gets_a_clear_timeout(start_proxy, upstream, ctxd_daemon) -> None:
     proxy = start_proxy("--set", "proxy.upstream_timeout_seconds=1")
     upstream.mode = "hang"

@@ -6,11 +6,13 @@ The "model" is deterministic: it answers ``Answer to: <the last user text>``; wh
 last message is the user's and its text contains ``use the tool``, it calls the tool
 ``get_weather`` with ``{"city": "Paris"}`` instead.
 
-Modes (``server.mode = ...``) apply to the chat endpoints: ``ok``, ``500``, ``429``
+Modes (``server.mode = ...``) apply to the chat endpoints (``hang`` also to
+``/v1/models`` and ``count_tokens``): ``ok``, ``500``, ``429``
 (with ``retry-after: 7``), ``cut`` (a stream that stops half-way: the connection closes
 without the stream's end; a whole answer is sent half and cut), ``hang`` (nothing sent
 until the client goes or the server stops), ``slow`` (a stream whose events come slowly,
-to let a client hang up in the middle; ``disconnects`` counts streams a client left).
+to let a client hang up in the middle; ``disconnects`` counts streams a client left,
+``hung_up`` hanging requests a client left).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class FakeUpstream:
         self.mode = "ok"
         self.received: list[Received] = []
         self.disconnects = 0
+        self.hung_up = 0  # hanging requests whose client (the proxy) closed the connection
         self.completed_streams = 0
         self.delay = 0.2
         self._lock = threading.Lock()
@@ -131,8 +134,18 @@ class FakeUpstream:
                                           raw, data, request.url.query))
         return data
 
+    async def _hang(self, request: Request) -> Response:
+        """``hang``: nothing sent until the client goes (counted) or the server stops."""
+        while not self._stopping and not await request.is_disconnected():
+            await asyncio.sleep(0.05)
+        if not self._stopping:
+            self.hung_up += 1
+        return Response(status_code=599)
+
     async def _models(self, request: Request) -> Response:
         await self._record(request)
+        if self.mode == "hang":
+            return await self._hang(request)
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1,
                                                          "owned_by": "fake"}]},
                             headers={"x-upstream": "fake"})
@@ -144,6 +157,8 @@ class FakeUpstream:
 
     async def _count(self, request: Request) -> Response:
         body = await self._record(request)
+        if self.mode == "hang":
+            return await self._hang(request)
         return JSONResponse({"input_tokens": len(json.dumps(body)) // 4})
 
     async def _chat(self, request: Request) -> Response:
@@ -156,9 +171,7 @@ class FakeUpstream:
         if mode == "429":
             return self._error(api, 429, "slow down", "rate_limit_error", {"retry-after": "7"})
         if mode == "hang":
-            while not self._stopping and not await request.is_disconnected():
-                await asyncio.sleep(0.05)
-            return Response(status_code=599)
+            return await self._hang(request)
         if api == "responses" and isinstance(body, dict):
             body = _responses_as_messages(body)
             if body is None:
