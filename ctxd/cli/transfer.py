@@ -183,13 +183,9 @@ def import_(ctx: click.Context, file: str, fmt: str | None, session_id: str | No
         markdown = Path(file).suffix.lower() in (".md", ".markdown")
         # (aider's .aider.chat.history.md is Markdown too: the daemon tells it from the content)
         fmt = "markdown" if markdown and not looks_like_aider(document[:65536].encode()) else "auto"
-    elif fmt == "aider":
-        # session/import has no "aider" format: it tells aider's history from its content,
-        # which is what --format aider asks for once the file is seen to be one.
-        if not looks_like_aider(document[:65536].encode()):
-            raise bad_input(f"{source}: does not look like aider's chat history (no \"# aider chat started at\" "
-                            "line)")
-        fmt = "auto"
+    elif fmt == "aider" and not looks_like_aider(document[:65536].encode()):
+        raise bad_input(f"{source}: does not look like aider's chat history (no \"# aider chat started at\" "
+                        "line)")
     params: dict[str, Any] = {"document": document, "format": fmt}
     if session_id is not None:
         params["sessionId"] = session_id

@@ -10,7 +10,7 @@ from ctxd.protocol.common import Seq
 from ctxd.protocol.message import Message
 
 ExportFormat = Literal["json", "markdown", "jsonl"]
-ImportFormat = Literal["auto", "json", "markdown", "jsonl", "claude_code", "openai_chat", "mini_swe_agent",
+ImportFormat = Literal["auto", "json", "markdown", "jsonl", "claude_code", "openai_chat", "aider", "mini_swe_agent",
                        "swe_agent", "openhands", "openhands_events", "locomo"]
 
 

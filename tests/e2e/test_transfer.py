@@ -234,6 +234,23 @@ async def _import_claude_code(conn: Conn, path: Path, fmt: str, expected: int) -
         await conn.call("context/prompt", {"sessionId": sid, "format": prompt_fmt})
 
 
+async def test_import_aider_history_by_name_and_by_content():
+    """aider's .aider.chat.history.md: one session per run with messages, whether the
+    format is named or told from the content."""
+    text = (FIXTURES / "aider.chat.history.md").read_text()
+    async with running() as d:
+        conn = await d.connect()
+        for fmt in ("aider", "auto"):
+            result = await conn.call("session/import", {"document": text, "format": fmt})
+            assert result["format"] == "aider" and len(result["sessionIds"]) == 2
+            first = await full_history(conn, result["sessionIds"][0])
+            assert any(m["message"]["content"].startswith("make slugify() drop accents")
+                       for m in first["messages"] if m["message"]["role"] == "user")
+        err = await rpc_error(conn, "session/import", {"document": "# Not aider\n\nhello\n", "format": "aider"},
+                              -33030)
+        assert "aider" in err.message
+
+
 def _bad_documents(good_json: str, good_jsonl: str, good_md: str) -> list[tuple[str, str, str, list[str]]]:
     """(case, format, document, words the error message must contain)."""
     data = json.loads(good_json)
