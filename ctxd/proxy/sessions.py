@@ -122,6 +122,11 @@ def _output_of(info: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def _extends(chain: list[str], known: list[str]) -> bool:
+    """Whether a client's chain starts with a session's."""
+    return len(known) <= len(chain) and chain[:len(known)] == known
+
+
 def derive_session_id(api: Api, model: str | None, parts: Split) -> str:
     """``proxy-<api>-<hash>``: the hash of the model, the system prompt and the first user
     message (its text as ctxd models it): one agent conversation, one session."""
@@ -186,6 +191,7 @@ class Sessions:
         self.default_window = default_window
         self._tracked: dict[str, Tracked] = {}
         self._aliases: dict[str, str] = {}
+        self._earlier: dict[str, Tracked] = {}  # sessions a fork followed (``_continued``)
         self._locks: dict[str, asyncio.Lock] = {}
         self._recent: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._remembered = remembered
@@ -307,7 +313,7 @@ class Sessions:
         metadata[META] = dict(metadata.get(META) or {}, successor=candidate)
         await self.link.request(old.id, "session/update", {"sessionId": old.id, "metadata": metadata})
         self._aliases[old.id] = candidate
-        self._tracked.pop(old.id, None)
+        self._earlier[old.id] = self._tracked.pop(old.id, old)
         return tracked
 
     def lock(self, base_id: str) -> asyncio.Lock:
@@ -326,14 +332,43 @@ class Sessions:
                 tracked = await self._create(conv, conv.base_id, {})
             async with tracked.lock:
                 await self._settle(tracked)
+                if _extends(conv.chain, tracked.chain):
+                    return tracked, *await self._push_and_prompt(conv, tracked, fmt)
+            earlier = await self._continued(conv, tracked)
+            if earlier is not None:
+                async with earlier.lock:
+                    return earlier, *await self._push_and_prompt(conv, earlier, fmt)
+            async with tracked.lock:
                 known = tracked.chain
-                if len(known) > len(conv.chain) or conv.chain[:len(known)] != known:
-                    at = next((i for i, (a, b) in enumerate(zip(known, conv.chain)) if a != b),
-                              min(len(known), len(conv.chain)))
-                    fork = await self._fork(conv, tracked, at)
-                    async with fork.lock:
-                        return fork, *await self._push_and_prompt(conv, fork, fmt)
-                return tracked, *await self._push_and_prompt(conv, tracked, fmt)
+                at = next((i for i, (a, b) in enumerate(zip(known, conv.chain)) if a != b),
+                          min(len(known), len(conv.chain)))
+                fork = await self._fork(conv, tracked, at)
+                async with fork.lock:
+                    return fork, *await self._push_and_prompt(conv, fork, fmt)
+
+    async def _continued(self, conv: Conversation, current: Tracked) -> Tracked | None:
+        """The newest earlier session of the conversation's line (the session its id
+        names, then each fork that followed) whose messages the client's conversation
+        starts with: a client back on a branch it left (its history as it was before an
+        edit, another window of the same agent, a request named by ``X-Ctxd-Session``)
+        continues that session instead of forking once more."""
+        line = [conv.base_id]
+        while line[-1] in self._aliases and len(line) < 1000:
+            line.append(self._aliases[line[-1]])
+        for session_id in reversed(line):
+            if session_id == current.id:
+                continue
+            earlier = self._earlier.get(session_id)
+            if earlier is None:
+                info = await self._get(session_id)
+                if info is None:
+                    continue
+                earlier = self._earlier[session_id] = await self._load(info)
+            async with earlier.lock:
+                await self._settle(earlier)
+                if _extends(conv.chain, earlier.chain):
+                    return earlier
+        return None
 
     async def _push_and_prompt(self, conv: Conversation, tracked: Tracked,
                                fmt: Api) -> tuple[list[str], dict[str, Any]]:
@@ -366,6 +401,7 @@ class Sessions:
                 # Stored or not is unknown (the push may have committed before the prompt
                 # failed): the chain is read again from history by the next request.
                 self._tracked.pop(tracked.id, None)
+                self._earlier.pop(tracked.id, None)
             raise
         tracked.chain = list(conv.chain)
         return list(tracked.chain), prompt
@@ -458,12 +494,13 @@ class Sessions:
         many of the client's messages it already holds (-1: it disagrees)."""
         async with self.lock(conv.base_id):
             tracked = await self.resolve(conv.base_id)
-            if tracked is not None:
-                async with tracked.lock:
-                    await self._settle(tracked)
-        if tracked is None:
-            return None, -1
-        known = tracked.chain
-        if len(known) > len(conv.chain) or conv.chain[:len(known)] != known:
-            return tracked, -1
-        return tracked, len(known)
+            if tracked is None:
+                return None, -1
+            async with tracked.lock:
+                await self._settle(tracked)
+            if not _extends(conv.chain, tracked.chain):
+                earlier = await self._continued(conv, tracked)
+                if earlier is None:
+                    return tracked, -1
+                tracked = earlier
+        return tracked, len(tracked.chain)

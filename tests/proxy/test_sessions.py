@@ -78,6 +78,44 @@ async def test_edited_history_continues_in_a_linked_session(proxy, ctxd_daemon) 
 
 
 @both_modes
+@pytest.mark.parametrize("named", [True, False])
+async def test_a_client_back_on_the_branch_it_left_continues_that_session(start_proxy, ctxd_daemon,
+                                                                          named: bool) -> None:
+    """After a fork, a request whose history extends the first session again (the agent's
+    history as it was before the edit, another window of it) goes on in that session, for
+    a session named by X-Ctxd-Session as for a derived one; also after a proxy restart."""
+    headers = {"X-Ctxd-Session": "branch"} if named else {}
+    proxy = start_proxy()
+    client = sdk(proxy, **headers)
+    messages = await _talk(client, "Branch out.", 2, stream=False)
+    [first] = [s["sessionId"] for s in await sessions(ctxd_daemon)]
+    edited = [messages[0], {"role": "user", "content": "Branch out."},
+              {"role": "assistant", "content": "An edited answer."}, messages[-1]]
+    await client.chat.completions.create(model=MODEL, messages=edited)
+    fork = f"{first}~2"
+    assert len(await history(ctxd_daemon, fork)) == 4
+    # Back on the first branch: its whole history, a reply and a new question.
+    back = messages + [{"role": "assistant", "content": "Answer to: Branch out. turn 1"},
+                       {"role": "user", "content": "Back on the first branch."}]
+    await client.chat.completions.create(model=MODEL, messages=back)
+    assert [m["content"] for m in await history(ctxd_daemon, first)][-2:] == \
+        ["Back on the first branch.", "Answer to: Back on the first branch."]
+    assert len(await history(ctxd_daemon, fork)) == 4
+    # The fork's branch goes on in the fork; a restarted proxy finds both the same way.
+    proxy.stop()
+    client = sdk(start_proxy(), **headers)
+    more = edited + [{"role": "assistant", "content": "Answer to: Branch out. turn 1"},
+                     {"role": "user", "content": "On the edited branch."}]
+    await client.chat.completions.create(model=MODEL, messages=more)
+    back += [{"role": "assistant", "content": "Answer to: Back on the first branch."},
+             {"role": "user", "content": "Still on the first."}]
+    await client.chat.completions.create(model=MODEL, messages=back)
+    ids = sorted(s["sessionId"] for s in await sessions(ctxd_daemon))
+    assert ids == sorted([first, fork])
+    assert len(await history(ctxd_daemon, fork)) == 6 and len(await history(ctxd_daemon, first)) == 10
+
+
+@both_modes
 async def test_a_restarted_proxy_pushes_nothing_twice(start_proxy, ctxd_daemon) -> None:
     first = start_proxy()
     messages = await _talk(sdk(first), "Survive a restart.", 2, stream=False)
