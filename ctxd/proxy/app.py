@@ -42,13 +42,20 @@ class ClientGone:
     awaited for a client that left would keep the upstream generating, and billing, until
     it ends or times out. Used once the request's body is read whole (the connection
     then has nothing to say but that it closed); a relayed stream is ended by Starlette,
-    which watches the connection while it streams."""
+    which watches the connection while it streams. The watch starts ``AFTER`` seconds in:
+    an answer that comes sooner costs no task of its own."""
 
-    __slots__ = ("_task", "_watch", "gone")
+    AFTER = 0.05
+
+    __slots__ = ("_task", "_timer", "_watch", "gone")
 
     def __init__(self, receive: Any) -> None:
         self._task = asyncio.current_task()
         self.gone = False
+        self._watch: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(self.AFTER, self._start, receive)
+
+    def _start(self, receive: Any) -> None:
         self._watch = asyncio.get_running_loop().create_task(self._wait(receive))
 
     async def _wait(self, receive: Any) -> None:
@@ -59,7 +66,9 @@ class ClientGone:
             self._task.cancel()
 
     def stop(self) -> None:
-        self._watch.cancel()
+        self._timer.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
 
     def consumed(self) -> bool:
         """Whether a cancellation of the task was this watch's (it is then taken back)."""
