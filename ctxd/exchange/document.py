@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any, Callable
@@ -76,9 +77,8 @@ MAX_MISSES = 8
 """Cut places that turned out to be inside a message, per slice, before giving up on slices."""
 STEP_SECONDS = 0.002
 """:func:`import_outline` calls ``between`` after about this much work."""
-_MESSAGES = re.compile(r'"messages"\s*:\s*\[')
-_MESSAGES_KEY = re.compile(r'"messages"\s*:')
-_ENTRY_CUT = re.compile(r'\}\s*,\s*(?=\{\s*"(?:seq|createdAt|message)"\s*:)')
+_MESSAGES = re.compile(r'"messages"[ \t\n\r]*:[ \t\n\r]*\[')
+_ENTRY_CUT = re.compile(r'\}[ \t\n\r]*,[ \t\n\r]*(?=\{[ \t\n\r]*"(?:seq|createdAt|message)"[ \t\n\r]*:)')
 """Where one entry of a ctxd export's messages ends and the next begins: found with a
 regular expression, so it may also be inside an entry (a string, a nested object), which
 the slice's decode then shows."""
@@ -103,9 +103,11 @@ def _outline_in_slices(text: str, between: Callable[[], object]) -> Outline | No
     if found is None or found.start() > SLICE_CHARS:
         return None
     try:
-        _any_decoder.decode(text[:found.start()] + '"messages":[]}')
+        head = _any_decoder.decode(text[:found.start()] + '"messages":[0]}')
     except (ValueError, RecursionError):
         return None  # (not the top-level object's key)
+    if not isinstance(head, dict) or head.get("messages") != [0]:
+        return None  # (a key that only ends in "messages": '\\"messages')
     start = at = found.end()
     entries: list[msgspec.Raw] = []
     misses = 0
@@ -124,9 +126,13 @@ def _outline_in_slices(text: str, between: Callable[[], object]) -> Outline | No
                 at = cut.end()
                 look_from = at + SLICE_CHARS
             between()
-        if at == start or _MESSAGES_KEY.search(text, at) is not None:
+        if at == start:
             return None
-        outline = _outline_decoder.decode(text[:start] + text[at:])
+        mark = '"ctxd-sliced:%s"' % os.urandom(8).hex()
+        outline = _outline_decoder.decode(text[:start] + mark + "," + text[at:])
+        if not outline.messages or bytes(outline.messages[0]) != mark.encode():
+            return None  # (another "messages" key, however spelled, came later and won)
+        del outline.messages[0]
     except (ValueError, RecursionError):  # (msgspec's errors, a lone surrogate's UnicodeEncodeError)
         return None
     outline.messages = entries + outline.messages
