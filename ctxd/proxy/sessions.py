@@ -337,7 +337,9 @@ class Sessions:
             earlier = await self._continued(conv, tracked)
             if earlier is not None:
                 async with earlier.lock:
-                    return earlier, *await self._push_and_prompt(conv, earlier, fmt)
+                    await self._settle(earlier)  # (checked again in the same hold as the push)
+                    if _extends(conv.chain, earlier.chain):
+                        return earlier, *await self._push_and_prompt(conv, earlier, fmt)
             async with tracked.lock:
                 known = tracked.chain
                 at = next((i for i, (a, b) in enumerate(zip(known, conv.chain)) if a != b),
