@@ -30,8 +30,8 @@ from ctxd.protocol.history import ExportParams, ExportResult, ImportParams, Impo
 from ctxd.service import compression, turns
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
-from ctxd.service.ingest import (PIPELINE_MESSAGES, THREAD_COUNT_BYTES, _add_stats, _title_of, check_message,
-                                 stage_chunks, write_stages)
+from ctxd.service.ingest import (PIPELINE_BYTES, PIPELINE_MESSAGES, THREAD_COUNT_BYTES, _add_stats, _title_of,
+                                 check_message, stage_chunks, write_stages)
 from ctxd.service.sessions import MIN_WINDOW, enforce_retention
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
@@ -278,10 +278,12 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
             # other client's push 65-100 ms.
             await _write_staged(svc, row, chunks, _encode(stored))
         else:
-            # An import of more than a push's handful of messages runs beside the writer's
-            # other jobs where the store can (PostgreSQL's second writer connection): its one
-            # transaction of 10,000 rows held every other client's push for ~230 ms.
-            write = svc.db.write_apart if len(rows) > PIPELINE_MESSAGES else svc.db.write
+            # An import larger than a small push (by count or by size) runs beside the
+            # writer's other jobs where the store can (PostgreSQL's second writer connection):
+            # its one transaction of 10,000 rows held every other client's push for ~230 ms,
+            # and the COPY of 10 messages of 4 MB on the writer held them 240-920 ms.
+            small = len(rows) <= PIPELINE_MESSAGES and sum(len(r.body) for _, r in rows) <= PIPELINE_BYTES
+            write = svc.db.write if small else svc.db.write_apart
             await write(_import_job, row, rows, _encode(stored))
         svc.indexer.stored(len(rows))
         state = svc.cache.adopt(row)

@@ -92,16 +92,18 @@ async def test_bodies_are_compressed_with_lz4_when_the_server_has_it(service: Se
     assert methods == ["lz4", "lz4", "lz4"]
 
 
+@pytest.mark.parametrize("count, size", [(40, 10), (4, 40_000)], ids=["many small", "few large"])
 async def test_a_small_push_commits_while_an_import_is_being_written(
-        service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+        service: Service, monkeypatch: pytest.MonkeyPatch, count: int, size: int) -> None:
     """An import's one transaction (10,000 rows) held every other client's push on the one
-    writer for ~230 ms (bench fairness on PostgreSQL): it runs on the second writer."""
+    writer for ~230 ms (bench fairness on PostgreSQL): it runs on the second writer. So
+    does one of a few large messages (the COPY of 10 x 4 MB held them 240-920 ms)."""
     from ctxd.service import transfer
 
     await sessions.create_session(service, params("session/create", sessionId="small", model="gpt-4o"))
     inside, release = _held_inserts(monkeypatch, "imported")
-    document = {"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
-                             for i in range(40)]}
+    document = {"messages": [{"role": "user" if i % 2 == 0 else "assistant",
+                              "content": f"turn {i} ".ljust(size, "x")} for i in range(count)]}
     importing = asyncio.create_task(transfer.import_session(service, params(
         "session/import", document=json.dumps(document), sessionId="imported")))
     try:
@@ -116,4 +118,4 @@ async def test_a_small_push_commits_while_an_import_is_being_written(
     result = await asyncio.wait_for(importing, 30)
     assert result.session_ids == ["imported"]
     got = await history.history(service, params("session/history", sessionId="imported"))
-    assert len(got.messages) == 40
+    assert len(got.messages) == count
