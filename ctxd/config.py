@@ -31,7 +31,9 @@ class DaemonConfig(_Section):
     """Where the daemon keeps its files and how it logs."""
 
     data_dir: str = ""
-    """Directory of the database (and snapshots). Empty: the user data directory."""
+    """Directory of the database (and snapshots). Empty: the user data directory. One daemon at a
+    time uses a SQLite database (``ctxd.db.lock``): another, on another socket, refuses to start
+    and names the first one's pid and socket."""
     socket: str = ""
     """Unix socket path. Empty: ``$XDG_RUNTIME_DIR/ctxd/ctxd.sock`` or the user state directory."""
     token_file: str = ""

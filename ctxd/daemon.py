@@ -33,6 +33,8 @@ from ctxd.server.transports import (
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.sessions import enforce_retention
+from ctxd.store.backend import is_postgres_url
+from ctxd.store.lock import DatabaseLock
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._servers: list[asyncio.AbstractServer] = []
         self._lock: SocketLock | None = None
+        self._data_lock: DatabaseLock | None = None
+        """One daemon per SQLite file (store/lock.py); None on PostgreSQL."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clean_exit = False
         self.bound: dict[str, str] = {}
@@ -78,6 +82,14 @@ class Daemon:
 
     def transport_names(self) -> list[str]:
         return [f"{kind}:{where}" for kind, where in self.bound.items()]
+
+    def _serving(self) -> list[str]:
+        """Where this daemon serves, as its database's lock file says it: what is bound,
+        else what it is about to bind."""
+        names = self.transport_names() or [f"unix:{self.config.socket_path}"] * self.unix
+        if "tcp" not in self.bound and self.tcp_port:
+            names.append(f"tcp:127.0.0.1:{self.tcp_port}")
+        return names + ["stdio"] * self.stdio
 
     def watch_parent(self, pid: int) -> None:
         """Exit when the process that spawned us over stdio goes away."""
@@ -163,6 +175,12 @@ class Daemon:
             # lost a start race must not run migrations or retention next to the winner.
             self._lock = claim_socket(self.config.socket_path)
         try:
+            if not is_postgres_url(self.config.storage.url):
+                # One daemon per SQLite file (its sessions' state lives in this process's
+                # memory), also decided before the database is touched; after the socket's,
+                # so that two clients autostarting on one socket still meet there.
+                self._data_lock = DatabaseLock(self.config.database_path)
+                await self._data_lock.acquire(self._serving())
             try:
                 self.service = await Service.open(self.config, events=self.hub)
             except SettingsError as exc:
@@ -181,6 +199,8 @@ class Daemon:
                 self._servers.append(server)
                 port = server.sockets[0].getsockname()[1]
                 self.bound["tcp"] = f"127.0.0.1:{port}"
+            if self._data_lock is not None:
+                self._data_lock.serving(self._serving())
         except BaseException:
             await self.close()
             raise
@@ -218,6 +238,10 @@ class Daemon:
                 self.stop()
 
     async def close(self) -> None:
+        if self._data_lock is not None:
+            # Said before the socket is let go: a daemon the next client starts on it waits
+            # for this one to close the database instead of refusing.
+            self._data_lock.stopping()
         for server in self._servers:
             server.close()
         for conn in list(self.hub.connections):
@@ -236,4 +260,7 @@ class Daemon:
             await self.service.close()
             self.service = None  # type: ignore[assignment]
             self.app.service = None
+        if self._data_lock is not None:  # after the database is closed, never before
+            self._data_lock.release()
+            self._data_lock = None
         self._servers.clear()

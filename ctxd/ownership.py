@@ -1,4 +1,5 @@
-"""Who owns a path, and may this process write in a directory: checked explicitly.
+"""Who owns a path, and may this process write in a directory: checked explicitly; and
+the lock files that make a socket and a database one daemon's (:class:`LockFile`).
 
 Root passes every permission check (``os.access`` says yes to all of them), so a daemon
 run as root would write into another user's directory, or one its owner made
@@ -9,6 +10,7 @@ daemon refuses the same places for everyone, with a message saying why.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import pwd
 import stat
@@ -83,3 +85,157 @@ def read_private_file(path: Path, what: str, limit: int = 4096) -> str:
         return data.decode("utf-8").strip()
     except UnicodeDecodeError:
         raise PrivateFileError(f"{what} {path} is not UTF-8 text") from None
+
+
+# --- lock files ---------------------------------------------------------------------
+
+
+class LockError(Exception):
+    """The lock file cannot be used; the message names it and a way out."""
+
+
+class LockHeld(LockError):
+    """Another live process holds the lock; ``text`` is what it wrote in the file."""
+
+    def __init__(self, message: str, text: str) -> None:
+        super().__init__(message)
+        self.text = text
+
+
+class LockFile:
+    """A lock file held for a process's lifetime: what makes a socket, and a SQLite
+    database, one daemon's. ``elsewhere`` completes "remove it or choose ...": how the
+    user avoids this file (``another --socket path``).
+
+    The lock is an ``flock`` on a small file beside what it guards (``x.sock.lock``,
+    ``ctxd.db.lock``). The kernel releases it when the process exits, however it exits
+    (a SIGKILL too): a lock file left behind by a dead daemon never blocks the next one;
+    only a live holder does. The file may sit in a directory others can write to (a
+    socket in /tmp), so it is opened the careful way: never through a symbolic link (one
+    planted there would make ctxd truncate its target), created 0600, and used only when
+    it is a plain file of this user's with no other hard links; what a lock file of
+    another user says is never repeated. The holder writes its pid (and, for the
+    database's lock, where it serves) into it, which the refused process quotes. A holder
+    may remove its file as it lets go (the database's lock does): a process that opened
+    it just before then finds, once it holds the lock, the path empty or another file
+    there, and starts over on what is at the path.
+    """
+
+    def __init__(self, path: Path, *, elsewhere: str) -> None:
+        self.path = path
+        self.elsewhere = elsewhere
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, text: str) -> None:
+        """Take the lock without waiting and write ``text`` into the file. LockHeld when a
+        live process holds it (with what that process wrote), LockError when the file is
+        not safe to use."""
+        for _ in range(100):
+            if self._acquire(text):
+                return
+            # The holder removed the file as we locked it: lock the one at the path now.
+        raise LockError(f"the lock file {self.path} keeps being replaced; choose {self.elsewhere}")
+
+    def _acquire(self, text: str) -> bool:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except OSError as exc:
+            raise LockError(self._cannot_open(exc)) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LockError(f"the lock file {self.path} is not a regular file; "
+                                f"move it away or choose {self.elsewhere}")
+            if foreign(st):
+                raise LockError(self._not_ours(st.st_uid))
+            if st.st_nlink != 1:
+                raise LockError(f"the lock file {self.path} has other hard links; "
+                                f"move it away or choose {self.elsewhere}")
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(fd, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise LockHeld(f"{self.path} is locked by another process", _text_in(fd)) from None
+                raise LockError(f"cannot lock {self.path}: {exc.strerror}") from None
+            if not self._at_path(st):
+                os.close(fd)
+                return False
+            _write(fd, text)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def _at_path(self, st: os.stat_result) -> bool:
+        """Whether the file ``st`` describes is still the one at the path (a holder that
+        removes its file on release does so while it holds the lock)."""
+        try:
+            now = os.lstat(self.path)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
+    def write(self, text: str) -> None:
+        """Replace what the held lock file says (nothing when it is not held)."""
+        if self._fd is not None:
+            try:
+                _write(self._fd, text)
+            except OSError:
+                pass  # (only what a refused process quotes)
+
+    def _not_ours(self, uid: int) -> str:
+        return (f"the lock file {self.path} belongs to {owner(uid)}, not to this user: ctxd will not "
+                f"use it; remove it or choose {self.elsewhere}")
+
+    def _cannot_open(self, exc: OSError) -> str:
+        if exc.errno == errno.ELOOP:
+            return (f"the lock file {self.path} is a symbolic link: ctxd will not follow it (it could "
+                    f"make ctxd overwrite the file it points to); remove it or choose {self.elsewhere}")
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            pass
+        else:
+            if foreign(st):
+                return self._not_ours(st.st_uid)
+        return f"cannot open the lock file {self.path}: {exc.strerror}"
+
+    def release(self, *, remove: bool = False) -> None:
+        """Let go (closing the file releases the flock). ``remove``: the file is removed
+        first, while still held, so that whoever opened it meanwhile sees it is gone
+        (``acquire`` checks); otherwise it stays, harmless."""
+        if self._fd is not None:
+            if remove and self._at_path(os.fstat(self._fd)):
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+            os.close(self._fd)
+            self._fd = None
+
+
+def _write(fd: int, text: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode("utf-8", "replace"), 0)
+
+
+def _text_in(fd: int) -> str:
+    """What the holder wrote (its first 4 KiB, "" when unreadable)."""
+    try:
+        return os.pread(fd, 4096, 0).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def pid_of(text: str) -> str:
+    """The pid on the first line of a lock file's ``text`` (a number, or "?")."""
+    first = text.strip().split("\n", 1)[0].strip()
+    return first if first.isdigit() else "?"

@@ -8,8 +8,6 @@ one client leaving, crashing or misbehaving never touches another.
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
 import logging
 import os
 import secrets
@@ -19,7 +17,17 @@ import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from ctxd.ownership import PrivateFileError, foreign, owner, read_private_file, writable_dir
+from ctxd.ownership import (
+    LockError,
+    LockFile,
+    LockHeld,
+    PrivateFileError,
+    foreign,
+    owner,
+    pid_of,
+    read_private_file,
+    writable_dir,
+)
 from ctxd.server.connection import Writer
 
 log = logging.getLogger(__name__)
@@ -88,80 +96,25 @@ async def _pump_blocking(stream: Any, reader: asyncio.StreamReader) -> None:
 
 
 class SocketLock:
-    """One daemon per socket path: an flock held for the daemon's lifetime.
-
-    The socket may live in a directory others can write to (/tmp), so the lock file is
-    never followed through a symbolic link (one planted there would make ctxd truncate
-    its target) and must be a plain file of ours: a lock file of another user is
-    refused, and what it says is never repeated.
-    """
+    """One daemon per socket path: an flock held for the daemon's lifetime, taken the
+    careful way of :class:`ctxd.ownership.LockFile` (the socket may live in a directory others can
+    write to, such as /tmp). The file says the holder's pid."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path.with_name(path.name + ".lock")
-        self._fd: int | None = None
+        self._lock = LockFile(path.with_name(path.name + ".lock"), elsewhere="another --socket path")
+        self.path = self._lock.path
 
     def acquire(self) -> None:
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, flags, 0o600)
-        except OSError as exc:
-            raise TransportError(self._cannot_open(exc)) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise TransportError(f"the lock file {self.path} is not a regular file; "
-                                     f"move it away or choose another --socket path")
-            if foreign(st):
-                raise TransportError(self._not_ours(st.st_uid))
-            if st.st_nlink != 1:
-                raise TransportError(f"the lock file {self.path} has other hard links; "
-                                     f"move it away or choose another --socket path")
-            if stat.S_IMODE(st.st_mode) & 0o077:
-                os.fchmod(fd, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise TransportError(f"another ctxd (pid {_pid_in(fd)}) is already serving "
-                                         f"{self.path.with_suffix('')}") from None
-                raise TransportError(f"cannot lock {self.path}: {exc.strerror}") from None
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-
-    def _not_ours(self, uid: int) -> str:
-        return (f"the lock file {self.path} belongs to {owner(uid)}, not to this user: ctxd will not "
-                f"use it; remove it or choose another --socket path")
-
-    def _cannot_open(self, exc: OSError) -> str:
-        if exc.errno == errno.ELOOP:
-            return (f"the lock file {self.path} is a symbolic link: ctxd will not follow it (it could "
-                    f"make ctxd overwrite the file it points to); remove it or choose another --socket path")
-        try:
-            st = os.lstat(self.path)
-        except OSError:
-            pass
-        else:
-            if foreign(st):
-                return self._not_ours(st.st_uid)
-        return f"cannot open the lock file {self.path}: {exc.strerror}"
+            self._lock.acquire(str(os.getpid()))
+        except LockHeld as exc:
+            raise TransportError(f"another ctxd (pid {pid_of(exc.text)}) is already serving "
+                                 f"{self.path.with_suffix('')}") from None
+        except LockError as exc:
+            raise TransportError(str(exc)) from None
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def _pid_in(fd: int) -> str:
-    """The pid a running daemon wrote in its lock file (a number, or "?")."""
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return "?"
-    return text if text.isdigit() else "?"
+        self._lock.release()
 
 
 def _private_dir(path: Path) -> None:

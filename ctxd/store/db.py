@@ -88,13 +88,38 @@ class _Job:
     result: Any = field(default=None)
 
 
+def check_data_dir(directory: Path) -> None:
+    """The data directory exists (created 0700 when missing), is ours and writable by
+    us (SQLite creates -wal and -shm, the daemon its lock, next to the database);
+    StoreOpenError saying why not. Checked explicitly because root would otherwise write
+    anywhere without a word."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise StoreOpenError(f"cannot create the data directory {directory}: {exc.strerror}") from None
+    try:
+        st = os.stat(directory)
+    except OSError as exc:
+        raise StoreOpenError(f"cannot use the data directory {directory}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreOpenError(f"the data directory {directory} is not a directory")
+    if foreign(st):
+        raise StoreOpenError(f"the data directory {directory} belongs to {owner(st.st_uid)}, not to this "
+                             f"user ({me()}); use a directory of your own (--data-dir)")
+    if not writable_dir(directory, st):
+        raise StoreOpenError(f"the data directory {directory} is not writable (mode "
+                             f"{stat.S_IMODE(st.st_mode):o}); SQLite creates its files next to the "
+                             f"database. Run: chmod 700 {directory}")
+
+
 class Database:
     """Owns the writer and reader connections of one database file (the SQLite
     :class:`~ctxd.store.backend.Storage`)."""
 
     dialect = "sqlite"
     shared = False
-    """One daemon per file: its memory is the truth, nothing to re-check."""
+    """One daemon per file (the daemon holds store/lock.py's lock): its memory is the truth,
+    nothing to re-check."""
     # The checkpointer (see the module doc), started by open(); class defaults so that a
     # subclass with a writer of its own (PostgreSQL) has none.
     _checkpointer: SqliteThread | None = None
@@ -152,24 +177,7 @@ class Database:
         database's mode, so they are private from their first byte too (the daemon's
         umask, 077, says the same; this holds for any caller). Checked explicitly because
         root would otherwise write anywhere without a word."""
-        directory = self.path.parent
-        try:
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise StoreOpenError(f"cannot create the data directory {directory}: {exc.strerror}") from None
-        try:
-            st = os.stat(directory)
-        except OSError as exc:
-            raise StoreOpenError(f"cannot use the data directory {directory}: {exc.strerror}") from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise StoreOpenError(f"the data directory {directory} is not a directory")
-        if foreign(st):
-            raise StoreOpenError(f"the data directory {directory} belongs to {owner(st.st_uid)}, not to this "
-                                 f"user ({me()}); use a directory of your own (--data-dir)")
-        if not writable_dir(directory, st):
-            raise StoreOpenError(f"the data directory {directory} is not writable (mode "
-                                 f"{stat.S_IMODE(st.st_mode):o}); SQLite creates its files next to the "
-                                 f"database. Run: chmod 700 {directory}")
+        check_data_dir(self.path.parent)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError:
@@ -327,7 +335,7 @@ class Database:
 
     @asynccontextmanager
     async def exclusive(self, key: str) -> AsyncIterator[None]:
-        """Nothing to take: no other daemon writes this file (the session's own locks
+        """Nothing to take: no other daemon writes this file (store/lock.py; the session's own locks
         order this daemon's work)."""
         yield
 

@@ -425,6 +425,15 @@ def run_ctxd(args: list[str], *, env: dict[str, str] | None = None, timeout: flo
                           env=env if env is not None else daemon_env())
 
 
+def one_line(result: subprocess.CompletedProcess[bytes]) -> str:
+    """The one line a startup failure writes on stderr (no traceback)."""
+    text = result.stderr.decode()
+    assert "Traceback" not in text, text
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
 # --- the database, read directly ----------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from tests.e2e.helpers import (
     frame,
     parse_frames,
     request_frame,
+    one_line,
     run_ctxd,
     short_dir,
     user,
@@ -42,14 +43,6 @@ from tests.e2e.helpers import (
 
 NOBODY = 65534
 PRE_INIT_LIMIT = 64 * 1024  # limits.max_frame_bytes_before_initialize's default
-
-
-def one_line(result: subprocess.CompletedProcess[bytes]) -> str:
-    text = result.stderr.decode()
-    assert "Traceback" not in text, text
-    lines = text.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 def mode_of(path: Path) -> int:

@@ -23,17 +23,10 @@ from tests.e2e.helpers import (
     parse_frames,
     process_gone,
     request_frame,
+    one_line,
     run_ctxd,
     wait_for,
 )
-
-
-def one_line(result: subprocess.CompletedProcess[bytes]) -> str:
-    text = result.stderr.decode()
-    assert "Traceback" not in text, text
-    lines = text.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 # --- startup failures ---------------------------------------------------------------------
