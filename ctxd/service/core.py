@@ -32,6 +32,7 @@ class Service:
         self.summarizers = Summarizers(config)
         self.tasks: set[asyncio.Task[object]] = set()
         self.indexer = SearchIndexer(db)
+        self.importing: set[str] = set()  # sessions a staged import is writing now (service/transfer.py)
         self.started = time.time()
         self.version = __version__
 

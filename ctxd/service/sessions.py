@@ -23,6 +23,7 @@ from ctxd.service import compression, notify
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service.state import SessionState, resolve_window
+from ctxd.store import messages as message_store
 from ctxd.store import sessions as store
 from ctxd.store import snapshots as snapshot_store
 from ctxd.store.sessions import SessionRow, SessionStats
@@ -88,7 +89,7 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
     if params.settings is not None:
         row.settings = params.settings
     state = svc.cache.adopt_new(row)
-    await svc.db.write(store.insert_session, row)
+    await svc.db.write(_insert_session, row, svc.db.dialect == "sqlite" and row.id not in svc.importing)
     svc.cache.register(state)
     await svc.cache.context(state)
     await enforce_retention(svc, exclude={state.id})
@@ -159,6 +160,15 @@ async def update_session(svc: Service, params: SessionUpdateParams) -> SessionIn
     if context_changed:
         compression.schedule(svc, state)
     return session_info(svc, state)
+
+
+def _insert_session(conn: object, row: SessionRow, leftover: bool) -> None:
+    """``leftover``: no import of this id runs now (SQLite: this daemon is its only
+    writer), so a hidden unfinished import's session of that id is what a failed one left
+    (its clean-up failed): it goes first."""
+    if leftover:
+        message_store.drop_import_leftover(conn, row.id)  # type: ignore[arg-type]
+    store.insert_session(conn, row)  # type: ignore[arg-type]
 
 
 async def delete_session(svc: Service, session_id: str, *, reason: str = "request", detail: str | None = None,

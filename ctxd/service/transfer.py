@@ -190,7 +190,9 @@ def _import_job(conn: Any, row: SessionRow, rows: list[tuple[int, NewMessage]], 
 
 def _begin_import(conn: Any, row: SessionRow) -> None:
     """A staged import's first transaction: its session with no messages yet (what
-    ``ctxd-cli doctor`` finds consistent), hidden by its mark."""
+    ``ctxd-cli doctor`` finds consistent), hidden by its mark. What a failed import of
+    the same id left (its clean-up failed too) goes first: no import of it runs now."""
+    message_store.drop_import_leftover(conn, row.id)
     session_store.insert_session(conn, dataclasses.replace(row, message_count=0, token_count=0, last_seq=0))
     message_store.begin_staged(conn, row.id, message_store.IMPORTING, row.last_activity)
 
@@ -210,20 +212,48 @@ async def _write_staged(svc: Service, row: SessionRow, chunks: list[list[tuple[i
     # Before the try: if this fails (the id is taken), nothing of ours was written, and the
     # clean-up must not touch what another write of that id marked. (A shutdown cancelling
     # it once committed leaves the hidden session to the next start's clean-up.)
-    await svc.db.write(_begin_import, row)
+    if row.id in svc.importing:
+        raise CtxdError(ErrorCode.SessionExists, f"session {row.id!r} already exists (being imported)",
+                        {"field": "sessionId", "sessionId": row.id})
+    svc.importing.add(row.id)
+    try:
+        await svc.db.write(_begin_import, row)
+    except BaseException:
+        svc.importing.discard(row.id)
+        raise
     count = sum(len(chunk) for chunk in chunks)
     svc.indexer.unfinished += count
     try:
         await write_stages(svc, row.id, chunks)
         await svc.db.write(_end_import, row, stored_state)
     except BaseException:
-        try:  # nothing of it was acknowledged: it goes now (else when the daemon next starts)
+        try:  # nothing of it was acknowledged: it goes now (else when the id is taken again, or at the next start)
             await svc.db.write(message_store.drop_unfinished, row.id)
         except Exception as exc:
-            log.warning("session %s: a failed import stays, hidden, until the daemon next starts (%s)", row.id, exc)
+            log.warning("session %s: a failed import stays, hidden, until its id is taken again or the daemon "
+                        "next starts (%s)", row.id, exc)
         raise
     finally:
         svc.indexer.unfinished -= count
+        svc.importing.discard(row.id)
+
+
+async def _write_import(svc: Service, row: SessionRow, rows: list[tuple[int, NewMessage]],
+                        stored: StoredState) -> None:
+    """One conversation's session and messages, as one transaction or (SQLite, large) staged."""
+    chunks = stage_chunks(rows) if svc.db.dialect == "sqlite" else []
+    if len(chunks) > 1:
+        # SQLite has one writer: an import's 10,000 rows in one transaction held every
+        # other client's push 65-100 ms.
+        await _write_staged(svc, row, chunks, _encode(stored))
+    else:
+        # An import larger than a small push (by count or by size) runs beside the
+        # writer's other jobs where the store can (PostgreSQL's second writer connection):
+        # its one transaction of 10,000 rows held every other client's push for ~230 ms,
+        # and the COPY of 10 messages of 4 MB on the writer held them 240-920 ms.
+        small = len(rows) <= PIPELINE_MESSAGES and sum(len(r.body) for _, r in rows) <= PIPELINE_BYTES
+        write = svc.db.write if small else svc.db.write_apart
+        await write(_import_job, row, rows, _encode(stored))
 
 
 async def import_session(svc: Service, params: ImportParams) -> ImportResult:
@@ -243,9 +273,10 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
     if params.session_id is not None and len(docs) > 1:
         raise CtxdError(ErrorCode.InvalidParams, f"the document holds {len(docs)} conversations; "
                         "sessionId can name only one", {"field": "sessionId"})
-    ids: list[str] = []
-    total = 0
+    # All or nothing: every conversation is prepared (and refused, if it must be) before
+    # any is written, and those written are removed if a later one cannot be.
     limit = svc.config.limits.max_message_bytes
+    planned: list[tuple[SessionRow, list[tuple[int, NewMessage]], StoredState]] = []
     for doc in docs:
         session_id = params.session_id or doc.session_id or str(uuid.uuid4())
         counter = TokenCounter.for_model(doc.model)
@@ -271,23 +302,26 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
             token_count=sum(r.tokens.total for _, r in rows), context_tokens=PROMPT_PRIMING + system_tokens + used,
             last_seq=len(rows), stats=stats, goal=goal, settings=settings,
         )
-        stored = StoredState(figures=Figures(system=system_tokens, used=used))
-        chunks = stage_chunks(rows) if svc.db.dialect == "sqlite" else []
-        if len(chunks) > 1:
-            # SQLite has one writer: an import's 10,000 rows in one transaction held every
-            # other client's push 65-100 ms.
-            await _write_staged(svc, row, chunks, _encode(stored))
-        else:
-            # An import larger than a small push (by count or by size) runs beside the
-            # writer's other jobs where the store can (PostgreSQL's second writer connection):
-            # its one transaction of 10,000 rows held every other client's push for ~230 ms,
-            # and the COPY of 10 messages of 4 MB on the writer held them 240-920 ms.
-            small = len(rows) <= PIPELINE_MESSAGES and sum(len(r.body) for _, r in rows) <= PIPELINE_BYTES
-            write = svc.db.write if small else svc.db.write_apart
-            await write(_import_job, row, rows, _encode(stored))
+        planned.append((row, rows, StoredState(figures=Figures(system=system_tokens, used=used))))
+    written: list[str] = []
+    try:
+        for row, rows, stored in planned:
+            await _write_import(svc, row, rows, stored)
+            written.append(row.id)
+    except BaseException:
+        for session_id in written:
+            try:
+                await svc.db.write(session_store.delete_session, session_id)
+            except Exception as exc:  # (shown, as any imported session, for the user to delete)
+                log.warning("session %s: imported before a later conversation of the document failed, and could "
+                            "not be removed again (%s)", session_id, exc)
+        raise
+    ids: list[str] = []
+    total = 0
+    for row, rows, _ in planned:
         svc.indexer.stored(len(rows))
         state = svc.cache.adopt(row)
-        ids.append(session_id)
+        ids.append(row.id)
         total += len(rows)
         compression.schedule(svc, state)
     await enforce_retention(svc, exclude=set(ids))

@@ -182,6 +182,15 @@ def end_staged(conn: sqlite3.Connection, session_id: str) -> None:
     conn.execute("DELETE FROM unfinished_pushes WHERE session_id = ?", (session_id,))
 
 
+def drop_import_leftover(conn: sqlite3.Connection, session_id: str) -> int:
+    """Remove what an import of ``session_id`` that is no longer running left (its clean-up
+    failed: a full disk), before the id is taken again: nothing if the session is not an
+    unfinished import's. How many message rows it removed."""
+    found = conn.execute("SELECT 1 FROM unfinished_pushes WHERE session_id = ? AND after_seq = ?",
+                         (session_id, IMPORTING)).fetchone()
+    return drop_unfinished(conn, session_id) if found is not None else 0
+
+
 def drop_unfinished(conn: sqlite3.Connection, session_id: str | None = None) -> int:
     """Remove the rows of unfinished pushes (of one session, or all): rows above the
     session's committed ``last_seq`` that an ``unfinished_pushes`` row marks, and the
