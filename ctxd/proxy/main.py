@@ -210,7 +210,15 @@ async def _link(config: Any, *, autostart: bool, config_file: str | None) -> Any
             except TransportError as exc:  # another daemon took the socket meanwhile: use it
                 log.info("not serving the daemon in process (%s); connecting to the socket's", exc)
             except (StoreOpenError, StartupError) as exc:
-                raise _LinkFailed(f"cannot start the ctxd daemon: {exc}") from None
+                from ctxd.store.lock import holder_socket
+
+                # The data directory is a daemon's on another socket (``--socket``, another
+                # XDG_RUNTIME_DIR): that daemon serves this proxy instead.
+                other = holder_socket(Path(config.database_path)) if isinstance(exc, StoreOpenError) else None
+                if other is None:
+                    raise _LinkFailed(f"cannot start the ctxd daemon: {exc}") from None
+                log.warning("the data directory is used by the ctxd daemon on %s; the proxy uses it", other)
+                socket_path, autostart = other, False
             else:
                 _daemon_tuning()
                 return link

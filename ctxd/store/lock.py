@@ -26,7 +26,7 @@ import os
 import time
 from pathlib import Path
 
-from ctxd.ownership import LockError, LockFile, LockHeld, pid_of
+from ctxd.ownership import LockError, LockFile, LockHeld, PrivateFileError, pid_of, read_private_file
 from ctxd.store.db import StoreOpenError, check_data_dir
 
 RUNNING = "running"
@@ -99,6 +99,21 @@ class DatabaseLock:
                if socket else "stop it")
         return (f"{what} is in use by {holder}: one daemon at a time may use a SQLite database "
                 f"({self.database}); {use}, or give this one another --data-dir")
+
+
+def holder_socket(database: Path) -> Path | None:
+    """The Unix socket of the running daemon holding ``database``'s lock, which a client
+    can use instead of starting a daemon of its own (``ctxd proxy``); None when there is
+    none (no lock file, a daemon stopping or serving no socket, a file not safe to read)."""
+    try:
+        text = read_private_file(database.with_name(database.name + ".lock"), "lock file")
+    except (OSError, PrivateFileError):
+        return None
+    lines = [line.strip() for line in text.splitlines()]
+    if len(lines) < 3 or lines[1] != RUNNING:
+        return None
+    socket = next((line[len("unix:"):] for line in lines[2:] if line.startswith("unix:")), None)
+    return Path(socket) if socket else None
 
 
 def _printable(text: str, limit: int = 512) -> str:

@@ -310,3 +310,27 @@ async def test_a_cancelled_caller_is_a_cancelled_request(base_dir) -> None:
         assert [m["content"] for m in prompt["messages"]] == ["begun, then left", "waited for"]
     finally:
         await link.close()
+
+
+async def test_a_data_directory_another_socket_s_daemon_uses_is_served_by_it(upstream, base_dir: Path) -> None:
+    """``ctxd proxy`` on a data directory a daemon on another socket uses (one daemon per
+    SQLite file): no daemon of its own; that daemon serves the proxy's sessions."""
+    from tests.e2e.helpers import Daemon
+
+    daemon = Daemon(base_dir / "data", socket_path=base_dir / "run" / "a.sock")
+    daemon.start()
+    proxy = ProxyProcess(base_dir / "run" / "b.sock", upstream, base_dir / "proxy.log",
+                         ["--data-dir", str(daemon.data_dir)])
+    proxy.command.remove("--no-autostart")
+    try:
+        proxy.start()
+        reply = await sdk(proxy).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Served by the other daemon."}],
+            extra_headers={"x-ctxd-session": "elsewhere"})
+        assert reply.choices[0].message.content == "Answer to: Served by the other daemon."
+        assert "elsewhere" in cli(daemon.socket_path, "sessions", "list")
+        assert not (base_dir / "run" / "b.sock").exists()
+        assert "used by the ctxd daemon on" in proxy.log()
+    finally:
+        proxy.stop()
+        daemon.stop()
