@@ -186,6 +186,11 @@ def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) ->
 
 
 class Sessions:
+    TRACKED = 2048
+    """Sessions whose chains are kept in memory; beyond, the least recently used idle ones
+    are forgotten (read again from history if their conversation comes back): a proxy that
+    runs for months would otherwise keep every session it ever saw."""
+
     def __init__(self, link: DaemonLink, *, default_window: int = 0, remembered: int = 256) -> None:
         self.link = link
         self.default_window = default_window
@@ -326,10 +331,14 @@ class Sessions:
         and get its prompt: the session, its chain then (what the reply extends) and the
         prompt. The last batch of new messages rides on ``context/prompt`` (``push``), so a
         turn is one daemon round trip."""
+        if len(self._tracked) > self.TRACKED:
+            self._forget_idle()
         async with self.lock(conv.base_id):
             tracked = await self.resolve(conv.base_id)
             if tracked is None:
                 tracked = await self._create(conv, conv.base_id, {})
+            if tracked.id in self._tracked:  # (most recently used last)
+                self._tracked[tracked.id] = self._tracked.pop(tracked.id)
             async with tracked.lock:
                 await self._settle(tracked)
                 if _extends(conv.chain, tracked.chain):
@@ -347,6 +356,24 @@ class Sessions:
                 fork = await self._fork(conv, tracked, at)
                 async with fork.lock:
                     return fork, *await self._push_and_prompt(conv, fork, fmt)
+
+    def _forget_idle(self) -> None:
+        """Forget the least recently used sessions (down to three quarters of
+        :attr:`TRACKED`) that nothing is using: no request of their conversation running,
+        no reply push in flight. (A forgotten one still in use elsewhere is harmless: what
+        both copies push carries the same idempotency keys.)"""
+        def idle(t: Tracked) -> bool:
+            base = self._locks.get(t.id.split("~", 1)[0])
+            return (t.pending is None or t.pending.task.done()) and not t.lock.locked() \
+                and (base is None or not base.locked())
+
+        excess = len(self._tracked) - self.TRACKED * 3 // 4
+        for session_id in [sid for sid, t in self._tracked.items() if idle(t)][:max(0, excess)]:
+            del self._tracked[session_id]
+            root = session_id.split("~", 1)[0]
+            for sid in [sid for sid in self._earlier if sid.split("~", 1)[0] == root]:
+                if idle(self._earlier[sid]):
+                    del self._earlier[sid]
 
     async def _continued(self, conv: Conversation, current: Tracked) -> Tracked | None:
         """The newest earlier session of the conversation's line (the session its id

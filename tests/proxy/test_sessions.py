@@ -184,3 +184,43 @@ async def test_a_300_turn_conversation_in_an_8k_window(proxy, upstream, ctxd_dae
         if within_half[n]:
             assert all(u in text for u in users[:said]), f"request {n}: a user message is missing"
     assert sum(within_half) >= 100  # the rule was checked on many requests, not vacuously
+
+
+
+async def test_sessions_beyond_the_bound_are_forgotten_and_read_again(tmp_path) -> None:
+    """The proxy keeps the chains of at most ``Sessions.TRACKED`` sessions (the least
+    recently used idle ones go); a forgotten conversation that comes back is read again
+    from history and continues, nothing pushed twice. In process, the daemon too."""
+    from ctxd.config import load_config
+    from ctxd.proxy.apis import split
+    from ctxd.proxy.inproc import InProcessLink
+    from ctxd.proxy.sessions import Sessions
+
+    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
+                                                     "socket": str(tmp_path / "run" / "ctxd.sock")}})
+    link = await InProcessLink.open(config)
+    sessions_ = Sessions(link)
+    sessions_.TRACKED = 4
+    histories: dict[str, list[dict[str, Any]]] = {}
+
+    async def turn(name: str) -> None:
+        messages = histories.setdefault(name, [{"role": "system", "content": "Agent."}])
+        messages.append({"role": "user", "content": f"{name}, request {len(messages)}"})
+        body = {"model": MODEL, "messages": messages}
+        conv = sessions_.read("openai", body, split("openai", body), session=name, window=None)
+        tracked, chain, _ = await sessions_.turn(conv, "openai")
+        await sessions_.push_reply(tracked, chain, conv, [{"role": "assistant", "content": f"to {name}"}], {})
+        messages.append({"role": "assistant", "content": f"to {name}"})
+
+    try:
+        for round_ in range(3):
+            for n in range(8):
+                await turn(f"s{n}")
+                assert len(sessions_._tracked) <= sessions_.TRACKED + 1
+        await sessions_.drain()
+        for n in range(8):
+            info = await link.request(f"s{n}", "session/get", {"sessionId": f"s{n}"})
+            assert info["messageCount"] == 6  # 3 requests and their replies, none twice
+    finally:
+        await sessions_.drain()
+        await link.close()
