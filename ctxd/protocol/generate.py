@@ -9,6 +9,7 @@ from the code that defines the wire.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -40,9 +41,22 @@ def _ref_name(tp: Any) -> str | None:
     return ref.rsplit("/", 1)[-1] if ref else None
 
 
+def _clean_descriptions(node: Any) -> Any:
+    """Every ``description`` dedented by us (``inspect.cleandoc``), not as the installed
+    msgspec happens to: 0.23 stopped dedenting docstrings, and the schema must not change
+    with the library's release."""
+    if isinstance(node, dict):
+        return {k: inspect.cleandoc(v) if k == "description" and isinstance(v, str) else _clean_descriptions(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_clean_descriptions(v) for v in node]
+    return node
+
+
 def build_schema() -> dict[str, Any]:
     types = _types()
     schemas, components = msgspec.json.schema_components(types, ref_template="#/$defs/{name}")
+    schemas, components = _clean_descriptions(list(schemas)), _clean_descriptions(components)
     by_type = dict(zip(map(id, types), schemas))
     methods = {}
     for name, spec in sorted(METHODS.items()):

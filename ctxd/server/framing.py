@@ -94,6 +94,17 @@ class _Unsplittable(Exception):
     """The scan met something it does not expect: the body is decoded whole instead."""
 
 
+def _is_utf8(body: bytes | mmap.mmap) -> bool:
+    """Whether a body that failed to decode is UTF-8 at all: ours to say, since the JSON
+    library's wording (and whether it raises UnicodeDecodeError) changes between releases.
+    Only a failed frame pays for it."""
+    try:
+        str(memoryview(body), "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def decode_in_pieces(data: Any, between: Callable[[], Any] | None = None) -> object:
     """Decode JSON as ``msgspec.json.decode`` would, but a large body in pieces, none of
     which holds the interpreter lock for long (each decode holds it throughout; a whole
@@ -461,7 +472,7 @@ class FrameReader:
                 message = _json_decode(body)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             self._recover_from(body)
-            what = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else "not valid JSON"
+            what = "not valid JSON" if _is_utf8(body) else "not UTF-8"
             return FrameError(f"frame body is {what} ({exc}); skipped to the next frame")
         except RecursionError:
             return FrameError("frame body nests arrays or objects too deeply to decode; skipped")

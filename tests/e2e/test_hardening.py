@@ -20,6 +20,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import pytest
 
 from tests.e2e.helpers import (
     CTXD,
+    REPO_ROOT,
     REPLY_TIMEOUT,
     Daemon,
     RawClient,
@@ -450,7 +452,24 @@ def _setpriv() -> str | None:
     return shutil.which("setpriv")
 
 
-needs_setpriv = pytest.mark.skipif(_setpriv() is None, reason="needs root and setpriv to run ctxd as nobody")
+def _why_nobody_cannot_run_ctxd() -> str | None:
+    """Why these tests cannot run ctxd as nobody here, or None. Besides root and setpriv,
+    nobody must reach this checkout's interpreter and package: a clone under a directory
+    closed to other users (a ``mktemp -d``, a 0700 home) is not reachable, and opening it
+    up is not a test's to do."""
+    setpriv = _setpriv()
+    if setpriv is None:
+        return "needs root and setpriv to run ctxd as nobody"
+    probe = subprocess.run([setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            *CTXD, "--version"], capture_output=True, timeout=60, cwd="/", env=daemon_env())
+    if probe.returncode != 0:
+        return (f"uid {NOBODY} cannot run this checkout's ctxd ({sys.executable}, {REPO_ROOT}): a parent "
+                f"directory is closed to other users: {probe.stderr.decode(errors='replace').strip()[-200:]}")
+    return None
+
+
+_WHY_NOT = _why_nobody_cannot_run_ctxd()
+needs_setpriv = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 
 
 @pytest.fixture
