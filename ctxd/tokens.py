@@ -27,11 +27,13 @@ from typing import Callable
 import msgspec
 
 from ctxd.protocol.message import (
+    ImageBlock,
     Message,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
+    image_text,
     tool_result_text,
 )
 
@@ -235,6 +237,8 @@ class TokenCounter:
                     tool_result += TOOL_BLOCK_OVERHEAD + count(tool_result_text(block))
                 elif isinstance(block, ThinkingBlock):
                     thinking += count(block.thinking)
+                elif isinstance(block, ImageBlock):
+                    text += count(image_text(block))  # sent as a line of text
         for call in message.tool_calls or ():
             tool_call += TOOL_BLOCK_OVERHEAD + count(call.function.name) + count(call.function.arguments)
         if message.role == "tool":

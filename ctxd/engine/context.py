@@ -5,8 +5,7 @@ History is every message ever pushed. The active context is a view of it:
     system part     system prompt, goal block, checkpoints (summaries of older turns)
     kept            messages at or before the compression boundary that are still
                     sent verbatim: the user's words (without the tool results and the
-                    attachment descriptions they carried; a run of them as one user
-                    message), system messages, pinned messages (whole)
+                    images they carried; a run of them as one user message), system messages, pinned messages (whole)
     recent          every message after the boundary, as sent: tool outputs older than
                     the pruning horizon replaced by a placeholder, tool blocks before
                     the watermark removed
@@ -18,7 +17,6 @@ and is what gets stored.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Union
@@ -29,6 +27,7 @@ from ctxd.engine.clip import clip_any, clip_message
 from ctxd.engine.render import PromptPlan
 from ctxd.protocol.compression import Checkpoint, merge_ranges
 from ctxd.protocol.message import (
+    ImageBlock,
     Message,
     TextBlock,
     ToolResultBlock,
@@ -240,55 +239,34 @@ def _placeholder_tokens(count: Callable[[str], int], at: str) -> int:
 
 
 def _user_words(message: Message) -> Message:
-    """A kept user message: its text, without the tool results it carried."""
+    """A kept user message: its text, without the tool results and images it carried."""
     content = message.content
     if isinstance(content, list) and any(not isinstance(b, TextBlock) for b in content):
         return msgspec.structs.replace(message, content=[b for b in content if isinstance(b, TextBlock)])
     return message
 
 
-_ATTACHMENT = re.compile(r"\s+(\[shares [^\[\]\n:]{1,30}: [^\[\]\n]{1,400}\])\s*$")
-
-
-def split_attachment(text: str) -> tuple[str, str]:
-    """``(words, attachment)``: a message's words and the description of what came with it
-    that ctxd's chat importers append (``[shares a photo: <caption>]``, importers/locomo.py),
-    or ``(text, "")``. The description is not the speaker's words (LoCoMo's is an image
-    captioner's): a kept user message leaves it out once behind the boundary, a folded line
-    leaves it out, a chat summary quotes it only when there is room; history and
-    ``checkpoint/expand`` keep it."""
-    found = _ATTACHMENT.search(text)
-    if found is None or found.start() == 0:
-        return text, ""
-    return text[:found.start()], found.group(1)
-
-
 def _kept_view(message: Message, tokens: MessageTokens, count: Callable[[str], int]) -> tuple[Message, int]:
     """A message kept verbatim behind the boundary (the user's words, a system message), as
-    sent: a user message without the tool results it carried and without the attachment
-    description an importer appended to its words (the description is compressed like an
-    old tool output: on LoCoMo it was 13% of the user's verbatim half at 16k)."""
+    sent: its text blocks, byte for byte, without the tool results and the images
+    (``ImageBlock``: a description of what came with the words, not the words) it carried;
+    those are compressed like an old tool output (on LoCoMo the image captions were 13% of
+    the user's verbatim half at 16k). One text block goes out as plain text, so a run of
+    kept user messages can be sent as one (``_joins``)."""
     view = _user_words(message)
-    view_tokens = tokens.overhead + tokens.text if view is not message else tokens.context
-    if message.role != "user":
-        return view, view_tokens
+    if view is message:
+        return view, tokens.context
     content = view.content
-    if isinstance(content, str):
-        words, attachment = split_attachment(content)
-        if attachment:
-            return msgspec.structs.replace(view, content=words), view_tokens - tokens.text + count(words)
-    elif content:
-        last = max((i for i, b in enumerate(content) if isinstance(b, TextBlock)), default=None)
-        if last is not None:
-            block = content[last]
-            assert isinstance(block, TextBlock)
-            words, attachment = split_attachment(block.text)
-            if attachment:
-                blocks = list(content)
-                blocks[last] = TextBlock(text=words)
-                saved = count(block.text) - count(words)
-                return msgspec.structs.replace(view, content=blocks), view_tokens - saved
-    return view, view_tokens
+    assert isinstance(content, list)
+    original = message.content
+    assert isinstance(original, list)
+    if any(isinstance(b, ImageBlock) for b in original):
+        text_tokens = sum(count(b.text) for b in content if isinstance(b, TextBlock))
+    else:
+        text_tokens = tokens.text
+    if len(content) == 1 and isinstance(content[0], TextBlock):
+        view = msgspec.structs.replace(view, content=content[0].text)
+    return view, tokens.overhead + text_tokens
 
 
 def _prune(message: Message, placeholder: str) -> Message:

@@ -5,9 +5,8 @@ summarized (the user's messages, kept verbatim) takes too much of the prompt.
 prompt does not fit) choose the oldest kept user messages, the session's first one (the
 task) last; :func:`fold` moves them into the one folded checkpoint, their words verbatim
 as far as its allowance goes (the task first, then the ones that say most per token),
-each day's date once above its messages (``[8 May 2023]`` then ``[message 19] words``),
-without the description of an attachment an importer appended (``[shares a photo: ...]``,
-:func:`split_attachment`); :func:`unfold` takes a message back out when it is pinned. Pure
+each day's date once above its messages (``[8 May 2023]`` then ``[message 19] words``);
+only their text blocks (an image that came with them is not their words); :func:`unfold` takes a message back out when it is pinned. Pure
 functions over the active context.
 """
 
@@ -18,7 +17,7 @@ from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id
 from ctxd.engine.clip import excerpt
-from ctxd.engine.context import ActiveContext, Entry, retire_markers, split_attachment
+from ctxd.engine.context import ActiveContext, Entry, retire_markers
 from ctxd.protocol.compression import Checkpoint, seq_ranges
 from ctxd.protocol.message import Message, TextBlock
 
@@ -36,8 +35,7 @@ def _folded_line(entry: Entry, date: Callable[[Message], str | None] | None = No
     folded); continuation lines are indented so entries stay separable."""
     day = date(entry.message) if date is not None else None
     label = f"[message {entry.seq}, {day}] " if day else f"[message {entry.seq}] "
-    text, _ = split_attachment(_user_text(entry))
-    return label + text.replace("\n", "\n    ")
+    return label + _user_text(entry).replace("\n", "\n    ")
 
 
 def _line_seq(line: str) -> int:
@@ -128,7 +126,7 @@ def user_entries(ctx: ActiveContext) -> list[Entry]:
 
 def user_tokens(ctx: ActiveContext) -> int:
     """What the user's words cost in the prompt (their text and message overhead): kept
-    ones as sent behind the boundary (without an importer's attachment description),
+    ones as sent behind the boundary (without the images and tool results they carried),
     recent ones as pushed. Measured as pushed, the kept words' share overstated what they
     take, and they were folded while the prompt had room for them."""
     pinned = ctx.pinned_set

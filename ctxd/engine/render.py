@@ -24,10 +24,12 @@ from typing import Any, Callable, Literal
 import msgspec
 
 from ctxd.protocol.message import (
+    ImageBlock,
     Message,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
+    image_text,
     tool_result_text,
 )
 from ctxd.protocol.providers import (
@@ -141,6 +143,8 @@ def _to_turn(message: Message) -> _Turn:
             if isinstance(block, TextBlock):
                 if block.text:
                     turn.texts.append(block.text)
+            elif isinstance(block, ImageBlock):
+                turn.texts.append(image_text(block))  # (every provider gets the description as text)
             elif isinstance(block, ToolUseBlock) and role == "assistant":
                 turn.calls.append(_Call(block.id, block.name, block.input, _compact_json(block.input)))
             elif isinstance(block, ToolResultBlock):

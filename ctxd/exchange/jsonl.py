@@ -25,11 +25,13 @@ from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
 from ctxd.exchange.document import from_header, header
 from ctxd.protocol.message import (
     FunctionCall,
+    ImageBlock,
     Message,
     TextBlock,
     ToolCall,
     ToolResultBlock,
     ToolUseBlock,
+    image_text,
     tool_result_text,
 )
 
@@ -54,7 +56,8 @@ def _openai_lines(m: Message) -> list[dict[str, Any]]:
             line["tool_call_id"] = m.tool_call_id
         return [line]
     blocks = m.content if isinstance(m.content, list) else []
-    text = "\n\n".join(b.text for b in blocks if isinstance(b, TextBlock)) or (
+    text = "\n\n".join(b.text if isinstance(b, TextBlock) else image_text(b) for b in blocks
+                       if isinstance(b, (TextBlock, ImageBlock))) or (
         m.content if isinstance(m.content, str) else "")
     lines: list[dict[str, Any]] = []
     if m.role == "assistant":

@@ -16,7 +16,16 @@ import msgspec
 
 from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
 from ctxd.exchange.document import from_header, header
-from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, tool_result_text
+from ctxd.protocol.message import (
+    ImageBlock,
+    Message,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    image_text,
+    tool_result_text,
+)
 
 SHOW_LINES = 60
 _COMMENT = re.compile(r"^<!-- ctxd:(session|message) (.*?) -->$", re.DOTALL | re.MULTILINE)
@@ -85,6 +94,8 @@ def _body(m: Message, names: dict[str, str]) -> list[str]:
     for block in content if isinstance(content, list) else ():
         if isinstance(block, TextBlock):
             out.append(block.text)
+        elif isinstance(block, ImageBlock):
+            out.append(f"![{image_text(block)[1:-1]}]({block.url})" if block.url else image_text(block))
         elif isinstance(block, ThinkingBlock):
             out.append(f"<details><summary>Thinking</summary>\n\n{_fence(_shorten(block.thinking))}\n\n</details>")
         elif isinstance(block, ToolUseBlock):

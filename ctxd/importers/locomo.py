@@ -14,10 +14,13 @@ Mapping (LoCoMo is a dialogue between two people, not a user and a model):
   digits, ``_`` and ``-``, at most 64 characters: ``"Mary Ann"`` → ``"Mary_Ann"``), so
   the turns carry their speaker in the OpenAI prompt shape; the name as written is in
   ``metadata.speaker``.
-* content = ``text``, verbatim, followed by ``[shares a photo: <blip_caption>]`` when
-  the turn shared an image.
+* content = ``text``, verbatim; a turn that shared an image gets it as a second block,
+  ``{"type": "image", "description": <blip_caption>, "url": <img_url>}`` (an image
+  captioner's words, not the speaker's: ctxd sends it as ``[image: <caption>]`` and
+  compresses it like a tool output, never as part of the speaker's words).
 * ``metadata = {dia_id, speaker, session: N, sessionDateTime}`` plus any other turn
-  field (``img_url``, ``query``, ``blip_caption``) under its own name. The extractive
+  field (``query``, ...) under its own name (``blip_caption`` and ``img_url`` are in the
+  image block). The extractive
   summarizer prefixes the turns it quotes with speaker and date from these
   (``[8 May 2023] Caroline: ...``).
 * Each session that has a date opens with one short **system message**,
@@ -42,7 +45,7 @@ import unicodedata
 from datetime import datetime
 from typing import Any
 
-from ctxd.protocol.message import Message
+from ctxd.protocol.message import ContentBlock, ImageBlock, Message, TextBlock
 
 from ._base import Builder, Document, Transcript, text_of
 
@@ -132,17 +135,23 @@ def _sample(sample: dict[str, Any], index: int) -> Transcript:
                        "imported as user")
             text = text_of(turn.get("text"))
             caption = turn.get("blip_caption")
-            if isinstance(caption, str) and caption:
-                photo = f"[shares a photo: {caption}]"
-                text = f"{text} {photo}" if text else photo
+            url = turn.get("img_url")
+            if isinstance(url, list):  # (LoCoMo gives a list of one URL)
+                url = next((u for u in url if isinstance(u, str)), None)
+            content: str | list[ContentBlock] = text
+            image = isinstance(caption, str) and caption.strip()
+            if image:
+                content = ([TextBlock(text=text)] if text else []) + [
+                    ImageBlock(description=caption, url=url if isinstance(url, str) else None)]
             meta: dict[str, Any] = {"dia_id": turn.get("dia_id"), "speaker": speaker,
                                     "session": number}
             if date_text is not None:
                 meta["sessionDateTime"] = date_text
             for field, value in turn.items():
-                if field not in ("text", "speaker", "dia_id") and value is not None:
+                if field not in ("text", "speaker", "dia_id") and value is not None and not (
+                        image and field in ("blip_caption", "img_url")):
                     meta[field] = value
-            b.add(Message(role=role, content=text, name=openai_name(speaker), metadata=meta,
+            b.add(Message(role=role, content=content, name=openai_name(speaker), metadata=meta,
                           timestamp=timestamp), where)
     if unparsed_dates:
         b.warn(f"{unparsed_dates} session date(s) not understood; timestamps left empty")

@@ -52,7 +52,19 @@ class ThinkingBlock(_Block, tag="thinking"):
     signature: Union[str, None] = None
 
 
-ContentBlock = Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock]
+class ImageBlock(_Block, tag="image"):
+    """An image that came with a message, as ctxd can send it: what it shows
+    (``description``: a caption or alt text an importer or client wrote) and where it is
+    (``url``, history only). Not the speaker's words: providers get it as one line of text,
+    ``[image: <description>]`` (:func:`image_text`); compression treats it like a tool
+    output (a user message kept verbatim behind the compression boundary is sent without
+    it, a summary quotes it only when there is room); history keeps it."""
+
+    description: str = ""
+    url: Union[str, None] = None
+
+
+ContentBlock = Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, ImageBlock]
 
 
 class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
@@ -118,6 +130,12 @@ def blocks_of(message: Message) -> list[ContentBlock]:
     return content
 
 
+def image_text(block: ImageBlock) -> str:
+    """What a provider is sent for an image block (and what it is counted as)."""
+    description = " ".join(block.description.split())
+    return f"[image: {description}]" if description else "[image]"
+
+
 def tool_result_text(block: ToolResultBlock) -> str:
     """The text of a tool result, whichever form its content takes."""
     if isinstance(block.content, str):
@@ -140,6 +158,8 @@ def message_text(message: Message) -> str:
             parts.append(tool_result_text(block))
         elif isinstance(block, ThinkingBlock):
             parts.append(block.thinking)
+        elif isinstance(block, ImageBlock):
+            parts.append(image_text(block))
     for call in message.tool_calls or ():
         parts.append(f"{call.function.name}({call.function.arguments})")
     return "\n".join(parts)

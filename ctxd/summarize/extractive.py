@@ -35,9 +35,9 @@ sentences.
   otherwise its best sentences are (verbatim, joined with ``…`` where some were left
   out). The speaker is ``metadata.speaker``, else the message's ``name``, else its
   role; the date is ``metadata.sessionDateTime``, else the day of ``timestamp``. The
-  user's turns rank a little lower (ctxd keeps them verbatim in the prompt anyway); the
-  description of an attachment (``[shares a photo: ...]``) is a unit of its own, quoted
-  only once every worthwhile turn is in; praise and feelings ("inspiring", "so proud")
+  user's turns rank a little lower (ctxd keeps them verbatim in the prompt anyway); an
+  image that came with a turn (an ``image`` block, as ``[image: <description>]``) is a
+  unit of its own, quoted only once every worthwhile turn is in; praise and feelings ("inspiring", "so proud")
   do not count as rare words (``_CHAT_STOP``); a target too small for the best turn
   gets that turn's beginning, not a lesser scrap.
 
@@ -59,8 +59,7 @@ from dataclasses import dataclass, field
 
 from ctxd.engine.context import is_demonstration, is_observation
 from ctxd.engine.extract import Extraction, extract
-from ctxd.engine.folding import split_attachment
-from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, message_text
+from ctxd.protocol.message import ImageBlock, Message, TextBlock, ThinkingBlock, image_text, message_text
 from ctxd.summarize.base import Count, Level, SummaryRequest, SummaryResult
 
 log = logging.getLogger("ctxd.summarize")
@@ -400,22 +399,23 @@ class ExtractiveSummarizer:
             if message.role not in ("user", "assistant"):
                 continue
             text = chat_text(message)
+            images = _images(message)
             if not text:
-                continue
+                if not images:
+                    continue
+                text, images = " ".join(images), []  # (an image alone is what the turn says)
             turn = len(lines)
             speaker, date = speaker_of(message), date_of(message)
             prefix = f"{speaker}: "
-            # What came with the turn ("[shares a photo: ...]") is a unit of its own, taken
-            # only once every worthwhile turn is in (tier 2): the words are quoted whole
-            # without it.
-            body, attachment = split_attachment(text)
+            # An image that came with the turn is a unit of its own, taken only once every
+            # worthwhile turn is in (tier 2): the words are quoted whole without it.
+            body = text
             if len(body) <= 160 or (len(body) <= WHOLE_TURN_TOKENS * 8 and self._count(body) < WHOLE_TURN_TOKENS):
                 pieces = [body]
             else:
                 pieces = [p for p in _CHAT_SPLIT.split(body) if p.strip()] or [body]
             lines.append(_Line(date or "", prefix, len(pieces)))
-            if attachment:
-                pieces.append(attachment)  # (not one of the turn's parts: no "…" without it)
+            pieces += images  # (not parts of the turn: no "…" without them)
             user = message.role == "user"
             for part, piece in enumerate(pieces):
                 unit = _Unit(turn, part, piece)
@@ -605,7 +605,7 @@ def is_chat(messages: Sequence[Message]) -> bool:
             return False
         content = message.content
         if isinstance(content, list):
-            if not all(isinstance(block, (TextBlock, ThinkingBlock)) for block in content):
+            if not all(isinstance(block, (TextBlock, ThinkingBlock, ImageBlock)) for block in content):
                 return False
         for text in _texts(message):
             if "```" in text and message.role == "assistant":
@@ -630,6 +630,14 @@ def chat_text(message: Message) -> str:
     if "\n" in text:
         text = " ".join(part.strip() for part in text.splitlines() if part.strip())
     return text
+
+
+def _images(message: Message) -> list[str]:
+    """The images that came with a turn, as they are sent (``[image: <description>]``)."""
+    content = message.content
+    if not isinstance(content, list):
+        return []
+    return [image_text(b) for b in content if isinstance(b, ImageBlock)]
 
 
 def speaker_of(message: Message) -> str:

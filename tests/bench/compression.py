@@ -561,7 +561,7 @@ def find_transcripts(corpus: Path, log: Log) -> tuple[list[Transcript], dict[str
 def sent_strings(message: Any) -> list[str]:
     """What of a stored message reaches a prompt: text, tool calls' arguments, tool
     results (thinking never does)."""
-    from ctxd.protocol.message import TextBlock, ToolResultBlock, ToolUseBlock, tool_result_text
+    from ctxd.protocol.message import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock, image_text, tool_result_text
 
     out: list[str] = []
     content = message.content
@@ -571,6 +571,8 @@ def sent_strings(message: Any) -> list[str]:
         for block in content:
             if isinstance(block, TextBlock):
                 out.append(block.text)
+            elif isinstance(block, ImageBlock):
+                out.append(image_text(block))
             elif isinstance(block, ToolUseBlock):
                 out.append(msgspec.json.encode(block.input).decode())
             elif isinstance(block, ToolResultBlock):
@@ -616,16 +618,16 @@ def locomo_roles(t: Transcript) -> dict[str, str]:
 
 
 def locomo_turns(t: Transcript) -> dict[str, str]:
-    """dia_id -> the turn's original ``text`` (the importer appends a photo's caption)."""
+    """dia_id -> the turn's original ``text`` (its text blocks: a shared photo is an image block)."""
+    from ctxd.protocol.message import TextBlock
+
     turns = {}
     for m in t.messages:
         meta = m.metadata or {}
         dia = meta.get("dia_id")
-        text = m.content if isinstance(m.content, str) else ""
-        caption = meta.get("blip_caption")
-        if isinstance(caption, str) and caption:
-            suffix = f"[shares a photo: {caption}]"
-            text = text[: -len(suffix)].rstrip() if text.endswith(suffix) else text
+        content = m.content
+        text = content if isinstance(content, str) else "\n".join(
+            b.text for b in content or () if isinstance(b, TextBlock))
         if dia:
             turns[str(dia)] = text.strip()
     return turns

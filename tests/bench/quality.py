@@ -256,13 +256,9 @@ def is_result(message: Any) -> bool:
 
 
 def user_words(message: Any) -> list[str]:
-    """What benchmark 3 finds verbatim: the user's own words, block by block, without the
-    description of an attachment an importer appended (``[shares a photo: <caption>]``:
-    an image captioner's words, not the user's; ctxd leaves it out of the user messages
-    it keeps behind the boundary, docs/decisions.md)."""
-    from ctxd.engine.folding import split_attachment
-
-    return [words.strip() for text in user_texts(message) if (words := split_attachment(text)[0]).strip()]
+    """What benchmark 3 finds byte for byte: the user's own words, block by block (their
+    text blocks: an image that came with them is an ``image`` block, not their words)."""
+    return [text for text in user_texts(message) if text]
 
 
 # --- the replay driver ------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import msgspec
 
 from ctxd.engine.checkpoints import render_section
-from ctxd.engine.context import JOIN_TOKENS, ActiveContext, CompressionState, split_attachment
+from ctxd.engine.context import JOIN_TOKENS, ActiveContext, CompressionState
 from ctxd.engine.folding import fold, plan_fold
 from ctxd.engine.pipeline import (
     apply_clips,
@@ -26,7 +26,7 @@ from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.render import render_anthropic, render_ollama, render_openai
 from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
 from ctxd.engine.watermark import WatermarkMove, apply_watermark, find_checkpoint_call, plan_watermark
-from ctxd.protocol.message import Message, TextBlock
+from ctxd.protocol.message import ImageBlock, Message, TextBlock
 from ctxd.tokens import MESSAGE_OVERHEAD, PROMPT_PRIMING
 
 from ._engine_helpers import (
@@ -83,34 +83,51 @@ def kept_ctx(kept: list[Message], recent: list[Message], pinned: Iterable[int] =
     return refresh(ActiveContext(None, state, kept=ks, recent=entries(recent, start=len(kept) + 1)))
 
 
-PHOTO = " [shares a photo: a photo of a painting of a sunset on a small easel]"
+PHOTO = ImageBlock(description="a photo of a painting of a sunset on a small easel", url="https://example.invalid/1.jpg")
 
 
-def test_a_kept_user_message_leaves_out_an_attachment_description():
+def with_image(words: str) -> Message:
+    """A user message whose words came with an image (an ``image`` block, as an importer
+    writes what came with them)."""
+    return Message(role="user", content=([TextBlock(text=words)] if words else []) + [PHOTO])
+
+
+def test_a_kept_user_message_leaves_out_the_image_that_came_with_it():
     said = "I painted it after I visited the beach last week."
-    ctx = kept_ctx([user(said + PHOTO), Message(role="user", content=[TextBlock(text="Another one." + PHOTO)])],
-                   [assistant("Where was it?"), user("Near Malmo." + PHOTO)])
-    kept, blocks = ctx.kept
-    assert kept.view.content == said and kept.message.content == said + PHOTO  # history keeps it
+    ctx = kept_ctx([with_image(said), with_image("Another one.")],
+                   [assistant("Where was it?"), with_image("Near Malmo.")])
+    kept, other = ctx.kept
+    assert kept.view.content == said and kept.message.content == [TextBlock(text=said), PHOTO]  # history keeps it
     assert kept.view_tokens == kept.tokens.overhead + count(said)
-    assert blocks.view.content == [TextBlock(text="Another one.")]
-    assert blocks.view_tokens == blocks.tokens.overhead + count("Another one.")
+    assert other.view.content == "Another one."
     newest = ctx.recent[-1]
-    assert newest.view is newest.message  # after the boundary: as pushed
-    pinned = kept_ctx([user(said + PHOTO)], [assistant("Lovely colours!"), user("next")], pinned=[1])
-    assert pinned.kept[0].view.content == said + PHOTO  # a pin sends the message whole
-    alone = kept_ctx([user(PHOTO.strip())], [assistant("Nice!"), user("next")])
-    assert alone.kept[0].view.content == PHOTO.strip()  # a description alone is what was sent
+    assert newest.view is newest.message  # after the boundary: as pushed, the image sent as text
+    assert "[image: a photo of a painting of a sunset on a small easel]" in render_openai(
+        ctx.prompt_plan(), count).messages[-1].content
+    pinned = kept_ctx([with_image(said)], [assistant("Lovely colours!"), user("next")], pinned=[1])
+    assert pinned.kept[0].view.content == [TextBlock(text=said), PHOTO]  # a pin sends the message whole
+
+
+def test_typed_text_that_looks_like_an_attachment_is_the_users_words():
+    """No pattern on the user's text: what the user typed is sent byte for byte behind the
+    boundary, whatever it looks like (a trailing ``[shares a photo: ...]`` was cut)."""
+    typed = ["Remember the trip? [shares a photo: a lake]", "I said it [twice]",
+             "[shares a photo: a photo of a painting of a sunset]"]
+    ctx = kept_ctx([user(t) for t in typed], [assistant("Yes."), user("next")])
+    assert [e.view.content for e in ctx.kept] == typed
+    assert [e.view_tokens for e in ctx.kept][0] == ctx.kept[0].tokens.context
+    sent = render_openai(ctx.prompt_plan(), count).messages
+    assert all(any(t in (m.content or "") for m in sent) for t in typed)
 
 
 def test_the_users_share_is_what_their_kept_words_cost_as_sent():
     """The user's half is measured on what is sent: behind the boundary, without the
-    attachment descriptions and with runs joined. Measured as pushed, words were folded
-    while the prompt still had room for them."""
+    images that came with the words and with runs joined. Measured as pushed, words were
+    folded while the prompt still had room for them."""
     from ctxd.engine.folding import plan_fold_users, user_tokens
 
-    ctx = kept_ctx([user("I painted it." + PHOTO), user("Then I framed it." + PHOTO)],
-                   [assistant("Where was it?"), user("Near Malmo." + PHOTO)])
+    ctx = kept_ctx([with_image("I painted it."), with_image("Then I framed it.")],
+                   [assistant("Where was it?"), with_image("Near Malmo.")])
     first, second = ctx.kept
     newest = ctx.recent[-1]
     assert user_tokens(ctx) == first.view_tokens + second.view_tokens + newest.tokens.overhead + newest.tokens.text

@@ -311,10 +311,13 @@ def test_identify_moves_user_messages_with_their_text_only():
     assert sel.freed_tokens == sum(e.view_tokens for e in sel.removed) - stays
     before = ctx.used
     summarized(ctx, sel)
-    assert ctx.used == before - sel.freed_tokens
+    # Its text alone goes out as plain text, so it joins the kept user message before it
+    # (one message's framing less, a blank line more).
+    assert ctx.used == before - sel.freed_tokens - (e3.tokens.overhead - JOIN_TOKENS)
     view = by_seq(ctx, 3).view
-    assert view.content == [TextBlock(text="Also: keep the API unchanged.")]
-    assert by_seq(ctx, 3).view_tokens == COUNTER.count_message(view).context
+    assert view.content == "Also: keep the API unchanged."
+    assert by_seq(ctx, 3).view_tokens == COUNTER.count_message(view).context - e3.tokens.overhead + JOIN_TOKENS
+    assert ctx.conversation()[0].content == "Start.\n\nAlso: keep the API unchanged."
     render_all_valid(ctx)
 
 
@@ -874,23 +877,27 @@ def test_a_long_system_message_marked_as_a_session_start_stays():
     assert 4 in seqs(ctx.kept)  # not a "[Session N: ...]" line: possibly an instruction, never dropped
 
 
-def test_folded_lines_date_each_day_once_and_leave_out_attached_descriptions():
-    from ctxd.engine.folding import split_attachment, unfold
+def test_folded_lines_date_each_day_once_and_leave_out_attached_images():
+    from ctxd.engine.folding import unfold
+    from ctxd.protocol.message import ImageBlock, TextBlock
     from ctxd.summarize.extractive import session_date_of
 
     messages = dated_sessions_chat()
     index = next(i for i, m in enumerate(messages) if m.content == "I adopted a puppy called Oscar")
-    photo = " [shares a photo: a photo of a puppy on a red blanket]"
-    messages[index] = Message(role="user", content=messages[index].content + photo,
+    messages[index] = Message(role="user", content=[TextBlock(text=messages[index].content),
+                                                    ImageBlock(description="a photo of a puppy on a red blanket")],
                               metadata=messages[index].metadata)
+    typed = next(i for i, m in enumerate(messages) if i > index and m.role == "user")
+    messages[typed] = Message(role="user", content=f"{messages[typed].content} [shares a photo: a lake]",
+                              metadata=messages[typed].metadata)
     ctx = make_ctx(messages)
     summarized(ctx, identify(ctx, BIG, POLICY))
-    fold(ctx, [by_seq(ctx, 2)], allowance=1000, now=NOW, number=2, count=count, date=session_date_of)
+    fold(ctx, [by_seq(ctx, 2), by_seq(ctx, typed + 1)], allowance=1000, now=NOW, number=2, count=count,
+         date=session_date_of)
     summary = ctx.checkpoints[0].summary
     assert "[1 May 2023]\n[message 2] I adopted a puppy called Oscar" in summary
-    assert "shares a photo" not in summary  # not the user's words: history keeps it
-    assert split_attachment("Look! [shares a photo: a cat]") == ("Look!", "[shares a photo: a cat]")
-    assert split_attachment("I said it [twice]") == ("I said it [twice]", "")  # the user's own brackets stay
+    assert "puppy on a red blanket" not in summary  # not the user's words: history keeps it
+    assert f"{messages[typed].content}" in summary  # what the user typed, byte for byte
     assert unfold(ctx, 2, count)
 
 

