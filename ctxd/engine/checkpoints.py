@@ -21,7 +21,7 @@ from ctxd.protocol.compression import Checkpoint, merge_ranges, ToolUse
 SECTION_HEADER = (
     "## Earlier conversation, compressed by ctxd\n"
     "The conversation before the messages below is summarized here, oldest first. "
-    "User messages are kept verbatim in the conversation itself."
+    "User messages are sent as written in the conversation itself, unless folded below."
 )
 
 
@@ -42,7 +42,8 @@ def new_id() -> str:
 
 def render_checkpoint(cp: Checkpoint) -> str:
     if cp.kind == "folded":
-        title = f"### Earlier user messages {cp.seq_from}-{cp.seq_to} (folded to fit the window, verbatim)"
+        # (Its first line says which of them it quotes exactly and which it cut.)
+        title = f"### Earlier user messages {cp.seq_from}-{cp.seq_to} (folded out of the conversation to fit the window)"
     elif cp.kind == "truncated":
         title = f"### Messages {cp.seq_from}-{cp.seq_to} (omitted)"
     else:

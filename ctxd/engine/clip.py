@@ -26,20 +26,25 @@ from ctxd.tokens import TOOL_BLOCK_OVERHEAD, MessageTokens
 
 ELIDED = ("[... {lines} lines, {tokens} tokens of this output left out by ctxd to fit the context window; "
           "the whole output is in history (history/search) ...]")
+WORDS_CUT = "of this message left out by ctxd"
+WORDS_ELIDED = ("[... {lines} lines, {tokens} tokens " + WORDS_CUT + " to fit the context window; "
+                "the whole message is in history (session/history) ...]")
+"""The notice inside an excerpt of the user's words (an agent's task too big for the prompt)."""
 HEAD_SHARE = 0.4
 """Of the excerpt: the head (what the command printed first); the tail gets the rest
 (where errors and summaries usually are)."""
 MIN_EXCERPT = 32
 
 
-def excerpt(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+def excerpt(text: str, max_tokens: int, count: Callable[[str], int], notice: str = ELIDED) -> str:
     """``text`` itself when it fits in ``max_tokens``, else its head and tail around a
-    notice, the whole at most ``max_tokens`` (a few tokens more for very small limits,
-    and never more than ``text``)."""
+    ``notice`` (what was left out and where it is whole), the whole at most ``max_tokens``
+    (a few tokens more for very small limits, and never more than ``text``)."""
+    elided = notice
     total = count(text)
     if total <= max_tokens:
         return text
-    room = max(MIN_EXCERPT, max_tokens - count(ELIDED.format(lines=10**6, tokens=10**7)) - 2)
+    room = max(MIN_EXCERPT, max_tokens - count(elided.format(lines=10**6, tokens=10**7)) - 2)
     chars_per_token = len(text) / max(1, total)
     scale = 1.0
     for _ in range(8):
@@ -55,7 +60,7 @@ def excerpt(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
         if 0 <= cut <= tail_n * 0.2:
             tail = tail[cut + 1:]
         middle = text[len(head): len(text) - len(tail)]
-        notice = ELIDED.format(lines=middle.count("\n") + (0 if middle.endswith("\n") else 1),
+        notice = elided.format(lines=middle.count("\n") + (0 if middle.endswith("\n") else 1),
                                tokens=count(middle))
         out = f"{head.rstrip(chr(10))}\n{notice}\n{tail}"
         cost = count(out)
@@ -106,6 +111,41 @@ def clip_message(message: Message, tokens: MessageTokens, max_tokens: int,
     if not changed:
         return message, before
     return msgspec.structs.replace(message, content=new_content), before - tokens.tool_result + results
+
+
+def clip_words(message: Message, view_tokens: int, max_tokens: int,
+               count: Callable[[str], int]) -> tuple[Message, int]:
+    """The message with its text (a plain string, or its text blocks in proportion) cut to
+    about ``max_tokens`` in all, head and tail around a notice that says the whole message
+    is in history; its other blocks (images, tool results) as they are. For an older user
+    message only (an agent's task too big for what is left of the prompt): the newest
+    user message is never cut."""
+    content = message.content
+    if isinstance(content, str):
+        before = count(content)
+        cut = excerpt(content, max_tokens, count, notice=WORDS_ELIDED)
+        if cut == content:
+            return message, view_tokens
+        return msgspec.structs.replace(message, content=cut), view_tokens - before + count(cut)
+    if not content:
+        return message, view_tokens
+    texts = [b for b in content if isinstance(b, TextBlock) and b.text]
+    total = sum(count(b.text) for b in texts)
+    if not texts or total <= max_tokens:
+        return message, view_tokens
+    blocks: list[Any] = []
+    delta = 0
+    for block in content:
+        if isinstance(block, TextBlock) and block.text:
+            before = count(block.text)
+            cut = excerpt(block.text, max(MIN_EXCERPT, max_tokens * before // total), count, notice=WORDS_ELIDED)
+            delta += count(cut) - before
+            blocks.append(TextBlock(text=cut) if cut != block.text else block)
+        else:
+            blocks.append(block)
+    if delta >= 0:
+        return message, view_tokens
+    return msgspec.structs.replace(message, content=blocks), view_tokens + delta
 
 
 def _arguments_excerpt(arguments: str, max_tokens: int, count: Callable[[str], int]) -> str:

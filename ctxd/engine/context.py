@@ -23,7 +23,7 @@ from typing import Callable, Union
 
 import msgspec
 
-from ctxd.engine.clip import clip_any, clip_message
+from ctxd.engine.clip import clip_any, clip_message, clip_words
 from ctxd.engine.render import PromptPlan
 from ctxd.protocol.compression import Checkpoint, merge_ranges
 from ctxd.protocol.message import (
@@ -44,11 +44,19 @@ class PruneEvent(msgspec.Struct, array_like=True):
 
 
 class ClipEvent(msgspec.Struct, array_like=True):
-    """The tool output of message ``seq`` is sent as an excerpt of ``max_tokens``."""
+    """The tool output of message ``seq`` is sent as an excerpt of ``max_tokens``; with
+    ``words``, the text of an older user message (an agent's task that no longer fits
+    beside the rest: ``pipeline.plan_word_excerpts``), kept or recent."""
 
     seq: int
     max_tokens: int
     at: str
+    words: bool = False
+
+    def keeps(self, boundary: int, kept: set[int]) -> bool:
+        """Whether it still applies once the boundary moved to ``boundary`` (an excerpt of
+        the user's words follows the message behind it; others end there)."""
+        return self.seq > boundary or (self.words and self.seq in kept)
 
 
 class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -81,7 +89,14 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
 
     def clip_for(self, seq: int) -> int | None:
         for event in self.clips:
-            if event.seq == seq:
+            if event.seq == seq and not event.words:
+                return event.max_tokens
+        return None
+
+    def words_clip_for(self, seq: int) -> int | None:
+        """The excerpt limit of a user message's own words, if they are cut."""
+        for event in self.clips:
+            if event.seq == seq and event.words:
                 return event.max_tokens
         return None
 
@@ -116,6 +131,8 @@ class Entry:
     """(max_tokens, view, view_tokens) of the excerpt last made, so refreshes reuse it."""
     kept_view: tuple[Message, int] | None = None
     """(view, view_tokens) while kept behind the boundary, made once (see ``_kept_view``)."""
+    words_cut: tuple[int, bool, Message, int] | None = None
+    """(max_tokens, kept, view, view_tokens) of the excerpt of its words last made."""
 
     @classmethod
     def of(cls, seq: int, message: Message, tokens: MessageTokens) -> "Entry":
@@ -398,6 +415,8 @@ class ActiveContext:
             if entry.kept_view is None:
                 entry.kept_view = _kept_view(message, tokens, count)
             entry.view, entry.view_tokens = entry.kept_view
+            if state.clips:
+                self._cut_words(entry, count)
             return
         if entry.seq < state.watermark_seq and (entry.call_ids or entry.result_ids):
             view = _strip_tool_blocks(message)
@@ -418,6 +437,8 @@ class ActiveContext:
                                          + len(entry.result_ids) * (TOOL_BLOCK_OVERHEAD + per))
                 return
         if state.clips:
+            if self._cut_words(entry, count, (message, tokens.context)):
+                return
             limit = state.clip_for(entry.seq)
             if limit is not None:
                 if entry.clipped is None or entry.clipped[0] != limit:
@@ -428,6 +449,22 @@ class ActiveContext:
                 entry.view, entry.view_tokens = entry.clipped[1], entry.clipped[2]
                 return
         entry.view, entry.view_tokens = message, tokens.context
+
+    def _cut_words(self, entry: Entry, count: Callable[[str], int],
+                   whole: tuple[Message, int] | None = None) -> bool:
+        """Send ``entry``'s words as an excerpt when they are cut (``ClipEvent.words``),
+        from its view (``whole``: the message as pushed, for a recent one)."""
+        limit = self.state.words_clip_for(entry.seq)
+        if limit is None:
+            return False
+        kept = whole is None
+        done = entry.words_cut
+        if done is None or done[0] != limit or done[1] != kept:
+            view, view_tokens = whole if whole is not None else (entry.view, entry.view_tokens)
+            assert view is not None
+            done = entry.words_cut = (limit, kept, *clip_words(view, view_tokens, limit, count))
+        entry.view, entry.view_tokens = done[2], done[3]
+        return True
 
     def refresh(self, count: Callable[[str], int], protected: tuple[str, ...] = ()) -> None:
         """Recompute every view and the totals (after any state change)."""

@@ -16,7 +16,7 @@ import re
 from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id
-from ctxd.engine.clip import excerpt
+from ctxd.engine.clip import WORDS_CUT, WORDS_ELIDED, excerpt
 from ctxd.engine.context import ActiveContext, Entry, retire_markers
 from ctxd.protocol.compression import Checkpoint, seq_ranges
 from ctxd.protocol.message import Message, TextBlock
@@ -78,12 +78,39 @@ _DAY_LINE = re.compile(r"^\[(?!message )[^\]\n]{1,40}\]$")
 """A day's heading in the folded checkpoint, ``[8 May 2023]`` (the notice is longer)."""
 
 
-def _folded_notice(dropped: int, ranges: str = "", checkpoint_id: str = "") -> str:
-    where = f" (messages {ranges})" if ranges else ""
-    how = (f"checkpoint/expand {checkpoint_id} or session/history returns them" if checkpoint_id
-           else "session/history returns them")
-    return (f"[{dropped} older user messages{where} are folded out of the prompt to fit the window; "
-            f"they are whole in history: {how}]")
+NOTICE = "[User messages quoted exactly below: "
+"""How the folded checkpoint's first line starts: what it keeps and what it cut."""
+
+
+def _folded_notice(seqs: list[int], lines: list[str], checkpoint_id: str) -> str:
+    """The folded checkpoint's first line: how many of its messages it quotes exactly,
+    which one is an excerpt (the task, when it is bigger than its room), and which are
+    left out with how to get them back."""
+    shown = {_line_seq(line) for line in lines}
+    cut = [_line_seq(line) for line in lines if WORDS_CUT in line]
+    parts = [f"{NOTICE}{len(shown) - len(cut)}"]
+    parts += [f"message {seq} as an excerpt (its beginning and end)" for seq in cut]
+    gone = len(set(seqs) - shown)
+    if gone:
+        parts.append(f"{gone} more (messages {_dropped_ranges(seqs, lines)}) are folded out of the prompt to fit "
+                     f"the window: whole in history, checkpoint/expand {checkpoint_id} returns them")
+    return "; ".join(parts) + "]"
+
+
+def folded_summary(cp: Checkpoint) -> str:
+    """What the folded checkpoint ``cp`` keeps and cuts, in words (for notifications)."""
+    first = cp.summary.split("\n", 1)[0]
+    if not first.startswith(NOTICE):
+        return ""
+    number, _, rest = first[len(NOTICE):-1].partition("; ")
+    return f"{number} quoted exactly" + (f"; {rest}" if rest else "")
+
+
+def describe_seqs(seqs: list[int]) -> str:
+    """``messages 5, 9, 13`` (ranges joined, ``message 4`` alone)."""
+    runs = seq_ranges(sorted(set(seqs)))
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+    return f"message {text}" if len(seqs) == 1 else f"messages {text}"
 
 
 def _dropped_ranges(seqs: list[int], lines: list[str]) -> str:
@@ -107,6 +134,8 @@ def _folded_lines(summary: str) -> list[str]:
     out: list[str] = []
     day = ""
     for line in summary.split("\n"):
+        if line.startswith(NOTICE):
+            continue
         if line.startswith("[message "):
             if day and "," not in line[:line.index("]")]:
                 line = f"[message {_line_seq(line)}, {day}]" + line[line.index("]") + 1:]
@@ -219,7 +248,7 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
         all_lines = [ln for ln in all_lines if ln is not task]
         if count(task) + 1 > allowance // 2:
             head, _, text = task.partition("] ")
-            text = excerpt(text.replace("\n    ", "\n"), allowance // 2 - 8, count)
+            text = excerpt(text.replace("\n    ", "\n"), allowance // 2 - 8, count, notice=WORDS_ELIDED)
             task = f"{head}] " + text.replace("\n", "\n    ")
         used = count(task) + 1
     grouped = all(_line_day(ln) for ln in all_lines + ([task] if task is not None else []))
@@ -252,10 +281,8 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     if task is not None and used <= allowance:
         kept_lines.insert(0, task)
     # Lines dropped by earlier folds are gone from the summary; the seqs are not.
-    dropped = len(set(seqs)) - len(kept_lines)
     cp_id = previous.id if previous is not None else new_id()
-    parts = [_folded_notice(dropped, _dropped_ranges(seqs, kept_lines), cp_id)] if dropped else []
-    parts += _render_lines(kept_lines)
+    parts = [_folded_notice(seqs, kept_lines, cp_id)] + _render_lines(kept_lines)
     cp = Checkpoint(
         id=cp_id, kind="folded", level="compact",
         seq_from=min(seqs), seq_to=max(seqs), message_ranges=seq_ranges(seqs), summary="\n".join(parts),
@@ -267,6 +294,7 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     measure(cp, count)
     folded = {e.seq for e in entries}
     ctx.kept = [e for e in ctx.kept if e.seq not in folded]
+    ctx.state.clips = [c for c in ctx.state.clips if c.seq not in folded]  # (an excerpt of their words)
     ctx.state.kept_seqs = [e.seq for e in ctx.kept]
     retire_markers(ctx)
     ctx.checkpoints = [cp] + [c for c in ctx.checkpoints if c.kind != "folded"]
@@ -285,9 +313,7 @@ def unfold(ctx: ActiveContext, seq: int, count: Callable[[str], int]) -> bool:
     if not seqs:
         ctx.checkpoints = [c for c in ctx.checkpoints if c.id != folded.id]
         return True
-    dropped = len(seqs) - len(lines)
-    head = [_folded_notice(dropped, _dropped_ranges(seqs, lines), folded.id)] if dropped else []
-    folded.summary = "\n".join(head + _render_lines(lines))
+    folded.summary = "\n".join([_folded_notice(seqs, lines, folded.id)] + _render_lines(lines))
     folded.message_ranges = seq_ranges(seqs)
     folded.seq_from, folded.seq_to = min(seqs), max(seqs)
     measure(folded, count)

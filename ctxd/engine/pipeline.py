@@ -273,7 +273,8 @@ def apply_selection(ctx: ActiveContext, selection: Selection, checkpoint: Checkp
     state.boundary = selection.cut_seq
     state.kept_seqs = [e.seq for e in ctx.kept]
     state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
-    state.clips = [c for c in state.clips if c.seq > state.boundary]
+    kept = set(state.kept_seqs)
+    state.clips = [c for c in state.clips if c.keeps(state.boundary, kept)]
     if new_pass:
         state.compression_count += 1
     retire_markers(ctx)
@@ -294,7 +295,8 @@ def advance(ctx: ActiveContext, selection: Selection) -> bool:
     state.boundary = selection.cut_seq
     state.kept_seqs = [e.seq for e in ctx.kept]
     state.prunes = [p for p in state.prunes if p.through_seq > state.boundary]
-    state.clips = [c for c in state.clips if c.seq > state.boundary]
+    kept = set(state.kept_seqs)
+    state.clips = [c for c in state.clips if c.keeps(state.boundary, kept)]
     retire_markers(ctx)
     return True
 
@@ -327,11 +329,39 @@ def plan_clips(ctx: ActiveContext, max_tokens: int, protected: tuple[str, ...] =
     return out
 
 
-def apply_clips(ctx: ActiveContext, seqs: list[int], max_tokens: int, at: str) -> None:
-    """Record the excerpts; the caller refreshes the views."""
+def apply_clips(ctx: ActiveContext, seqs: list[int], max_tokens: int, at: str, *, words: bool = False) -> None:
+    """Record the excerpts (``words``: of the user's words, :func:`plan_word_excerpts`);
+    the caller refreshes the views."""
     chosen = set(seqs)
-    ctx.state.clips = [c for c in ctx.state.clips if c.seq not in chosen] + [
-        ClipEvent(seq, max_tokens, at) for seq in seqs]
+    ctx.state.clips = [c for c in ctx.state.clips if c.seq not in chosen or c.words != words] + [
+        ClipEvent(seq, max_tokens, at, words) for seq in seqs]
+
+
+def plan_word_excerpts(ctx: ActiveContext, need: int) -> dict[int, int] | None:
+    """The last resort of a prompt that does not fit once everything else is summarized
+    and folded: older user messages sent as excerpts (``{seq: max_tokens}``), the largest
+    first, as few as free ``need`` tokens, each keeping at least ``EXCERPT_KEEP``. Never the
+    newest message (the request being answered) nor pinned ones. An agent's task is the
+    usual one: its only user message, followed by its own steps, can be neither summarized
+    nor folded. None when they cannot free ``need``."""
+    if need <= 0:
+        return None
+    pinned = ctx.pinned_set
+    entries = ctx.kept + ctx.recent
+    newest = entries[-1].seq if entries else None
+    candidates = sorted((e for e in entries if e.has_user_text and e.seq not in pinned and e.seq != newest
+                         and e.view_tokens - e.tokens.overhead > EXCERPT_KEEP + EXCERPT_SLACK),
+                        key=lambda e: (-e.view_tokens, e.seq))
+    limits: dict[int, int] = {}
+    for entry in candidates:
+        words = entry.view_tokens - entry.tokens.overhead
+        room = words - EXCERPT_KEEP
+        take = min(room, need + EXCERPT_SLACK)
+        limits[entry.seq] = words - take
+        need -= take - EXCERPT_SLACK
+        if need <= 0:
+            return limits
+    return None
 
 
 EXCERPT_KEEP = 256

@@ -270,11 +270,14 @@ class ThresholdNotification(msgspec.Struct, rename="camel"):
 
 
 class OverflowNotification(msgspec.Struct, rename="camel", omit_defaults=True):
-    """``context/overflow``: the prompt does not fit even after compressing what may be
-    compressed, because of what may never be (the user's words, pins, the system part).
-    The parts add up to ``promptTokens`` (with a few tokens of priming). Folding the
-    user's words before that point (see docs/decisions.md) is a compression layer
-    (``fold`` in ``context/compressed``), not an overflow."""
+    """``context/overflow``: what may never be summarized (the user's words, pins, the
+    system part) no longer fits where it must, and ctxd applied the overflow policy.
+    Sent for every fold of the user's words (``reason``: ``user_share`` when they passed
+    ``compression.user_share`` of the prompt, ``prompt`` when the prompt did not fit even
+    after compressing everything else), naming the messages folded or excerpted and how to
+    get them back; and when nothing can be done (``foldedMessages`` 0: context/prompt
+    answers with ContextOverflow). The parts add up to ``promptTokens`` (with a few tokens
+    of priming), as they were before the policy acted."""
 
     session_id: str
     policy: Literal["fold", "error"]
@@ -287,10 +290,21 @@ class OverflowNotification(msgspec.Struct, rename="camel", omit_defaults=True):
     """The user's words (and system messages) kept verbatim from the compressed part of
     the conversation: what folding can move."""
     action: str
+    """What ctxd did, in words: which messages, where they went, how to get them back."""
+    reason: Literal["prompt", "user_share"]
+    """``user_share``: the user's words passed their share of the prompt (the prompt may
+    still fit); ``prompt``: the prompt did not fit."""
     recent_tokens: int = 0
     """The newest messages, after the compression boundary."""
     folded_messages: int = 0
     """How many user messages this pass folds (0 with the ``error`` policy)."""
+    folded_seqs: list[int] = []
+    """The messages folded now: out of the conversation, into the folded checkpoint."""
+    excerpted_seqs: list[int] = []
+    """User messages sent as excerpts (head and tail, with a notice) from now on."""
+    checkpoint_id: Union[str, None] = None
+    """The folded checkpoint: ``checkpoint/expand`` returns its messages whole;
+    ``message/pin`` sends one of them verbatim again."""
 
 
 class ReliabilityNotification(msgspec.Struct, rename="camel", omit_defaults=True):

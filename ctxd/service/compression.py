@@ -30,7 +30,7 @@ import msgspec
 
 from ctxd.engine import checkpoints as ckpts
 from ctxd.engine.context import ActiveContext, Entry
-from ctxd.engine.folding import fold, plan_fold, plan_fold_users, user_tokens
+from ctxd.engine.folding import describe_seqs, fold, folded_summary, plan_fold, plan_fold_users, user_tokens
 from ctxd.engine.pipeline import (
     STAGES,
     Selection,
@@ -43,6 +43,7 @@ from ctxd.engine.pipeline import (
     identify,
     make_checkpoint,
     plan_clips,
+    plan_word_excerpts,
     plan_excerpts,
     prepare,
     summary_rejection,
@@ -477,7 +478,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
             session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
             max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
             pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
-            recent_tokens=ctx.recent_tokens, folded_messages=0,
+            recent_tokens=ctx.recent_tokens, folded_messages=0, reason="prompt",
             action=f"the newest user message needs {floor} tokens with the system part and pins, more than "
                    f"{budget.max_prompt_tokens} may be sent: context/prompt will answer with ContextOverflow"))
         return
@@ -525,6 +526,45 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         if fits(ctx, budget):
             return
     await _overflow(svc, state, ctx, run, _low_water(policy, budget), keep_recent=1)
+    if policy.overflow_policy == "fold" and not fits(ctx, cache.budget(state)):
+        await _excerpt_words(svc, state, ctx, run)
+
+
+async def _excerpt_words(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
+    """Everything else is summarized, excerpted and folded, and the prompt still does not
+    fit: older user messages (an agent's task, the usual one: its only user message, with
+    its own steps after it) are sent as excerpts, the largest first, down to the low-water
+    mark (so the next steps do not cut them again at once) or at least to a prompt that
+    fits. History keeps them whole; ``context/overflow`` names them. The newest message is
+    never cut: alone too big, it gets ContextOverflow."""
+    cache = svc.cache
+    policy = cache.policy(state)
+    budget = cache.budget(state)
+    over = ctx.prompt_tokens - budget.max_prompt_tokens
+    limits = (plan_word_excerpts(ctx, max(over, ctx.used - _low_water(policy, budget)))
+              or plan_word_excerpts(ctx, over))
+    if not limits:
+        return
+    figures = dict(prompt_tokens=ctx.prompt_tokens, max_prompt_tokens=budget.max_prompt_tokens,
+                   system_tokens=ctx.system_tokens, pinned_tokens=ctx.pinned_tokens,
+                   checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
+                   recent_tokens=ctx.recent_tokens)
+    await _before_change(svc, state, run)
+    async with state.lock:
+        for seq, limit in limits.items():
+            apply_clips(ctx, [seq], limit, now_iso(), words=True)
+        ctx.state.lossy = True
+        cache.refresh(state)
+    seqs = sorted(limits)
+    run.layers.append("clip")
+    run.detail.setdefault("excerpts", []).extend({"seq": s, "maxTokens": m, "words": True} for s, m in limits.items())
+    sizes = ", ".join(f"message {s} to about {limits[s]} tokens" for s in seqs)
+    svc.events.emit(state.id, OverflowNotification(
+        session_id=state.id, policy=policy.overflow_policy, **figures,  # type: ignore[arg-type]
+        action=(f"the prompt did not fit even with everything else compressed: {describe_seqs(seqs)} of the "
+                f"user's words sent as excerpts ({sizes}: beginning and end, with a notice); history keeps them "
+                f"whole (session/history), message/pin sends one whole again"),
+        reason="prompt", excerpted_seqs=seqs))
 
 
 async def _excerpts_instead(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass,
@@ -655,14 +695,22 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     freed = moved - max(0, min(allowance, prior + moved) - prior)
     if freed <= FOLD_NOTICE_COST:
         return  # the folded checkpoint would keep (nearly) every word: the prompt would not shrink
-    await _apply_fold(svc, state, ctx, run, chosen, allowance)
+    await _apply_fold(svc, state, ctx, run, chosen, allowance, "user_share")
 
 
 async def _apply_fold(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, chosen: list[Entry],
-                      allowance: int) -> None:
+                      allowance: int, reason: str) -> None:
+    """Fold ``chosen`` and say so (``context/overflow``, every time: which messages, the
+    checkpoint that holds them, how to get them back)."""
     from ctxd.summarize.extractive import salience, session_date_of  # (with the first fold, not at start-up)
 
     cache = svc.cache
+    policy = cache.policy(state)
+    budget = cache.budget(state)
+    figures = dict(prompt_tokens=ctx.prompt_tokens, max_prompt_tokens=budget.max_prompt_tokens,
+                   system_tokens=ctx.system_tokens, pinned_tokens=ctx.pinned_tokens,
+                   checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
+                   recent_tokens=ctx.recent_tokens)
     await _before_change(svc, state, run)
     async with state.lock:
         cp = fold(ctx, chosen, allowance=allowance, now=now_iso(), number=run.number(state),
@@ -674,8 +722,18 @@ async def _apply_fold(svc: Service, state: SessionState, ctx: ActiveContext, run
         cache.refresh(state, system=True)
     run.created.append(cp)
     run.layers.append("fold")
-    run.detail.setdefault("folded", []).extend(e.seq for e in chosen)
+    seqs = [e.seq for e in chosen]
+    run.detail.setdefault("folded", []).extend(seqs)
     svc.events.emit(state.id, CheckpointCreatedNotification(session_id=state.id, checkpoint=cp))
+    why = (f"the user's words took more than {policy.user_share:.0%} of the prompt" if reason == "user_share"
+           else "the prompt did not fit even with everything else compressed")
+    svc.events.emit(state.id, OverflowNotification(
+        session_id=state.id, policy=policy.overflow_policy, **figures,  # type: ignore[arg-type]
+        action=(f"{why}: folded {len(seqs)} user message{'s' if len(seqs) != 1 else ''} "
+                f"({describe_seqs(seqs)}) out of the conversation into checkpoint {cp.id} "
+                f"({folded_summary(cp)}); they are whole in history: checkpoint/expand {cp.id} returns them, "
+                f"message/pin sends one verbatim again"),
+        folded_messages=len(seqs), reason=reason, folded_seqs=seqs, checkpoint_id=cp.id))  # type: ignore[arg-type]
 
 
 async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, low_water: int,
@@ -702,16 +760,16 @@ async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: 
                     if advance(ctx, selection):
                         cache.refresh(state)
                 chosen = plan_fold(ctx, goal, allowance=allowance)
-    action = (f"folding the {len(chosen)} oldest user messages into a checkpoint" if chosen
-              else "nothing can be folded: context/prompt will answer with ContextOverflow"
+    if chosen:
+        await _apply_fold(svc, state, ctx, run, chosen, allowance, "prompt")
+        return
+    action = ("nothing can be folded: context/prompt will answer with ContextOverflow"
               if policy.overflow_policy == "fold" else "context/prompt will answer with ContextOverflow")
     svc.events.emit(state.id, OverflowNotification(
         session_id=state.id, policy=policy.overflow_policy, prompt_tokens=ctx.prompt_tokens,  # type: ignore[arg-type]
         max_prompt_tokens=budget.max_prompt_tokens, system_tokens=ctx.system_tokens,
         pinned_tokens=ctx.pinned_tokens, checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
-        recent_tokens=ctx.recent_tokens, action=action, folded_messages=len(chosen)))
-    if chosen:
-        await _apply_fold(svc, state, ctx, run, chosen, allowance)
+        recent_tokens=ctx.recent_tokens, action=action, folded_messages=0, reason="prompt"))
 
 
 async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> CompressResult:

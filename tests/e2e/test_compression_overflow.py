@@ -83,7 +83,14 @@ async def test_long_chat_folds_the_users_words_to_fit():
         for note in overflows:
             assert note["policy"] == "fold" and "fold" in note["action"]
             assert note["maxPromptTokens"] == drive.last_result["budget"]["maxPromptTokens"]
-            assert note["promptTokens"] > note["maxPromptTokens"], note  # only when it does not fit
+            # Every fold is announced: past the user's share (the prompt may still fit), or
+            # because the prompt does not fit; naming the messages and how to get them back.
+            assert note["reason"] in ("user_share", "prompt"), note
+            if note["reason"] == "prompt":
+                assert note["promptTokens"] > note["maxPromptTokens"], note
+            if note["foldedMessages"]:
+                assert note["foldedSeqs"] and note["checkpointId"], note
+                assert f"checkpoint/expand {note['checkpointId']}" in note["action"], note
             assert note["userTokens"] > 0 and note["systemTokens"] >= 0 and note["checkpointTokens"] >= 0
             parts = sum(note.get(k, 0) for k in ("systemTokens", "pinnedTokens", "checkpointTokens",
                                                   "userTokens", "recentTokens"))
@@ -136,7 +143,10 @@ async def test_user_heavy_chat_does_not_compress_every_turn():
         runs = drive.runs
         assert len(runs) >= 3, "the chat never needed compressing: make it longer"
         assert any("fold" in r.note["layers"] for r in runs)  # folded before it ever overflowed
-        assert not conn.of("context/overflow")
+        # Every fold said so (past the user's share), none because the prompt did not fit.
+        notes = conn.of("context/overflow")
+        assert notes and all(n["reason"] == "user_share" and n["foldedSeqs"] for n in notes)
+        assert len(notes) == sum(r.note["layers"].count("fold") for r in runs)  # one per fold
         # Seed 000's loop guard holds on every pass, the ones the user's words force
         # included: each pass waits for a tenth of the available budget of new conversation.
         for prev, nxt in zip(runs, runs[1:]):
@@ -175,8 +185,10 @@ async def test_a_session_of_user_messages_only_still_gets_a_prompt():
         # Everything not in the prompt is counted in the folded notice, none silently dropped.
         system = system_text(await drive.prompt("openai"))
         shown = len(re.findall(r"^\[message \d+\]", system, re.M))
-        notice = re.search(r"\[(\d+) older user messages (?:\([^)]*\) )?are folded out", system)
-        assert shown + (int(notice.group(1)) if notice else 0) == len(seqs_of(folded))
+        notice = re.search(r"\[User messages quoted exactly below: (\d+)(?:; (\d+) more \([^)]*\) are folded out)?",
+                           system)
+        assert notice is not None and int(notice.group(1)) == shown  # it says what it keeps
+        assert shown + int(notice.group(2) or 0) == len(seqs_of(folded))  # and what it cut
         info = await conn.call("session/get", {"sessionId": "notes"})
         assert info["messageCount"] == 1500
         await conn.close()

@@ -85,7 +85,7 @@ def test_render_checkpoint_titles():
     assert render_checkpoint(cp("b", level="ultra")).startswith("### Messages 1-10 (ultra summary)")
     assert render_checkpoint(cp("c", kind="truncated", level="compact")).startswith("### Messages 1-10 (omitted)")
     assert render_checkpoint(cp("d", kind="folded", level="compact")).startswith(
-        "### Earlier user messages 1-10 (folded to fit the window, verbatim)")
+        "### Earlier user messages 1-10 (folded out of the conversation to fit the window)")
     padded = msgspec.structs.replace(cp("e"), summary="\n  text \n")
     assert render_checkpoint(padded).endswith("\ntext")
 

@@ -535,6 +535,9 @@ def test_fold_keeps_words_verbatim():
     assert (cp.seq_from, cp.seq_to, cp.message_seqs) == (1, 2, [1, 2])
     assert unfold(cp.summary) == {1: "first question", 2: "second question"}
     assert "are folded out" not in cp.summary
+    # What it keeps and what it cut, said first; no "verbatim" above what is not.
+    assert cp.summary.splitlines()[0] == "[User messages quoted exactly below: 2]"
+    assert "verbatim" not in render_checkpoint(cp)
     assert seqs(ctx.kept) == [3] and ctx.state.kept_seqs == [3]
     assert ctx.checkpoints[0] is cp
     assert ctx.state.lossy
@@ -551,9 +554,25 @@ def test_fold_drops_the_oldest_beyond_the_allowance_with_a_marker():
     cp = fold(ctx, chosen, allowance=2 * line_cost + 1, now=NOW, number=1, count=count)
     # The session's first user message (the task) first, then the newest folded ones.
     assert unfold(cp.summary) == {1: texts[0], 5: texts[4]}
-    assert cp.summary.startswith("[3 older user messages (messages 2-4) are folded out of the prompt")
+    assert cp.summary.startswith("[User messages quoted exactly below: 2; 3 more (messages 2-4) are folded out of the "
+                                 "prompt")
     assert f"checkpoint/expand {cp.id}" in cp.summary.splitlines()[0]
     assert cp.message_seqs == [1, 2, 3, 4, 5]  # it still stands for all of them
+
+
+def test_a_folded_task_too_big_for_its_room_is_named_as_an_excerpt():
+    """The folded checkpoint says which message it quotes only in part: the header above
+    the folded lines said "verbatim" while the task under it was an excerpt."""
+    from ctxd.engine.folding import folded_summary
+
+    texts = [words(600, WORDS[0])] + [words(20, WORDS[i]) for i in range(1, 4)]
+    ctx = folded_ctx(texts)
+    cp = fold(ctx, plan_fold(ctx, 0), allowance=400, now=NOW, number=1, count=count)
+    first = cp.summary.splitlines()[0]
+    assert first == "[User messages quoted exactly below: 2; message 1 as an excerpt (its beginning and end)]", first
+    assert "tokens of this message left out by ctxd" in cp.summary and "whole message is in history" in cp.summary
+    assert folded_summary(cp) == "2 quoted exactly; message 1 as an excerpt (its beginning and end)"
+    assert "verbatim" not in render_checkpoint(cp)
 
 
 def test_fold_reduces_the_prompt_when_it_drops_words():
@@ -758,7 +777,8 @@ def test_fold_with_a_rank_keeps_the_best_lines_in_their_order():
     cp = fold(ctx, chosen, allowance=3 * line_cost + 1, now=NOW, number=1, count=count, rank=rank)
     assert unfold(cp.summary) == {1: texts[0], 2: texts[1], 4: texts[3]}
     assert [int(line[len("[message "):line.index("]")]) for line in _folded_lines(cp.summary)] == [1, 2, 4]
-    assert cp.summary.startswith("[2 older user messages (messages 3, 5) are folded out of the prompt")
+    assert cp.summary.startswith("[User messages quoted exactly below: 3; 2 more (messages 3, 5) are folded out of the "
+                                 "prompt")
     assert cp.message_seqs == [1, 2, 3, 4, 5]
 
 

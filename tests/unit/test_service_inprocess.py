@@ -343,3 +343,67 @@ async def test_a_sessions_default_title_is_not_a_demonstration(service: Service)
          "metadata": {"demonstration": True}},
         {"role": "user", "content": "Fix the TimeDelta rounding in fields.py\nSteps: ..."}]))
     assert (await sessions.get_session(service, "demo")).title == "Fix the TimeDelta rounding in fields.py"
+
+
+async def test_every_fold_of_the_users_words_is_announced(service: Service, events: CollectingEvents) -> None:
+    """Folding past ``compression.user_share`` said nothing: user messages left the prompt
+    with no ``context/overflow`` (issue 24). Every fold now names the messages, the
+    checkpoint that holds them and how to get them back."""
+    from ctxd.protocol.compression import OverflowNotification
+
+    await _create(service, window=8192)
+    pushed = [m for i in range(300) for m in (
+        {"role": "user", "content": f"note {i}: " + " ".join(f"u{i}x{k}" for k in range(12))},
+        {"role": "assistant", "content": f"reply {i}: " + " ".join(f"a{i}y{k}" for k in range(12))})]
+    await _push(service, pushed)
+    await settle(service)
+    result = await _prompt(service)
+    folds = [c for c in (await controls.checkpoints(service, SID)).checkpoints if c.kind == "folded"]
+    assert len(folds) == 1
+    notes = events.of(OverflowNotification, SID)
+    assert notes and all(n.reason == "user_share" and n.checkpoint_id == folds[0].id for n in notes)
+    named = sorted(s for n in notes for s in n.folded_seqs)
+    assert named == folds[0].message_seqs  # every folded message named, once
+    assert all(f"checkpoint/expand {folds[0].id}" in n.action and "message/pin" in n.action for n in notes)
+    assert sum(n.folded_messages for n in notes) == len(named)
+    # The checkpoint says what it quotes exactly and what it left out; no "verbatim" above it.
+    system = result.messages[0].content
+    assert "[User messages quoted exactly below: " in system and "verbatim" not in system
+
+
+async def test_a_task_bigger_than_the_room_left_is_sent_as_an_excerpt(service: Service,
+                                                                      events: CollectingEvents) -> None:
+    """A mini-swe-agent task of ~2,700 tokens under a long system prompt at an 8k window:
+    every prompt was refused (-33010 "the prompt needs 5380 tokens but at most 4915 may be
+    sent"), because the task, the session's only user message, could be neither folded nor
+    cut. It is not the newest message (the agent's steps follow it): it is sent as an
+    excerpt with a notice, history keeps it whole, and the prompt is handed out."""
+    from ctxd.protocol.compression import OverflowNotification
+
+    system = "You are a helpful assistant that can interact with a computer shell. " + " ".join(
+        f"rule{k} applies always" for k in range(500))
+    await sessions.create_session(service, params("session/create", sessionId=SID, model="deepseek-chat",
+                                                  contextWindow=8192, systemPrompt=system))
+    task = "<pr_description>Fix the linter. " + " ".join(f"requirement{k} holds" for k in range(900)) + \
+        " The END of the task.</pr_description>"
+    await _push(service, [{"role": "user", "content": task}])
+    for i in range(6):
+        await _push(service, _step(i, 20, 30))
+        await settle(service)
+        result = await _prompt(service)
+        assert result.tokens <= result.budget.max_prompt_tokens
+        texts = json.dumps([msgspec.to_builtins(m) for m in result.messages])
+        assert "<pr_description>Fix the linter. requirement0 holds" in texts and "The END of the task." in texts
+        assert "tokens of this message left out by ctxd" in texts
+    from ctxd.service import history
+
+    page = await history.history(service, params("session/history", sessionId=SID))
+    assert page.messages[0].message.content == task  # history keeps it whole
+    notes = events.of(OverflowNotification, SID)
+    assert notes and notes[-1].excerpted_seqs == [1] and "message 1" in notes[-1].action
+    # A newest user message that alone is bigger than any prompt still gets the error.
+    with pytest.raises(CtxdError) as refused:
+        await _push(service, [{"role": "user", "content": " ".join(f"huge{k} word" for k in range(3000))}])
+        await settle(service)
+        await _prompt(service)
+    assert refused.value.code == ErrorCode.ContextOverflow and "newest user message alone" in str(refused.value)
