@@ -224,3 +224,34 @@ async def test_sessions_beyond_the_bound_are_forgotten_and_read_again(tmp_path) 
     finally:
         await sessions_.drain()
         await link.close()
+
+
+async def test_the_users_typed_text_reaches_the_upstream_whole(proxy, upstream, ctxd_daemon) -> None:
+    """What a user types reaches the upstream byte for byte, whatever it looks like: a
+    trailing ``[shares a photo: a lake]`` was cut off every user message behind the
+    compression boundary (a pattern written for one data set's importer, issue 24)."""
+    client = sdk(proxy, **{"X-Ctxd-Context-Window": "4096"})
+    output = " ".join(f"line {i}: build step finished, file src/module_{i}.py compiled" for i in range(40))
+    messages: list[dict] = [{"role": "system", "content": "You are a build agent."}]
+    users: list[str] = []
+    for turn in range(30):
+        users.append(f"Request {turn}: please use the tool for module {turn} [shares a photo: a lake at dawn]")
+        messages.append({"role": "user", "content": users[-1]})
+        reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        call = reply.choices[0].message.tool_calls[0]
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": f"{output} (turn {turn})"})
+        reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    [info] = await sessions(ctxd_daemon)
+    assert info["compressionCount"] >= 2
+    ctxd = await ctxd_client(ctxd_daemon)
+    try:
+        checkpoints = (await ctxd.request("context/checkpoints", {"sessionId": info["sessionId"]}))["checkpoints"]
+    finally:
+        await ctxd.close()
+    assert any(c["kind"] == "summary" for c in checkpoints)  # the early user messages are behind the boundary
+    sent = upstream.chats("/v1/chat/completions")
+    for n, request in enumerate(sent):
+        text = "\n".join(m.get("content") or "" for m in request.json["messages"])
+        assert all(u in text for u in users[:n // 2 + 1]), f"request {n}: a user message was not sent whole"
