@@ -561,8 +561,10 @@ def find_transcripts(corpus: Path, log: Log) -> tuple[list[Transcript], dict[str
 def sent_strings(message: Any) -> list[str]:
     """What of a stored message reaches a prompt: text, tool calls' arguments, tool
     results (thinking never does)."""
-    from ctxd.protocol.message import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock, image_text, tool_result_text
+    from ctxd.protocol import message as wire
+    from ctxd.protocol.message import TextBlock, ToolResultBlock, ToolUseBlock, tool_result_text
 
+    image = getattr(wire, "ImageBlock", None)  # (None in a tree before typed images: --ctxd-path)
     out: list[str] = []
     content = message.content
     if isinstance(content, str):
@@ -571,8 +573,8 @@ def sent_strings(message: Any) -> list[str]:
         for block in content:
             if isinstance(block, TextBlock):
                 out.append(block.text)
-            elif isinstance(block, ImageBlock):
-                out.append(image_text(block))
+            elif image is not None and isinstance(block, image):
+                out.append(wire.image_text(block))
             elif isinstance(block, ToolUseBlock):
                 out.append(msgspec.json.encode(block.input).decode())
             elif isinstance(block, ToolResultBlock):
@@ -628,6 +630,9 @@ def locomo_turns(t: Transcript) -> dict[str, str]:
         content = m.content
         text = content if isinstance(content, str) else "\n".join(
             b.text for b in content or () if isinstance(b, TextBlock))
+        caption = meta.get("blip_caption")  # (a tree whose importer appended the caption: --ctxd-path)
+        if isinstance(content, str) and isinstance(caption, str) and text.endswith(f"[shares a photo: {caption}]"):
+            text = text[: -len(f"[shares a photo: {caption}]")]
         if dia:
             turns[str(dia)] = text.strip()
     return turns

@@ -19,13 +19,18 @@ counter and the same ``budget.maxPromptTokens``:
 
 1. LoCoMo answer retention at 8k, 16k and 32k: QA evidence turns verbatim in the final
    prompt, QAs with all their evidence, answer strings; ctxd vs a sliding window vs a
-   rolling summary (newest 30% verbatim + one line per older turn, cut to fit).
-   Target: ctxd >= 1.3x the sliding window at 8k and 16k (evidence turns).
+   rolling summary (newest 30% verbatim + one line per older turn, cut to fit). Per
+   conversation too, split into tuning and held-out conversations (``HELD_OUT``,
+   ``--held-out``), with the user's words checked byte for byte at every prompt while
+   they take at most ``compression.user_share`` of the max prompt. Target: on the
+   held-out conversations, ctxd >= 1.3x the sliding window at 8k and 16k (evidence
+   turns, mean of the per-conversation ratios; the smallest is reported beside it), and
+   every user message byte for byte.
 2. Window use at 8k, 32k and 128k: median of prompt tokens / maxPromptTokens over the
    prompts after a session's first compression, and right after each pass. Target >= 0.6.
 3. The user's messages verbatim while they take <= half of maxPromptTokens: share of such
-   prompts holding every one of them (their words: an importer's attachment description,
-   ``[shares a photo: ...]``, is not checked). Target 100%.
+   prompts holding every one of them (their text blocks, byte for byte: an image that came
+   with them is an ``image`` block, not their words). Target 100%.
 4. Prompt prefix kept on a 1,000-turn chat at 8k: share of prompts that start with the
    previous prompt (system part identical, previous messages a prefix), compressions
    per 100 turns. Target >= 90%.
@@ -83,12 +88,20 @@ Log = Callable[[str], None]
 K = 1024
 
 
+HELD_OUT = ("conv-41", "conv-42", "conv-43")
+"""LoCoMo conversations (``sample_id``) held out from tuning: benchmark 1's target is judged
+on them alone. Tune on the others (``--held-out`` changes the split); the corpus asks not
+to tune constants to its files, and figures on tuned conversations did not carry over
+(issue 24: 1.34x and 1.33x at 8k and 16k on them, 1.33x and 1.11x on unseen ones)."""
+
+
 @dataclass
 class Plan:
     locomo_windows: tuple[int, ...] = (8 * K, 16 * K, 32 * K)    # bench 1
     use_windows: tuple[int, ...] = (8 * K, 32 * K, 128 * K)      # bench 2 (and 3)
     big_window: int = 128 * K       # at this window only the concatenated sessions are replayed
     locomo_conversations: int = 0   # 0: all
+    held_out: tuple[str, ...] = HELD_OUT  # bench 1: LoCoMo samples never used for tuning
     agents_per_format: int = 0      # 0: all
     prefix_turns: int = 1000        # bench 4
     prefix_window: int = 8 * K
@@ -101,11 +114,10 @@ class Plan:
 
 
 FULL = Plan()
-QUICK = Plan(use_windows=(8 * K, 32 * K), locomo_conversations=2, agents_per_format=2, prefix_turns=300,
+QUICK = Plan(use_windows=(8 * K, 32 * K), locomo_conversations=0, agents_per_format=2, prefix_turns=300,
              prompt_rounds=21)
 
 RECENT_SHARE = 0.30        # rolling-summary baseline: newest 30% of the budget verbatim
-USER_HALF = 0.5            # bench 3: the user's messages count while they take <= half the max prompt
 ERROR_CHARS = 60           # bench 6: an error is found by its first 60 characters
 MIN_LINE_TOKENS = 4        # rolling baseline: shortest line kept for an older turn
 
@@ -448,6 +460,7 @@ class Daemon:
         from ctxd.config import Config
 
         growth = Config().compression.min_growth_fraction
+        user_share = Config().compression.user_share
         proc = self._proc()
         cpu0 = cpu_seconds(proc.pid)
         started_at = time.perf_counter()
@@ -504,8 +517,8 @@ class Daemon:
             rep.note_tokens.append(last_note)
             if prompt["tokens"] > max_prompt:
                 rep.over_max.append({"message_index": k, "tokens": prompt["tokens"], "max": max_prompt})
-            # 3. every user message verbatim, while they take at most half of the max prompt
-            if users and user_total <= USER_HALF * max_prompt:
+            # 3. every user message byte for byte, while they take at most their share of the max prompt
+            if users and user_total <= user_share * max_prompt:
                 pieces, parts = _pieces(prompt)
                 whole: str | None = None
                 missing = None
@@ -733,10 +746,21 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}%"
 
 
+def sample_id(spec: Spec) -> str:
+    """A LoCoMo conversation's ``sample_id`` (its session's title)."""
+    return spec.transcript.name if spec.transcript is not None else spec.name
+
+
+def _ratio(scores: dict[str, Any], metric: str = "evidence_turns") -> float | None:
+    c, s = scores["ctxd"][metric], scores["sliding"][metric]
+    return (c[1] / s[1]) if s[1] else None
+
+
 def bench_locomo(lab: Lab, plan: Plan, log: Log, daemon: Daemon, corpus: Corpus) -> list[Result]:
     specs = corpus.locomo(log)
     if not specs:
         raise RuntimeError("no LoCoMo conversation under --corpus")
+    held = set(plan.held_out)
     rows: list[dict[str, Any]] = []
     for window in plan.locomo_windows:
         for spec in specs:
@@ -745,44 +769,78 @@ def bench_locomo(lab: Lab, plan: Plan, log: Log, daemon: Daemon, corpus: Corpus)
             targets = Targets(spec.transcript)
             slide_text, slide_tokens = sliding_final(rep)
             roll_text, roll_tokens, roll_info = rolling_final(rep)
+            scores = {"ctxd": targets.score(prompt_text(rep.final_prompt)), "sliding": targets.score(slide_text),
+                      "rolling": targets.score(roll_text)}
             rows.append({
-                "window": window, "conversation": spec.name, "messages": len(spec.messages),
+                "window": window, "conversation": spec.name, "sample_id": sample_id(spec),
+                "split": "held-out" if sample_id(spec) in held else "tuning", "messages": len(spec.messages),
                 "max_prompt_tokens": rep.max_prompt, "compressions": rep.compressions[-1],
-                "scores": {"ctxd": targets.score(prompt_text(rep.final_prompt)), "sliding": targets.score(slide_text),
-                           "rolling": targets.score(roll_text)},
+                "scores": scores, "evidence_ratio": _ratio(scores),
+                "user_words": {"prompts_checked": sum(x is not None for x in rep.user_ok),
+                               "byte_for_byte": sum(x is True for x in rep.user_ok),
+                               "failures": rep.user_failures[:5]},
                 "prompt_tokens": {"ctxd": rep.final_prompt["tokens"], "sliding": slide_tokens, "rolling": roll_tokens},
                 "rolling": roll_info, "summarizer_calls": rep.summarizer_calls})
     summary: dict[str, Any] = {}
     for window in plan.locomo_windows:
-        mine = [r for r in rows if r["window"] == window]
-        entry: dict[str, Any] = {"conversations": len(mine), "turns": sum(r["messages"] for r in mine),
-                                 "compressions": sum(r["compressions"] for r in mine),
-                                 "summarizer_calls": sum(r["summarizer_calls"] for r in mine)}
-        for method in ("ctxd", "sliding", "rolling"):
-            acc: dict[str, list[int]] = {}
-            for r in mine:
-                _add(acc, r["scores"][method])
-            entry[method] = {k: {"of": v[0], "present": v[1], "share": _share(v)} for k, v in acc.items()}
-            entry[method]["prompt_tokens_mean"] = statistics.mean(r["prompt_tokens"][method] for r in mine)
-        summary[str(window)] = entry
+        for split in ("all", "tuning", "held-out"):
+            mine = [r for r in rows if r["window"] == window and (split == "all" or r["split"] == split)]
+            if not mine:
+                continue
+            entry: dict[str, Any] = {"conversations": len(mine), "turns": sum(r["messages"] for r in mine),
+                                     "compressions": sum(r["compressions"] for r in mine),
+                                     "summarizer_calls": sum(r["summarizer_calls"] for r in mine),
+                                     "samples": [r["sample_id"] for r in mine]}
+            for method in ("ctxd", "sliding", "rolling"):
+                acc: dict[str, list[int]] = {}
+                for r in mine:
+                    _add(acc, r["scores"][method])
+                entry[method] = {k: {"of": v[0], "present": v[1], "share": _share(v)} for k, v in acc.items()}
+                entry[method]["prompt_tokens_mean"] = statistics.mean(r["prompt_tokens"][method] for r in mine)
+            ratios = [r["evidence_ratio"] for r in mine if r["evidence_ratio"] is not None]
+            entry["per_conversation"] = {r["sample_id"]: r["evidence_ratio"] for r in mine}
+            entry["ratio_min"] = min(ratios) if ratios else None
+            entry["ratio_mean"] = statistics.mean(ratios) if ratios else None
+            entry["user_words"] = [sum(r["user_words"]["prompts_checked"] for r in mine),
+                                   sum(r["user_words"]["byte_for_byte"] for r in mine)]
+            summary[f"{window}/{split}"] = entry
     results: list[Result] = []
     first = True
+    details = {"locomo": {"summary": summary, "conversations": rows, "held_out": sorted(held)}}
     for window in plan.locomo_windows:
-        e = summary[str(window)]
         k = f"{window // K}k"
-        for metric, label, target in (("evidence_turns", "evidence turns verbatim", window <= 16 * K),
-                                      ("qa_all_evidence", "QAs with all evidence", False),
-                                      ("answers", "answer strings present", False)):
+        target = window <= 16 * K
+        for split in ("held-out", "tuning"):
+            e = summary.get(f"{window}/{split}")
+            if e is None:
+                continue
+            mean, low = e["ratio_mean"], e["ratio_min"]
+            checked, exact = e["user_words"]
+            words_ok = checked > 0 and exact == checked
+            judged = target and split == "held-out"
+            c, s = e["ctxd"]["evidence_turns"]["share"], e["sliding"]["evidence_turns"]["share"]
+            results.append(Result(
+                "1", f"LoCoMo @ {k}, {split} ({', '.join(e['samples'])}): evidence turns verbatim, per conversation "
+                f"(mean ratio; smallest {low:.2f}x)" if low is not None else f"LoCoMo @ {k}, {split}: evidence turns",
+                c or 0.0, "%", s, "sliding window (pooled shares)", mean,
+                ">= 1.3x sliding (mean per conversation), user words 100%" if judged else "(figure only)",
+                (mean is not None and mean >= 1.3 and words_ok) if judged else None,
+                {**(details if first else {}), "window": window, "split": split, "ratio_min": low,
+                 "ratio_mean": mean, "per_conversation": e["per_conversation"], "user_words": e["user_words"]}))
+            first = False
+            results.append(Result(
+                "1", f"  same: user words byte for byte while <= their share (n={checked} prompts)",
+                100.0 * exact / checked if checked else float("nan"), "%", None, "", None,
+                "100%" if judged else "(figure only)", words_ok if judged else None,
+                {"window": window, "split": split}))
+        e = summary[f"{window}/all"]
+        for metric, label in (("qa_all_evidence", "QAs with all evidence"), ("answers", "answer strings present")):
             c, s, r_ = (e[m][metric]["share"] for m in ("ctxd", "sliding", "rolling"))
             ratio = (c / s) if (c is not None and s) else None
             results.append(Result(
-                "1", f"LoCoMo @ {k}: {label} (n={e['ctxd'][metric]['of']})", c or 0.0, "%", s,
-                f"sliding window; rolling summary {_pct(r_)}", ratio,
-                ">= 1.3x sliding" if target else "(figure only)",
-                (ratio is not None and ratio >= 1.3) if target else None,
-                {**({"locomo": {"summary": summary, "conversations": rows}} if first else {}),
-                 "window": window, "metric": metric, "rolling_share": r_}))
-            first = False
+                "1", f"LoCoMo @ {k}, all: {label} (n={e['ctxd'][metric]['of']})", c or 0.0, "%", s,
+                f"sliding window; rolling summary {_pct(r_)}", ratio, "(figure only)", None,
+                {"window": window, "metric": metric, "rolling_share": r_}))
     return results
 
 
@@ -796,14 +854,31 @@ def locomo_table(results: list[Result]) -> str:
     head = ["window", "method"] + [m[1] for m in metrics] + ["final prompt tok", "compr./100 turns"]
     rows = [head]
     names = {"ctxd": "ctxd", "sliding": "sliding window", "rolling": "rolling summary (30% + lines)"}
-    for window, e in data["summary"].items():
+    for key, e in data["summary"].items():
+        window, split = key.split("/")
+        if split != "all":
+            continue
         for method in ("ctxd", "sliding", "rolling"):
             m = e[method]
             rows.append([f"{int(window) // K}k ({e['conversations']} conv.)", names[method]]
                         + [f"{_pct(m[x]['share'])} of {m[x]['of']}" if x in m else "-" for x, _ in metrics]
                         + [f"{m['prompt_tokens_mean']:,.0f}",
                            f"{100 * e['compressions'] / e['turns']:.2f}" if method == "ctxd" else "-"])
-    return "LoCoMo answer retention (benchmark 1), micro-averaged over the conversations:\n" + _grid(rows)
+    per = [["window", "split", "conversation", "evidence ctxd", "sliding", "ratio", "user words byte for byte"]]
+    for r in data["conversations"]:
+        c, s = r["scores"]["ctxd"]["evidence_turns"], r["scores"]["sliding"]["evidence_turns"]
+        u = r["user_words"]
+        per.append([f"{r['window'] // K}k", r["split"], r["sample_id"], f"{c[1]}/{c[0]}", f"{s[1]}/{s[0]}",
+                    f"{r['evidence_ratio']:.2f}x" if r["evidence_ratio"] is not None else "-",
+                    f"{u['byte_for_byte']}/{u['prompts_checked']}"])
+    for key, e in data["summary"].items():
+        window, split = key.split("/")
+        if split == "all" or e["ratio_mean"] is None:
+            continue
+        per.append([f"{int(window) // K}k", split, "mean / smallest", "", "",
+                    f"{e['ratio_mean']:.2f}x / {e['ratio_min']:.2f}x", f"{e['user_words'][1]}/{e['user_words'][0]}"])
+    return ("LoCoMo answer retention (benchmark 1), micro-averaged over the conversations:\n" + _grid(rows)
+            + f"\n\nPer conversation (held out: {', '.join(data['held_out']) or 'none'}):\n" + _grid(per))
 
 
 def _grid(rows: list[list[str]]) -> str:
@@ -1336,8 +1411,13 @@ def main(argv: list[str] | None = None) -> int:
                    "benchmarks 1, 2, 3, 5 and 6 are skipped and 4 uses a synthetic chat")
     p.add_argument("--windows", metavar="K,...", help="benchmark 1's windows in thousands of tokens "
                    "(1,024 each; default 8,16,32): `--only 1 --windows 8,16` is the quickest loop (~15 s)")
+    p.add_argument("--held-out", metavar="ID,...", help="benchmark 1: the LoCoMo conversations (sample_id) held "
+                   f"out from tuning, judged against the target (default {','.join(HELD_OUT)}; 'none': no split)")
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.held_out is not None:
+        ids = () if args.held_out.strip() == "none" else tuple(x.strip() for x in args.held_out.split(",") if x.strip())
+        plan = dataclasses.replace(plan, held_out=ids)
     if args.windows:
         try:
             windows = tuple(int(w) * K for w in args.windows.split(",") if w.strip())
