@@ -12,6 +12,7 @@ functions over the active context.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable
 
@@ -164,11 +165,16 @@ def user_tokens(ctx: ActiveContext) -> int:
     return kept + recent
 
 
-def plan_fold_users(ctx: ActiveContext, max_user_tokens: int) -> list[Entry]:
-    """The oldest kept user messages to fold so that the user's verbatim words take at most
+def plan_fold_users(ctx: ActiveContext, max_user_tokens: int,
+                    rank: Callable[[list[str]], list[float]] | None = None) -> list[Entry]:
+    """The kept user messages to fold so that the user's verbatim words take at most
     ``max_user_tokens`` (never the newest user message, nor pinned ones, nor the session's
     first user message: an agent's task stays verbatim while the prompt can hold it, and
-    only the overflow policy, :func:`plan_fold`, folds it, last)."""
+    only the overflow policy, :func:`plan_fold`, folds it, last). With ``rank`` (a worth
+    per message text, higher first, as ``summarize.extractive.salience`` gives: salience
+    per square root of its length), the ones worth least per token go first: the words
+    kept verbatim are the ones that say most, and a long thin message folds rather than
+    several short telling ones (the fewest that make room). Without it, the oldest."""
     pinned = ctx.pinned_set
     users = [e for e in ctx.kept if e.role == "user" and e.has_user_text and e.seq not in pinned]
     if not any(e.has_user_text for e in ctx.recent) and users:
@@ -176,6 +182,12 @@ def plan_fold_users(ctx: ActiveContext, max_user_tokens: int) -> list[Entry]:
     first = _first_user_seq(ctx)
     users = [e for e in users if e.seq != first]
     excess = user_tokens(ctx) - max_user_tokens
+    if excess <= 0:
+        return []
+    if rank is not None and users:
+        worth = rank([_user_text(e) for e in users])
+        users = [users[i] for i in sorted(range(len(users)), key=lambda i: (
+            worth[i] / math.sqrt(max(1, users[i].view_tokens)), users[i].seq))]
     chosen: list[Entry] = []
     for entry in users:
         if excess <= 0:

@@ -688,7 +688,9 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     others = ctx.used - words
     goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
     goal = max(cap // 2, min(goal, _low_water(policy, budget) - others))
-    chosen = plan_fold_users(ctx, goal)
+    from ctxd.summarize.extractive import salience  # (with the first fold, not at start-up)
+
+    chosen = plan_fold_users(ctx, goal, rank=lambda texts: salience(texts, state.counter.count, ctx.goal_text))
     moved = sum(e.view_tokens for e in chosen)
     if not chosen:
         return

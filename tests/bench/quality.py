@@ -102,6 +102,7 @@ class Plan:
     big_window: int = 128 * K       # at this window only the concatenated sessions are replayed
     locomo_conversations: int = 0   # 0: all
     held_out: tuple[str, ...] = HELD_OUT  # bench 1: LoCoMo samples never used for tuning
+    locomo_only: tuple[str, ...] = ()     # replay only these LoCoMo samples (a tuning loop: --locomo)
     agents_per_format: int = 0      # 0: all
     prefix_turns: int = 1000        # bench 4
     prefix_window: int = 8 * K
@@ -216,7 +217,9 @@ class Corpus:
         return [self._spec(f"{t.fmt}:{t.path.name}#{t.index}", lambda t=t, p=p: spec_of(t, p)) for t, p in ts]
 
     def locomo(self, log: Log) -> list[Spec]:
-        return self._of("locomo", self.plan.locomo_conversations, log)
+        specs = self._of("locomo", self.plan.locomo_conversations, log)
+        only = self.plan.locomo_only
+        return [s for s in specs if s.transcript is not None and s.transcript.name in only] if only else specs
 
     def agents(self, log: Log) -> list[Spec]:
         return [s for fmt in AGENT_FORMATS for s in self._of(fmt, self.plan.agents_per_format, log)]
@@ -1413,8 +1416,12 @@ def main(argv: list[str] | None = None) -> int:
                    "(1,024 each; default 8,16,32): `--only 1 --windows 8,16` is the quickest loop (~15 s)")
     p.add_argument("--held-out", metavar="ID,...", help="benchmark 1: the LoCoMo conversations (sample_id) held "
                    f"out from tuning, judged against the target (default {','.join(HELD_OUT)}; 'none': no split)")
+    p.add_argument("--locomo", metavar="ID,...", help="replay only these LoCoMo conversations (sample_id): a "
+                   "tuning loop on the tuning ones, e.g. `--only 1 --locomo conv-26,conv-30`")
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.locomo:
+        plan = dataclasses.replace(plan, locomo_only=tuple(x.strip() for x in args.locomo.split(",") if x.strip()))
     if args.held_out is not None:
         ids = () if args.held_out.strip() == "none" else tuple(x.strip() for x in args.held_out.split(",") if x.strip())
         plan = dataclasses.replace(plan, held_out=ids)

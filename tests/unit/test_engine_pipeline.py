@@ -764,6 +764,26 @@ def test_the_first_user_message_is_never_folded_for_the_share():
     assert 1 in seqs(plan_fold(ctx, 0))  # the overflow policy may fold it
 
 
+def test_past_the_share_the_words_worth_least_per_token_fold_first():
+    """With a worth per message (salience), the messages that say least per token fold
+    first: the verbatim words left say the most, and one long thin message folds rather
+    than several short telling ones (the oldest went first, whatever they said)."""
+    telling = ["I adopted a puppy called Oscar in Lisbon last week", "My sister Ana moved to Oslo in 2021",
+               "We ran the charity race on 3 May"]
+    thin = "yes " * 120
+    ctx = folded_ctx([words(20, WORDS[0])] + telling + [thin, "ok then"], recent=[assistant("ok"), user("now")])
+    worth = {t: 3.0 for t in telling} | {thin.strip(): 0.5, "ok then": 0.2}
+
+    def rank(texts: list[str]) -> list[float]:
+        return [worth.get(t.strip(), 1.0) for t in texts]
+
+    goal = user_tokens(ctx) - 100
+    assert seqs(plan_fold_users(ctx, goal, rank=rank)) == [5]  # the long thin one alone frees enough
+    assert seqs(plan_fold_users(ctx, goal)) == [2, 3, 4, 5]  # oldest first without a rank
+    # Per token: of two with equal worth, the longer folds first.
+    assert seqs(plan_fold_users(ctx, user_tokens(ctx) - 1, rank=lambda texts: [1.0] * len(texts))) == [5]
+
+
 def test_fold_with_a_rank_keeps_the_best_lines_in_their_order():
     texts = [words(50, WORDS[i]) for i in range(6)]
     ctx = folded_ctx(texts)
