@@ -96,7 +96,11 @@ describe("notifications as messages", () => {
   };
   const overflow: CtxdNotification = {
     method: "context/overflow",
-    params: { sessionId: "s", policy: "error", promptTokens: 9000, maxPromptTokens: 6000, systemTokens: 8000, pinnedTokens: 0, checkpointTokens: 0, userTokens: 900, action: "refused" },
+    params: { sessionId: "s", policy: "error", promptTokens: 9000, maxPromptTokens: 6000, systemTokens: 8000, pinnedTokens: 0, checkpointTokens: 0, userTokens: 900, action: "refused", reason: "prompt" },
+  };
+  const folded: CtxdNotification = {
+    method: "context/overflow",
+    params: { sessionId: "s", policy: "fold", promptTokens: 5000, maxPromptTokens: 6000, systemTokens: 100, pinnedTokens: 0, checkpointTokens: 900, userTokens: 3100, action: "folded 2 user messages (messages 3, 7) into checkpoint ckpt_1; checkpoint/expand ckpt_1 returns them", reason: "user_share", foldedMessages: 2, foldedSeqs: [3, 7], checkpointId: "ckpt_1" },
   };
   const reliability: CtxdNotification = {
     method: "context/reliability",
@@ -108,6 +112,8 @@ describe("notifications as messages", () => {
     assert.equal(describeNotification(compressed, none, "T"), undefined);
     assert.equal(describeNotification(overflow, all, "T")?.severity, "error");
     assert.equal(describeNotification(overflow, none, "T"), undefined);
+    // A fold past the user's share is no error: the prompt fits; it says which and how to get them back.
+    assert.deepEqual(describeNotification(folded, all, "T"), { severity: "info", text: "ctxd folded user messages of \"T\": folded 2 user messages (messages 3, 7) into checkpoint ckpt_1; checkpoint/expand ckpt_1 returns them." });
     assert.deepEqual(describeNotification(reliability, all, "T"),
       { severity: "warning", text: "ctxd reliability of \"T\": high → low (0.40). Start a new session." });
     assert.equal(describeNotification(reliability, none, "T"), undefined);

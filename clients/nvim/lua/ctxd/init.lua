@@ -172,7 +172,11 @@ local function on_notification(method, params)
       say(string.format('%s compressed: %s -> %s tokens (%s)', params.sessionId, human(params.beforeTokens),
         human(params.afterTokens), table.concat(params.layers or {}, ', ')))
     elseif method == 'context/overflow' then
-      say(string.format('%s overflows: %s', params.sessionId, params.action or ''), vim.log.levels.WARN)
+      if params.reason == 'user_share' then
+        say(string.format('%s folded user messages: %s', params.sessionId, params.action or ''))
+      else
+        say(string.format('%s overflows: %s', params.sessionId, params.action or ''), vim.log.levels.WARN)
+      end
     elseif method == 'context/compressionFailed' then
       say(string.format('%s: compression failed: %s', params.sessionId, params.error or params.message or '?'),
         vim.log.levels.WARN)

@@ -342,7 +342,13 @@ export interface OverflowNotification {
   checkpointTokens: number;
   userTokens: number;
   action: string;
+  /** user_share: the user's words passed their share (the prompt may fit); prompt: it did not fit. */
+  reason: "prompt" | "user_share";
+  recentTokens?: number;
   foldedMessages?: number;
+  foldedSeqs?: number[];
+  excerptedSeqs?: number[];
+  checkpointId?: string | null;
 }
 export interface ReliabilityNotification { sessionId: string; reliability: Reliability; previousLevel?: ReliabilityLevel | null }
 export interface ThresholdNotification {

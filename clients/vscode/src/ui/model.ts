@@ -135,9 +135,15 @@ export function describeNotification(n: CtxdNotification, prefs: NotifyPrefs, ti
         ? { severity: "warning", text: `ctxd could not compress "${title}": ${n.params.reason}${n.params.fallback ? ` (did ${n.params.fallback} instead)` : ""}.` }
         : undefined;
     case "context/overflow":
-      return prefs.overflow
-        ? { severity: "error", text: `"${title}" no longer fits: the prompt is ${n.params.promptTokens} tokens of ${n.params.maxPromptTokens} (${n.params.action}).` }
-        : undefined;
+      if (!prefs.overflow) {
+        return undefined;
+      }
+      if (n.params.reason === "user_share") {
+        // A fold past the user's share: the prompt fits; say which messages and how to get them back.
+        return { severity: "info", text: `ctxd folded user messages of "${title}": ${n.params.action}.` };
+      }
+      return { severity: (n.params.foldedMessages || n.params.excerptedSeqs?.length) ? "warning" : "error",
+               text: `"${title}" no longer fits: the prompt is ${n.params.promptTokens} tokens of ${n.params.maxPromptTokens} (${n.params.action}).` };
     case "context/reliability": {
       if (!prefs.reliability) {
         return undefined;
