@@ -514,6 +514,8 @@ def message_text(message: dict[str, Any]) -> str:
                 parts.append(f"[tool result{' (error)' if block.get('isError') else ''}: {inner or ''}]")
             elif kind == "thinking":
                 parts.append(f"[thinking: {block.get('thinking', '')}]")
+            elif kind == "image":
+                parts.append(f"[image: {block.get('description', '')}]" if block.get("description") else "[image]")
     for call in message.get("toolCalls") or ():
         function = call.get("function") or {}
         parts.append(f"[tool call {function.get('name')}({function.get('arguments', '')})]")

@@ -162,6 +162,8 @@ def message_body(message: dict[str, Any]) -> str:
                 parts.append(f"[tool result {block.get('toolUseId', '')}{error}]\n{body}")
             elif kind == "thinking":
                 parts.append(f"[thinking]\n{block.get('thinking', '')}")
+            elif kind == "image":
+                parts.append(f"[image: {block.get('description', '')}]" if block.get("description") else "[image]")
     for call in message.get("toolCalls") or ():
         function = call.get("function", {})
         parts.append(f"[tool call {call.get('id', '')}] {function.get('name', '')}({function.get('arguments', '')})")

@@ -146,3 +146,15 @@ def test_snippet_and_message_text() -> None:
                                                  "input": {"cmd": "ls"}}]}
     assert render.message_text(message) == '[thinking: hmm] Let me look [tool call bash({"cmd":"ls"})]'
     assert render.message_preview({"role": "tool", "content": "a\n  b " * 50}, 20) == "a b a b a b a b a..."
+
+
+def test_an_image_that_came_with_a_message_is_shown_as_what_it_shows() -> None:
+    """An ``image`` block (typed content beside the words) reads as ``[image: ...]`` in
+    ``ctxd-cli`` and in ``ctxd mcp``'s recall, as every provider is sent it; it was left out."""
+    from ctxd.mcp.render import message_body
+
+    message = {"role": "user", "content": [{"type": "text", "text": "Look at her!"},
+                                           {"type": "image", "description": "a grey cat on a sofa",
+                                            "url": "https://example.invalid/cat.jpg"}]}
+    assert render.message_text(message) == "Look at her! [image: a grey cat on a sofa]"
+    assert message_body(message) == "Look at her!\n[image: a grey cat on a sofa]"
