@@ -116,10 +116,12 @@ def version(cli: str) -> str:
 
 
 def install() -> int:
-    """Install the pinned CLIs into :func:`home` (nothing to do when they are there)."""
+    """Install the pinned CLIs into :func:`home` (nothing to do when they are there). npm
+    and pip download side by side."""
     target = home()
     target.mkdir(parents=True, exist_ok=True)
     npm = shutil.which("npm")
+    npm_run: subprocess.Popen[bytes] | None = None
     if (target / "npm.ok").exists():
         print(f"agent CLIs (npm): already in {target}")
     elif npm is None:
@@ -129,30 +131,35 @@ def install() -> int:
             shutil.copy(PACKAGES / name, target / name)
         # install, not ci: the lock lists only the platform packages npm resolved where it was
         # made (opencode publishes some platforms late), and ci refuses such a lock
-        done = subprocess.run([npm, "install", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
-                              cwd=target)
-        if done.returncode == 0:
-            (target / "npm.ok").write_text("")
-            print(f"agent CLIs (npm): installed in {target}")
-        else:
-            print(f"npm ci failed ({done.returncode}): Claude Code, Codex CLI and opencode tests are skipped")
+        npm_run = subprocess.Popen([npm, "install", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
+                                   cwd=target)
     if (target / "aider.ok").exists():
         print(f"aider: already in {target / 'aider'}")
     else:
-        shutil.rmtree(target / "aider", ignore_errors=True)
-        try:
-            venv.EnvBuilder(with_pip=True).create(target / "aider")
-        except Exception as exc:  # no ensurepip (Debian's python3 without python3-venv)
-            print(f"aider is not installed: no virtualenv ({exc}); its tests are skipped")
-            return 0
-        done = subprocess.run([str(target / "aider" / "bin" / "python"), "-m", "pip", "install", "-q",
-                               "--disable-pip-version-check", AIDER])
-        if done.returncode == 0:
-            (target / "aider.ok").write_text("")
-            print(f"aider: installed in {target / 'aider'}")
+        _install_aider(target)
+    if npm_run is not None:
+        if npm_run.wait() == 0:
+            (target / "npm.ok").write_text("")
+            print(f"agent CLIs (npm): installed in {target}")
         else:
-            print(f"pip install {AIDER} failed ({done.returncode}): the aider tests are skipped")
+            print(f"npm install failed ({npm_run.returncode}): Claude Code, Codex CLI and opencode tests are skipped")
     return 0
+
+
+def _install_aider(target: Path) -> None:
+    shutil.rmtree(target / "aider", ignore_errors=True)
+    try:
+        venv.EnvBuilder(with_pip=True).create(target / "aider")
+    except Exception as exc:  # no ensurepip (Debian's python3 without python3-venv)
+        print(f"aider is not installed: no virtualenv ({exc}); its tests are skipped")
+        return
+    done = subprocess.run([str(target / "aider" / "bin" / "python"), "-m", "pip", "install", "-q",
+                           "--disable-pip-version-check", AIDER])
+    if done.returncode == 0:
+        (target / "aider.ok").write_text("")
+        print(f"aider: installed in {target / 'aider'}")
+    else:
+        print(f"pip install {AIDER} failed ({done.returncode}): the aider tests are skipped")
 
 
 # --- launching ------------------------------------------------------------------------------

@@ -607,7 +607,7 @@ def files(fixed: bool = False) -> dict[str, str]:
     """Every file of the repository as the task finds it (``fixed``: as it leaves it)."""
     pricing = PRICING_BUGGY.replace(BUGGY, FIXED) if fixed else PRICING_BUGGY
     return {
-        ".gitignore": "__pycache__/\n*.pyc\n",
+        ".gitignore": "__pycache__/\n*.pyc\n.aider*\n",
         "README.md": README,
         "CHANGELOG.md": CHANGELOG,
         "pyproject.toml": PYPROJECT,

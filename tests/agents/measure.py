@@ -8,8 +8,9 @@
   messages of the conversation (the client's last request and its reply).
 - **over the window**: upstream requests whose input, as the fake provider counts it
   (tests/agents/wire.py), is more than ctxd's window; the largest.
-- **newest intact**: upstream requests whose last message (item) is the client's last
-  one, as sent (cache breakpoints aside), paired through the tap.
+- **newest intact**: upstream requests that end with the client's newest turn as sent
+  (its last message or item; behind a trailing system reminder, from the last other
+  message on; cache breakpoints aside), paired through the tap.
 - **files intact**: of the client requests showing a repository file whole (as it was on
   disk when sent: aider's files in the chat, a ``cat``), those whose upstream request
   shows it whole too.
@@ -21,22 +22,25 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tests.agents import fixture, pricing, script, wire
 from tests.agents.upstream import escaped
 
-_TASK_ID = re.compile(r"ag\d\d[nr][0-9a-f]{14}")
-_TASK_ANSWERS = tuple(answer[:60] for _, answer in script.AIDER_TURNS if answer not in ("", "EDIT", "TESTS")) + (
-    script.AIDER_EDIT[:60], script.DONE[:60])
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
 
 
-def is_task_session(messages: list[dict[str, Any]]) -> bool:
-    text = json.dumps(messages)
-    return script.TASK_MARK in text or bool(_TASK_ID.search(text)) or any(
-        escaped(a) in text for a in _TASK_ANSWERS)
+def is_side_session(messages: list[dict[str, Any]]) -> bool:
+    """A session of a side conversation (a title, a summary): every reply stored in it is
+    one the script gives outside the task."""
+    replies = [_text(m).strip() for m in messages if m.get("role") == "assistant"]
+    side = set(script.SIDE_REPLIES) | {script.AIDER_SUMMARY}
+    return bool(replies) and all(r in side for r in replies)
 
 
 def _strip(value: Any) -> Any:
@@ -47,14 +51,19 @@ def _strip(value: Any) -> Any:
     return value
 
 
-def last_item(api: str, body: Any) -> Any:
-    """The request's last message (Responses: its last input item)."""
+def newest(api: str, body: Any) -> Any:
+    """The request's newest turn as sent: its last message (Responses: input item) and,
+    when that is a trailing system reminder (aider's), back to the last other message
+    (the user's newest words); cache breakpoints left out."""
     if not isinstance(body, dict):
         return None
     items = body.get("input") if api == "responses" else body.get("messages")
-    if isinstance(items, list) and items:
-        return _strip(items[-1])
-    return items
+    if not isinstance(items, list) or not items:
+        return items
+    start = len(items) - 1
+    while start > 0 and isinstance(items[start], dict) and items[start].get("role") in ("system", "developer"):
+        start -= 1
+    return _strip(items[start:])
 
 
 def expected_diff_ok(diff: str) -> bool:
@@ -126,14 +135,14 @@ def measure(run: dict[str, Any]) -> RunMeasures:
                 if pricing.common_prefix(ids, before) >= before_head:
                     prefix_kept += 1
             previous = (ids, head)
-    newest = newest_pairs = files = files_pairs = 0
+    intact = newest_pairs = files = files_pairs = 0
     for e in ok:
         client = tapped.get(e["tap"]) if e["tap"] is not None else None
         if client is None or not isinstance(client.get("body"), dict):
             continue
         newest_pairs += 1
-        if last_item(e["api"], e["body"]) == last_item(e["api"], client["body"]):
-            newest += 1
+        if newest(e["api"], e["body"]) == newest(e["api"], client["body"]):
+            intact += 1
         if client["shown"]:
             files_pairs += 1
             sent = json.dumps(e["body"])
@@ -148,11 +157,11 @@ def measure(run: dict[str, Any]) -> RunMeasures:
         tokens=tokens, max_tokens=max((e["tokens"] for e in ok), default=0),
         over_window=sum(1 for e in ok if e["tokens"] > window), bill=round(bill, 1),
         cached_share=round(cached / tokens, 4) if tokens else 0.0, prefix_kept=prefix_kept, prefix_pairs=pairs,
-        newest_intact=newest, newest_pairs=newest_pairs, files_intact=files, files_pairs=files_pairs,
+        newest_intact=intact, newest_pairs=newest_pairs, files_intact=files, files_pairs=files_pairs,
         diff=run.get("diff", ""), final_output=(run.get("stdout") or "").strip()[-300:])
     sessions = run.get("sessions")
     if sessions is not None:
-        task_sessions = [s for s in sessions if is_task_session(s["messages"])]
+        task_sessions = [s for s in sessions if not is_side_session(s["messages"])]
         out.sessions = len(sessions)
         out.task_sessions = len(task_sessions)
         out.side_sessions = len(sessions) - len(task_sessions)

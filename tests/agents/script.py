@@ -90,6 +90,7 @@ DONE = "Fixed: apply_discount now rounds to the nearest cent, halves up, as docs
 STILL_FAILING = "The tests still fail after my change; I stopped here."
 CANNOT_SEE = f"I cannot see {fixture.EDITED} any more, so I cannot edit it safely."
 TITLE = "Fix discount rounding in stock pricing"
+OTHER = "OK."
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Script:
     def side(self, v: View) -> Move | None:
         """A request of another conversation than the task (title, summary...), answered."""
         if TASK_MARK not in v.all_text():
-            return Move("other", "OK.")
+            return Move("other", OTHER)
         return None
 
     def reply(self, v: View) -> Move:
@@ -284,6 +285,10 @@ AIDER_TURNS: tuple[tuple[str, str], ...] = (
 """What aider's user types (commands and questions), and the model's answer to each
 question (``EDIT``: the SEARCH/REPLACE block; ``TESTS``: read from the test output)."""
 
+AIDER_COMMIT = "fix: round discounts half up"
+SIDE_REPLIES = (TITLE, OTHER, AIDER_COMMIT)
+"""What the model answers outside the task's conversation (with :data:`AIDER_SUMMARY`)."""
+
 AIDER_SHORT: tuple[tuple[str, str], ...] = (
     *AIDER_TURNS[:5], AIDER_TURNS[15], AIDER_TURNS[16], *AIDER_TURNS[19:22])
 """The same session in 5 requests (the tests' size)."""
@@ -308,7 +313,7 @@ class Aider(Script):
         if "summarize" in v.system.lower()[:400] or "Briefly summarize" in first[:400]:
             return Move("summary", AIDER_SUMMARY)
         if "commit message" in v.system.lower()[:600]:
-            return Move("other", "fix: round discounts half up")
+            return Move("other", AIDER_COMMIT)
         return None
 
     def reply(self, v: View) -> Move:
@@ -327,7 +332,7 @@ class Aider(Script):
                     return Move("task", "Yes: every test passes." if ran and "\nOK" in ran[-1]
                                 else "No, some tests still fail.")
                 return Move("task", answer)
-        return Move("other", "OK.")
+        return Move("other", OTHER)
 
 
 def _files_text(v: View) -> str:
