@@ -5,8 +5,8 @@ the nearest cent. The task: find why the tests fail and fix ``apply_discount``.
 Generated, not shipped: every file's text comes from this module, deterministically, and
 a git history of three commits (the last one brought the bug) with fixed authors and
 dates, so ``git log`` and ``git diff`` print the same in every run. Sized so that reading
-the files and running the tests makes a conversation of some 50-60k tokens: more than
-the windows the benchmark gives ctxd.
+the files and running the tests makes a conversation of some 50-80k tokens with each
+CLI's own prompt: over the windows the benchmark gives ctxd.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ CATEGORIES = ("hardware", "garden", "kitchen", "office", "toys", "outdoor", "pai
 WAREHOUSES = ("north", "south", "east", "west", "central")
 
 
-def _items(n: int = 360) -> list[tuple[str, str, str, int, int, str]]:
+def _items(n: int = 600) -> list[tuple[str, str, str, int, int, str]]:
     """Deterministic catalogue rows: sku, name, category, price in cents, quantity, warehouse."""
     rows = []
     for i in range(n):
@@ -546,7 +546,7 @@ def _test_report() -> str:
         units = sum(r[4] for r in rows)
         body += (f"\n    def test_{warehouse}_units(self):\n"
                  f"        self.assertEqual(per_warehouse(self.items, self.warehouses)[{warehouse!r}][0], {units})\n")
-    for sku, _name, _category, price, quantity, _w in items[:40]:
+    for sku, _name, _category, price, quantity, _w in items[:120]:
         body += (f"\n    def test_{sku.replace('-', '_').lower()}_in_stock(self):\n"
                  f"        self.assertEqual(total_quantity(self.warehouses, {sku!r}), {quantity})\n")
     total = sum(r[3] * r[4] for r in items)

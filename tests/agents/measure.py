@@ -105,6 +105,7 @@ class RunMeasures:
     side_sessions: int = 0
     diff: str = ""
     final_output: str = ""
+    per_request: list[dict[str, Any]] = field(default_factory=list)  # each upstream request, in order
 
 
 def measure(run: dict[str, Any]) -> RunMeasures:
@@ -118,14 +119,19 @@ def measure(run: dict[str, Any]) -> RunMeasures:
     cached = 0
     prefix_kept = pairs = 0
     previous: tuple[list[int], int] | None = None
+    per_request: list[dict[str, Any]] = []
     for e in exchanges:
+        row = {"n": e["n"], "kind": e["kind"], "step": e["step"], "status": e["status"], "tokens": e["tokens"]}
+        per_request.append(row)
         if e["status"] != 200:
+            row["error"] = e["error"][:200]
             continue
         ids = wire.token_ids(e["api"], e["body"])
         pricer = pricers.setdefault(e["api"], pricing.Pricer(pricing.prices_for(e["api"])))
         billed = pricer.add(ids)
         bill += billed.cost
         cached += billed.cached
+        row.update(cached=billed.cached, cost=round(billed.cost, 1))
         if e["kind"] == "task":
             pieces = wire.segments(e["api"], e["body"])
             head = len(ids) - (wire.count_text(pieces[-1]) + wire.MESSAGE_FRAMING if pieces else 0)
@@ -158,7 +164,7 @@ def measure(run: dict[str, Any]) -> RunMeasures:
         over_window=sum(1 for e in ok if e["tokens"] > window), bill=round(bill, 1),
         cached_share=round(cached / tokens, 4) if tokens else 0.0, prefix_kept=prefix_kept, prefix_pairs=pairs,
         newest_intact=intact, newest_pairs=newest_pairs, files_intact=files, files_pairs=files_pairs,
-        diff=run.get("diff", ""), final_output=(run.get("stdout") or "").strip()[-300:])
+        diff=run.get("diff", ""), final_output=(run.get("stdout") or "").strip()[-300:], per_request=per_request)
     sessions = run.get("sessions")
     if sessions is not None:
         task_sessions = [s for s in sessions if not is_side_session(s["messages"])]

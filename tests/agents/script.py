@@ -66,6 +66,8 @@ PLAN: tuple[Step, ...] = (
     Step(RUN, "PYTHONPATH=src python3 -c 'from stock.pricing import apply_discount as d; "
               "print([d(p, 15) for p in (199, 250, 999)])'"),
     Step(RUN, "git show HEAD~1 -- src tests"),
+    Step(RUN, "sort -t, -k4 -n data/items.csv | tail -n 300", "Which items are the dearest?"),
+    Step(RUN, "git log -p --reverse -- src/stock/models.py src/stock/loader.py src/stock/report.py"),
     Step(RUN, "grep -rn 'round\\|// 100' src"),
     Step(READ, "src/stock/pricing.py", "The discount truncates; the design says round half up."),
     Step(EDIT, fixture.EDITED, "Fixing the rounding in apply_discount."),

@@ -55,8 +55,12 @@ def _windows(spec: str) -> dict[str, int]:
 
 def row(c: Comparison) -> list[str]:
     d, p = c.direct, c.proxy
-    same = "yes" if (d.fixed and p.fixed and c.same_diff) else \
-        f"no ({'direct' if not d.fixed else 'proxy'}{'' if p.fixed else ': ' + p.final_output[-60:]!r})"
+    if not d.fixed:
+        same = "no: direct did not fix"
+    elif not p.fixed:
+        same = "no: proxy did not fix" if p.returncode == 0 else f"no: proxy exit {p.returncode}"
+    else:
+        same = "yes" if c.same_diff else "no: another diff"
     return [
         c.cli, f"{c.window // 1000}K", same,
         f"{p.task_sessions} ({p.task_forks} forks)",
