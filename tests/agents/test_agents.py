@@ -50,7 +50,7 @@ NOT_YET: dict[str, dict[str, str]] = {
                         "of the prompt",
     },
     "opencode": {
-        "newest_intact": ISSUE_21 + "the newest tool result (a 5K-token file read) is cut to fit the window",
+        "newest_intact": ISSUE_21 + "the newest tool result (a 9K-token file read) is cut to fit the window",
     },
     "aider": {
         "one_session": ISSUE_21 + "aider rebuilds its prompt each turn (files in the chat, a trailing system "
