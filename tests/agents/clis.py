@@ -27,6 +27,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,9 +113,12 @@ def missing(cli: str) -> str | None:
 
 
 def version(cli: str) -> str:
-    out = subprocess.run([*binary(cli), "--version"], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, HOME=str(home()), IS_SANDBOX="1"))
-    return (out.stdout.strip() or out.stderr.strip()).splitlines()[-1] if out.returncode == 0 else "?"
+    """What ``cli --version`` says (run with a throw-away HOME: nothing of it is kept)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = subprocess.run([*binary(cli), "--version"], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, HOME=scratch, IS_SANDBOX="1"))
+    text = (out.stdout.strip() or out.stderr.strip()).splitlines()
+    return text[-1] if out.returncode == 0 and text else "?"
 
 
 def install() -> int:
