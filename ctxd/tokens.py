@@ -77,8 +77,9 @@ ESTIMATOR_NAME = "bytes/4"
 
 @dataclass(frozen=True, slots=True)
 class MessageTokens:
-    """What one message costs. ``context`` is what it adds to a prompt (thinking is
-    kept in history but never sent, see docs/decisions.md)."""
+    """What one message costs. ``context`` is what it adds to a prompt without its
+    thinking (only an assistant message's signed thinking is sent, and counted:
+    ``engine.context.sent_tokens``; docs/decisions.md, "Thinking blocks")."""
 
     total: int
     overhead: int

@@ -24,12 +24,13 @@ from typing import Callable, Union
 import msgspec
 
 from ctxd.engine.clip import clip_any, clip_message, clip_words
-from ctxd.engine.render import PromptPlan
+from ctxd.engine.render import PromptPlan, signed_thinking
 from ctxd.protocol.compression import Checkpoint, merge_ranges
 from ctxd.protocol.message import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -133,6 +134,9 @@ class Entry:
     """(view, view_tokens) while kept behind the boundary, made once (see ``_kept_view``)."""
     words_cut: tuple[int, bool, Message, int] | None = None
     """(max_tokens, kept, view, view_tokens) of the excerpt of its words last made."""
+    sent_thinking: int = 0
+    """Thinking tokens sent with the message (an assistant message's signed thinking, which
+    the Anthropic shape sends back: ``render.signed_thinking``), beyond ``tokens.context``."""
 
     @classmethod
     def of(cls, seq: int, message: Message, tokens: MessageTokens) -> "Entry":
@@ -140,6 +144,7 @@ class Entry:
         names: list[str] = []
         results: list[str] = []
         has_text = False
+        signed = False
         content = message.content
         if isinstance(content, str):
             has_text = bool(content)
@@ -152,6 +157,8 @@ class Entry:
                     names.append(block.name)
                 elif isinstance(block, ToolResultBlock):
                     results.append(block.tool_use_id)
+                elif isinstance(block, ThinkingBlock):
+                    signed = signed or bool(block.signature)
         for call in message.tool_calls or ():
             calls.append(call.id)
             names.append(call.function.name)
@@ -159,11 +166,24 @@ class Entry:
             results.append(message.tool_call_id)
         return cls(seq, message, tokens, tuple(calls), tuple(results), tuple(names),
                    has_text and message.role == "user" and not is_observation(message)
-                   and not is_demonstration(message))
+                   and not is_demonstration(message),
+                   sent_thinking=tokens.thinking if signed and message.role == "assistant" else 0)
 
     @property
     def role(self) -> str:
         return self.message.role
+
+    @property
+    def sent_tokens(self) -> int:
+        """What the message costs sent whole (:func:`sent_tokens`)."""
+        return self.tokens.context + self.sent_thinking
+
+
+def sent_tokens(message: Message, tokens: MessageTokens) -> int:
+    """What a message adds to a prompt sent whole: ``tokens.context``, plus its thinking
+    when the Anthropic shape sends that back (an assistant message's signed thinking:
+    counted for every shape, so the prompt fits whichever is asked for)."""
+    return tokens.context + (tokens.thinking if signed_thinking(message) else 0)
 
 
 PRUNED_TEXT = "[Old tool result cleared by ctxd at {at}; the full output is in history]"
@@ -409,7 +429,7 @@ class ActiveContext:
         message = entry.message
         pinned = entry.seq in (self.pinned_set if pinned_set is None else pinned_set)
         if pinned:
-            entry.view, entry.view_tokens = message, tokens.context
+            entry.view, entry.view_tokens = message, entry.sent_tokens
             return
         if kept:
             if entry.kept_view is None:
@@ -444,11 +464,12 @@ class ActiveContext:
                 if entry.clipped is None or entry.clipped[0] != limit:
                     # The user's words are never cut: only the tool results beside them.
                     clip = clip_message if entry.has_user_text else clip_any
-                    view, view_tokens = clip(message, tokens, limit, count)
-                    entry.clipped = (limit, view, view_tokens)
+                    # (An excerpt keeps the message's thinking as it is: the limit is the rest's.)
+                    view, view_tokens = clip(message, tokens, max(1, limit - entry.sent_thinking), count)
+                    entry.clipped = (limit, view, view_tokens + entry.sent_thinking)
                 entry.view, entry.view_tokens = entry.clipped[1], entry.clipped[2]
                 return
-        entry.view, entry.view_tokens = message, tokens.context
+        entry.view, entry.view_tokens = message, entry.sent_tokens
 
     def _cut_words(self, entry: Entry, count: Callable[[str], int],
                    whole: tuple[Message, int] | None = None) -> bool:
@@ -499,6 +520,6 @@ class ActiveContext:
                 continue
             for call_id, name in zip(entry.call_ids, entry.call_names):
                 self.call_names[call_id] = name
-            entry.view, entry.view_tokens = entry.message, entry.tokens.context
+            entry.view, entry.view_tokens = entry.message, entry.sent_tokens
             self.recent.append(entry)
             self.used += entry.view_tokens

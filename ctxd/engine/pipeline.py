@@ -324,7 +324,7 @@ def plan_clips(ctx: ActiveContext, max_tokens: int, protected: tuple[str, ...] =
         current = state.clip_for(entry.seq)
         if current is not None and current <= max_tokens:
             continue
-        if entry.tokens.context > max_tokens:
+        if entry.sent_tokens > max_tokens:
             out.append(entry.seq)
     return out
 

@@ -11,7 +11,12 @@ renderer enforces pairing whatever compression removed or the client sent:
 - a result whose call is gone (orphan) becomes plain user text, so its content is
   not lost and the prompt stays valid.
 
-Thinking blocks are history, not prompt: they are never rendered (docs/decisions.md).
+Thinking: Anthropic's own thinking blocks (signed: the provider checks the signature)
+go back in the Anthropic shape as they were pushed, first in their assistant message;
+with extended thinking on, Anthropic refuses a tool-use loop whose last assistant
+message does not start with its thinking. Unsigned thinking (other providers'
+reasoning, imports) and every thinking block in the OpenAI and Ollama shapes are
+history only (docs/decisions.md, "Thinking blocks").
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from ctxd.protocol.message import (
     ImageBlock,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     image_text,
@@ -75,6 +81,8 @@ class _Turn:
     calls: list[_Call] = field(default_factory=list)
     results: list[_Result] = field(default_factory=list)
     name: str | None = None
+    thinking: list[AnthropicThinking] = field(default_factory=list)
+    """The message's signed thinking blocks, in order (sent in the Anthropic shape only)."""
 
 
 @dataclass(slots=True)
@@ -149,6 +157,8 @@ def _to_turn(message: Message) -> _Turn:
                 turn.calls.append(_Call(block.id, block.name, block.input, _compact_json(block.input)))
             elif isinstance(block, ToolResultBlock):
                 turn.results.append(_Result(block.tool_use_id, tool_result_text(block), block.is_error))
+            elif isinstance(block, ThinkingBlock) and block.signature and role == "assistant":
+                turn.thinking.append(AnthropicThinking(thinking=block.thinking, signature=block.signature))
     for call in message.tool_calls or ():
         turn.calls.append(_Call(call.id, call.function.name, _arguments_to_input(call.function.arguments),
                                 call.function.arguments))
@@ -169,7 +179,7 @@ def _pair(messages: list[Message], count: Callable[[str], int]) -> tuple[list[_T
     repairs: list[str] = []
     for index, turn in enumerate(turns):
         if turn.role == "assistant":
-            out.append(_Turn("assistant", turn.texts, turn.calls, name=turn.name))
+            out.append(_Turn("assistant", turn.texts, turn.calls, name=turn.name, thinking=turn.thinking))
             if turn.calls:
                 answered = _Turn("results")
                 for call in turn.calls:
@@ -255,16 +265,41 @@ def _emit_ollama(turns: list[_Turn]) -> list[OllamaMessage]:
     return out
 
 
+def signed_thinking(message: Message) -> bool:
+    """Whether the message carries thinking the Anthropic shape sends back (an assistant
+    message's signed thinking blocks; the prompt counts them, ``engine/context.py``)."""
+    content = message.content
+    return message.role == "assistant" and isinstance(content, list) and any(
+        isinstance(b, ThinkingBlock) and b.signature for b in content)
+
+
+def _leading_thinking(blocks: list[Any]) -> int:
+    n = 0
+    while n < len(blocks) and isinstance(blocks[n], AnthropicThinking):
+        n += 1
+    return n
+
+
+def _merged(first: list[Any], second: list[Any]) -> list[Any]:
+    """Two assistant messages' blocks as one message's: the thinking of both first (where
+    Anthropic requires it), then the rest of each, in order."""
+    a, b = _leading_thinking(first), _leading_thinking(second)
+    if not b:
+        return first + second
+    return first[:a] + second[:b] + first[a:] + second[b:]
+
+
 def _emit_anthropic(turns: list[_Turn], system_parts: list[str]) -> list[AnthropicMessage]:
-    """Roles alternate (consecutive turns of one role merge); system turns join
-    ``system_parts``. Never changes a message it did not create."""
+    """Roles alternate (consecutive turns of one role merge, an assistant message's
+    thinking staying first); system turns join ``system_parts``. Never changes a message
+    it did not create."""
     out: list[AnthropicMessage] = []
 
     def add(role: Literal["user", "assistant"], blocks: list[Any]) -> None:
         if not blocks:
             return
         if out and out[-1].role == role:
-            out[-1].content.extend(blocks)
+            out[-1].content[:] = _merged(out[-1].content, blocks)
         else:
             out.append(AnthropicMessage(role=role, content=blocks))
 
@@ -277,6 +312,9 @@ def _emit_anthropic(turns: list[_Turn], system_parts: list[str]) -> list[Anthrop
         elif turn.role == "assistant":
             blocks: list[Any] = [AnthropicText(text=t) for t in turn.texts if t.strip()]
             blocks += [AnthropicToolUse(id=c.id, name=c.name, input=c.input) for c in turn.calls]
+            if blocks and turn.thinking:
+                # (Thinking alone, with nothing it led to, is not sent.)
+                blocks = [*turn.thinking, *blocks]
             add("assistant", blocks)
         else:
             add("user", [AnthropicText(text=t) for t in turn.texts if t.strip()])
@@ -286,15 +324,16 @@ def _emit_anthropic(turns: list[_Turn], system_parts: list[str]) -> list[Anthrop
 def _join_anthropic(head: list[AnthropicMessage], tail: list[AnthropicMessage]) -> list[AnthropicMessage]:
     """``head + tail``, the boundary's two messages merged into a new one when they share a role."""
     if head and tail and head[-1].role == tail[0].role:
-        merged = AnthropicMessage(role=head[-1].role, content=head[-1].content + tail[0].content)
+        merged = AnthropicMessage(role=head[-1].role, content=_merged(head[-1].content, tail[0].content))
         return head[:-1] + [merged] + tail[1:]
     return head + tail
 
 
 def _finish_anthropic(out: list[AnthropicMessage], count: Callable[[str], int]
                       ) -> tuple[list[AnthropicMessage], int, list[str]]:
-    """A user turn first; a final assistant turn (a prefill) without trailing whitespace.
-    Works on copies of what it changes (``out``'s messages may be cached)."""
+    """A user turn first; a final assistant turn (a prefill) without thinking (Anthropic
+    continues text, never thinking) and without trailing whitespace. Works on copies of
+    what it changes (``out``'s messages may be cached)."""
     extra = 0
     repairs: list[str] = []
     if out and out[0].role == "assistant":
@@ -303,12 +342,15 @@ def _finish_anthropic(out: list[AnthropicMessage], count: Callable[[str], int]
         repairs.append("opened with a user turn")
     if out and out[-1].role == "assistant":
         # A final assistant turn is a prefill, and Anthropic rejects trailing whitespace in it.
-        last = out[-1].content[-1]
-        if isinstance(last, AnthropicText):
-            stripped = last.text.rstrip()
-            content = list(out[-1].content[:-1])
-            if stripped:
-                content.append(AnthropicText(text=stripped, cache_control=last.cache_control))
+        content = out[-1].content
+        lead = _leading_thinking(content)
+        last = content[-1]
+        if lead or isinstance(last, AnthropicText):
+            content = content[lead:]
+            if isinstance(last, AnthropicText):
+                stripped = last.text.rstrip()
+                content = content[:-1] + ([AnthropicText(text=stripped, cache_control=last.cache_control)]
+                                          if stripped else [])
             out = out[:-1] + ([AnthropicMessage(role="assistant", content=content)] if content else [])
     return out, extra, repairs
 

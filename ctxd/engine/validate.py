@@ -1,17 +1,21 @@
 """Would the provider accept this prompt? The structural rules that make OpenAI,
 Anthropic and Ollama answer 400, checked on rendered messages.
 
-Used by compression's validation stage and by the tests that replay long sessions;
-each function returns the list of problems found (empty: valid).
+Used by the tests that render and compress sessions (and replay long ones); each
+function returns the list of problems found (empty: valid).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import msgspec
 
+from ctxd.protocol.message import Message, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ctxd.protocol.providers import (
     AnthropicMessage,
     AnthropicText,
+    AnthropicThinking,
     AnthropicToolResult,
     AnthropicToolUse,
     OllamaMessage,
@@ -46,7 +50,10 @@ def validate_openai(messages: list[OpenAIMessage]) -> list[str]:
     return problems
 
 
-def validate_anthropic(system: "str | list[AnthropicText] | None", messages: list[AnthropicMessage]) -> list[str]:
+def validate_anthropic(system: "str | list[AnthropicText] | None", messages: list[AnthropicMessage],
+                       history: Sequence[Message] | None = None) -> list[str]:
+    """``history``: the messages pushed (oldest first), to check the thinking of the turn in
+    progress against (:func:`validate_turn_thinking`)."""
     problems: list[str] = []
     if isinstance(system, list):  # (typed blocks, or the decoded JSON of a prompt result)
         blocks = [b if isinstance(b, AnthropicText) else msgspec.convert(b, AnthropicText) for b in system]
@@ -63,6 +70,7 @@ def validate_anthropic(system: "str | list[AnthropicText] | None", messages: lis
         if not m.content:
             problems.append(f"[{i}] empty content")
         has_text = any(isinstance(b, AnthropicText) and b.text.strip() for b in m.content)
+        problems += _thinking_problems(i, m)
         for block in m.content:
             if isinstance(block, AnthropicText) and not block.text:
                 problems.append(f"[{i}] empty text block")
@@ -94,7 +102,111 @@ def validate_anthropic(system: "str | list[AnthropicText] | None", messages: lis
                     problems.append(f"[{i}] final assistant text ends with whitespace")
     if previous_calls and messages[-1].role == "assistant":
         problems.append(f"[end] tool calls without results {sorted(previous_calls)}")
+    if history is not None:
+        problems += validate_turn_thinking(history, messages)
     return problems
+
+
+def _thinking_problems(i: int, m: AnthropicMessage) -> list[str]:
+    """Thinking blocks go in assistant messages only, before everything else in theirs,
+    signed (Anthropic checks the signature)."""
+    problems = []
+    other = False
+    for j, block in enumerate(m.content):
+        if not isinstance(block, AnthropicThinking):
+            other = True
+            continue
+        if m.role != "assistant":
+            problems.append(f"[{i}] thinking block in a {m.role} message")
+        elif other:
+            problems.append(f"[{i}] thinking block {j} after other content (it must open the message)")
+        if not block.signature:
+            problems.append(f"[{i}] thinking block {j} without its signature")
+    return problems
+
+
+def turn_in_progress(messages: list[AnthropicMessage]) -> list[int]:
+    """The indexes of the assistant messages of the tool-use loop the prompt ends in (the
+    last message holds tool results; each assistant message before it whose tool calls
+    the next message answers, back to the last user message that is not tool results),
+    newest first; empty when the prompt does not end in one."""
+    out: list[int] = []
+    i = len(messages) - 1
+    while i >= 1 and messages[i].role == "user" and any(isinstance(b, AnthropicToolResult)
+                                                        for b in messages[i].content):
+        if messages[i - 1].role != "assistant" or not any(isinstance(b, AnthropicToolUse)
+                                                          for b in messages[i - 1].content):
+            break
+        out.append(i - 1)
+        i -= 2
+    return out
+
+
+def validate_turn_thinking(history: Sequence[Message], messages: list[AnthropicMessage]) -> list[str]:
+    """With extended thinking on, Anthropic refuses a tool-use loop whose last assistant
+    message does not start with its thinking blocks, as the model wrote them (signature
+    included). ctxd's rule, stricter: every assistant message of the turn in progress
+    that is sent opens with the signed thinking blocks ``history`` holds for the message
+    that made its tool calls, unchanged (after those of a message merged into it), and the newest of them (the step the last results
+    answer) is sent whenever ``history`` itself ends in such a loop."""
+    problems: list[str] = []
+    turn = turn_in_progress(messages)
+    made: dict[str, list[Message]] = {}  # a call id -> the history messages that made it, oldest first
+    for message in history:
+        content = message.content
+        ids = [c.id for c in message.tool_calls or ()]
+        if message.role == "assistant" and isinstance(content, list):
+            ids += [b.id for b in content if isinstance(b, ToolUseBlock)]
+        for call_id in dict.fromkeys(ids):
+            made.setdefault(call_id, []).append(message)
+    for i in turn:  # (newest first: each takes the newest message left that made its first call)
+        calls = [b.id for b in messages[i].content if isinstance(b, AnthropicToolUse)]
+        sources = made.get(calls[0])
+        if not sources:
+            continue  # (a call ctxd made up: none of ctxd's, but not about thinking)
+        source = sources.pop()
+        want = [(b.thinking, b.signature) for b in source.content or ()  # type: ignore[union-attr]
+                if isinstance(b, ThinkingBlock) and b.signature]
+        content = messages[i].content
+        lead = 0
+        while lead < len(content) and isinstance(content[lead], AnthropicThinking):
+            lead += 1
+        have = [(b.thinking, b.signature) for b in content[:lead]]  # type: ignore[union-attr]
+        # (Merged with an assistant message before it, whose thinking then comes first.)
+        if want and not any(have[k:k + len(want)] == want for k in range(lead - len(want) + 1)):
+            problems.append(f"[{i}] the turn in progress: the assistant message of calls {calls} must start with "
+                            f"its {len(want)} thinking block(s) as pushed (it starts with {len(have)} "
+                            "thinking block(s), not those)")
+    last = _history_loop_step(history)
+    if last is not None:
+        newest = [b.id for b in messages[turn[0]].content if isinstance(b, AnthropicToolUse)] if turn else []
+        if not set(last) & set(newest):
+            problems.append(f"[end] the turn in progress: the step answered last (calls {last}) is not sent "
+                            "as the last assistant message")
+    return problems
+
+
+def _history_loop_step(history: Sequence[Message]) -> list[str] | None:
+    """The call ids of the newest assistant message of ``history`` when ``history`` ends
+    with results to its calls (a tool-use loop in progress), else None."""
+    answered: set[str] = set()
+    for message in reversed(history):
+        content = message.content
+        if message.role == "assistant":
+            calls = [c.id for c in message.tool_calls or ()]
+            if isinstance(content, list):
+                calls += [b.id for b in content if isinstance(b, ToolUseBlock)]
+            return calls if calls and answered & set(calls) else None
+        if message.role == "tool" and message.tool_call_id:
+            answered.add(message.tool_call_id)
+        elif isinstance(content, list):
+            ids = [b.tool_use_id for b in content if isinstance(b, ToolResultBlock)]
+            if not ids:
+                return None
+            answered.update(ids)
+        elif message.role != "system":
+            return None
+    return None
 
 
 def validate_ollama(messages: list[OllamaMessage]) -> list[str]:

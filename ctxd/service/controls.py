@@ -99,7 +99,7 @@ of the largest prompt: the conversation (the newest user message at least) needs
 
 def _check_pins_fit(svc: Service, state: SessionState, ctx: ActiveContext, adding: list[Entry]) -> None:
     budget = svc.cache.budget(state)
-    extra = sum(e.tokens.context for e in adding)
+    extra = sum(e.sent_tokens for e in adding)
     after = ctx.pinned_tokens + extra
     limit = math.floor(PIN_SHARE * budget.max_prompt_tokens)
     if after + ctx.system_tokens > limit:

@@ -32,7 +32,7 @@ import anyio
 import msgspec
 
 from ctxd.engine import calibration
-from ctxd.engine.context import Entry, is_demonstration, is_observation
+from ctxd.engine.context import Entry, is_demonstration, is_observation, sent_tokens
 from ctxd.engine.goals import apply_markers, parse_markers
 from ctxd.engine.watermark import find_checkpoint_call
 from ctxd.protocol.compression import CompressedNotification
@@ -295,7 +295,7 @@ def _add_stats(stats: SessionStats, message: Message, tokens: MessageTokens, con
     stats.add_message(message, tokens)
     if message.usage is not None:
         _add_usage(stats, message, tokens, context_before, history_before, window)
-    stats.drift.history_context += tokens.context
+    stats.drift.history_context += sent_tokens(message, tokens)
 
 
 def _add_usage(stats: SessionStats, message: Message, tokens: MessageTokens, context_before: int,
@@ -371,7 +371,7 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         to_insert.append((last_seq, NewMessage(message, body, tokens, key, now)))
         stored.append(StoredMessage(last_seq, now, tokens, clean))
         counted.append((message, tokens))
-        context = tokens.context
+        context = sent_tokens(message, tokens)
         if message.usage is not None:  # (what _add_stats does, the role and kind totals after the loop)
             sent = context_before + added_context
             if state.last_prompt_tokens is not None:

@@ -21,7 +21,7 @@ from ctxd.config import Config
 from ctxd.engine import calibration
 from ctxd.engine.budget import BudgetPolicy, budget_for
 from ctxd.engine.checkpoints import render_section
-from ctxd.engine.context import ActiveContext, CompressionState, Entry
+from ctxd.engine.context import ActiveContext, CompressionState, Entry, sent_tokens
 from ctxd.engine.goals import render_goal
 from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.engine.policy import CompressionPolicy
@@ -389,7 +389,7 @@ class SessionCache:
             state.sync_figures()
             self._track(state)
         else:  # nothing to keep in step but the figures (a context loads when first needed)
-            state.stored.figures.used += sum(m.tokens.context for m in stored)
+            state.stored.figures.used += sum(sent_tokens(m.message, m.tokens) for m in stored)
             state.row.context_tokens = state.stored.figures.prompt
 
     def _track(self, state: SessionState) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import anyio
 import msgspec
 
+from ctxd.engine.context import sent_tokens
 from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
 from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.errors import CtxdError, ErrorCode
@@ -177,7 +178,7 @@ def _prepare(doc: SessionDocument, counter: TokenCounter, limit: int, now: str,
         tokens = counter.count_message(message)
         before = PROMPT_PRIMING + system_tokens + used  # (an import is sent whole: prompt == history)
         _add_stats(stats, message, tokens, before, before, doc.context_window or 0)
-        used += tokens.context
+        used += sent_tokens(message, tokens)
         rows.append((index + 1, NewMessage(message, body, tokens, None, item.created_at or now)))
     return rows, stats, used, system_tokens
 

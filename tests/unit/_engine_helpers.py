@@ -57,6 +57,16 @@ def thinking(text: str, thought: str = "hmm") -> Message:
     return Message(role="assistant", content=[ThinkingBlock(thinking=thought), TextBlock(text=text)])
 
 
+def signed(message: Message, thought: str = "", signature: str | None = None) -> Message:
+    """``message`` (an assistant message) opened by an Anthropic thinking block with its
+    signature, as a client pushes what the model wrote."""
+    content = message.content
+    blocks: list[Any] = [TextBlock(text=content)] if isinstance(content, str) else list(content or [])
+    sig = signature if signature is not None else f"sig-{abs(hash((thought, repr(blocks)))) % 10**8}"
+    return Message(role="assistant", content=[ThinkingBlock(thinking=thought, signature=sig), *blocks],
+                   tool_calls=message.tool_calls)
+
+
 def a_call(*calls: tuple[str, str] | tuple[str, str, dict[str, Any]], text: str | None = None) -> Message:
     """Anthropic style: an assistant message with ``tool_use`` blocks ((id, name[, input]), ...)."""
     blocks: list[Any] = [TextBlock(text=text)] if text else []

@@ -44,6 +44,7 @@ from ._engine_helpers import (
     o_result,
     refresh,
     seqs,
+    signed,
     simple_budget,
     system,
     thinking,
@@ -160,6 +161,28 @@ def test_thinking_is_not_counted_in_the_prompt():
     ctx = make_ctx([user("q"), thinking("answer", thought=words(500))])
     e = ctx.recent[1]
     assert e.tokens.thinking == 500 and e.view_tokens == e.tokens.context == e.tokens.total - 500
+
+
+def test_signed_thinking_is_counted_wherever_it_is_sent():
+    """An assistant message's signed thinking goes back in the Anthropic shape, so the
+    prompt counts it: sent whole, appended, pinned, or as an excerpt (which keeps it)."""
+    tool = signed(a_call(("t1", "write", {"text": words(600)})), thought=words(40, "tree"))
+    ctx = make_ctx([user("q"), tool, a_result(("t1", "ok"))])
+    e = ctx.recent[1]
+    assert e.tokens.thinking == 40 and e.sent_thinking == 40 and e.view_tokens == e.tokens.context + 40
+    assert ctx.used == sum(x.tokens.context for x in ctx.recent) + 40
+    pinned = make_ctx([user("q"), tool, a_result(("t1", "ok"))], pinned=[2, 3])
+    assert pinned.pinned_tokens == sum(x.tokens.context for x in pinned.recent[1:]) + 40
+    appended = make_ctx([user("q")])
+    appended.append(entries([tool], start=2))
+    assert appended.recent[1].view_tokens == e.view_tokens
+    apply_clips(ctx, [2], 200, "now")
+    refresh(ctx)
+    view = ctx.recent[1].view
+    assert view is not None and view.content[0] == tool.content[0]  # type: ignore[index]
+    assert 200 - 40 < ctx.recent[1].view_tokens <= 200 + 8  # the limit holds for the whole message
+    r = render_anthropic(ctx.prompt_plan(), count)
+    assert validate_anthropic(r.system, r.messages, history=[user("q"), tool, a_result(("t1", "ok"))]) == []
 
 
 def test_append_counts_new_messages():

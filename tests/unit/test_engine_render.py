@@ -22,6 +22,7 @@ from ctxd.protocol.message import FunctionCall, Message, TextBlock, ThinkingBloc
 from ctxd.protocol.providers import (
     AnthropicMessage,
     AnthropicText,
+    AnthropicThinking,
     AnthropicToolResult,
     AnthropicToolUse,
     OllamaFunction,
@@ -31,7 +32,7 @@ from ctxd.protocol.providers import (
 )
 from ctxd.tokens import MESSAGE_OVERHEAD, TOOL_BLOCK_OVERHEAD
 
-from ._engine_helpers import a_call, a_result, assistant, count, o_call, o_result, system, thinking, user
+from ._engine_helpers import a_call, a_result, assistant, count, o_call, o_result, signed, system, thinking, user
 
 SYSTEM = "You are a careful assistant."
 
@@ -47,7 +48,7 @@ def problems(messages, system_parts=(SYSTEM,)):
     r = render_openai(plan, count)
     out["openai"] = validate_openai(r.messages)
     r = render_anthropic(plan, count)
-    out["anthropic"] = validate_anthropic(r.system, r.messages)
+    out["anthropic"] = validate_anthropic(r.system, r.messages, history=messages)
     r = render_ollama(plan, count)
     out["ollama"] = validate_ollama(r.messages)
     return {k: v for k, v in out.items() if v}
@@ -362,7 +363,9 @@ def test_whitespace_only_text_is_not_sent_to_anthropic():
     assert problems(messages) == {}
 
 
-def test_thinking_is_never_rendered():
+def test_unsigned_thinking_is_never_rendered():
+    """Reasoning without Anthropic's signature (other providers', imported) is history only:
+    Anthropic would refuse it, the other shapes have no place for it."""
     messages = [user("Hi"), thinking("Hello", thought="the user greets me"),
                 Message(role="assistant", content=[ThinkingBlock(thinking="only thoughts")]), user("Bye")]
     for fmt in ("openai", "anthropic", "ollama"):
@@ -370,6 +373,60 @@ def test_thinking_is_never_rendered():
         assert "the user greets me" not in repr(r.messages) and "only thoughts" not in repr(r.messages)
     assert roles(render(messages, "openai")) == ["system", "user", "assistant", "user"]
     assert problems(messages) == {}
+
+
+def test_signed_thinking_goes_back_to_anthropic_first_in_its_message():
+    """With extended thinking on, Anthropic refuses a tool-use loop whose last assistant
+    message does not start with its thinking block as the model wrote it: the Anthropic
+    shape sends an assistant message's signed thinking, first; the others never do."""
+    step = signed(a_call(("t1", "bash", {"cmd": "ls"}), text="Listing."), "I should list", "SIG1")
+    answer = signed(assistant("Two files."), "", "SIG2")
+    only = Message(role="assistant", content=[ThinkingBlock(thinking="alone", signature="SIG3")])
+    messages = [user("What is here?"), step, a_result(("t1", "a b")), answer, only, user("Thanks.")]
+    r = render(messages, "anthropic")
+    assert r.messages[1].content == [AnthropicThinking("I should list", "SIG1"), AnthropicText("Listing."),
+                                     AnthropicToolUse("t1", "bash", {"cmd": "ls"})]
+    assert r.messages[3].content[0] == AnthropicThinking("", "SIG2")
+    assert "alone" not in repr(r.messages)  # (thinking with nothing it led to is not sent)
+    assert validate_anthropic(r.system, r.messages, history=messages) == []
+    for fmt in ("openai", "ollama"):
+        assert "SIG1" not in repr(render(messages, fmt).messages)
+    assert problems(messages) == {}
+
+
+def test_thinking_stays_first_when_assistant_messages_merge():
+    """Two assistant messages in a row go out as one Anthropic message (its text, a
+    watermark that left only the text of the one before): the thinking of both first."""
+    messages = [user("Go."), signed(assistant("First I look."), "a", "SIGA"),
+                signed(a_call(("t1", "read")), "b", "SIGB"), a_result(("t1", "text"))]
+    r = render(messages, "anthropic")
+    assert [type(b) for b in r.messages[1].content] == [AnthropicThinking, AnthropicThinking, AnthropicText,
+                                                        AnthropicToolUse]
+    assert validate_anthropic(r.system, r.messages) == []
+
+
+def test_the_turn_in_progress_is_validated_against_history():
+    """``validate_anthropic(..., history=)`` fails a prompt whose turn in progress lost,
+    moved or altered a thinking block, or whose step answered last is not sent."""
+    step1 = signed(a_call(("t1", "bash")), "one", "S1")
+    step2 = signed(a_call(("t2", "bash"), text="Again."), "two", "S2")
+    history = [user("Task."), step1, a_result(("t1", "x")), step2, a_result(("t2", "y"))]
+    good = render(history, "anthropic").messages
+    assert validate_anthropic(None, good, history=history) == []
+    text, call = AnthropicText("Again."), AnthropicToolUse("t2", "bash", {"path": "/src/t2.py"})
+    result = good[-1]
+    for bad in ([AnthropicMessage("assistant", [text, call])],  # dropped
+                [AnthropicMessage("assistant", [text, AnthropicThinking("two", "S2"), call])],  # not first
+                [AnthropicMessage("assistant", [AnthropicThinking("two!", "S2"), text, call])],  # altered
+                [AnthropicMessage("assistant", [AnthropicThinking("two", ""), text, call])]):  # unsigned
+        assert validate_anthropic(None, good[:-2] + bad + [result], history=history), bad
+    # An earlier step of the loop too.
+    assert validate_anthropic(None, [good[0], AnthropicMessage("assistant", good[1].content[1:]), *good[2:]],
+                              history=history)
+    # The step answered last must be sent (an earlier one in its place is not the loop in progress).
+    assert validate_anthropic(None, good[:3], history=history)
+    # Thinking in a user message is refused whatever the history.
+    assert validate_anthropic(None, [AnthropicMessage("user", [AnthropicThinking("x", "S"), AnthropicText("hi")])])
 
 
 def test_empty_assistant_message_is_skipped():
@@ -460,7 +517,7 @@ def random_conversation(rng: random.Random) -> list[Message]:
         elif kind < 0.4:
             out.append(system(text()))
         elif kind < 0.43:
-            out.append(thinking(text()))
+            out.append(thinking(text()) if rng.random() < 0.5 else signed(assistant(text()), text()))
         elif kind < 0.65:
             calls = []
             reuse = n_ids if n_ids and rng.random() < 0.1 else None  # ids repeat across messages
@@ -476,6 +533,8 @@ def random_conversation(rng: random.Random) -> list[Message]:
                                   text=maybe_text))
             else:
                 out.append(a_call(*calls, text=maybe_text))
+            if rng.random() < 0.3:
+                out[-1] = signed(out[-1], text())
             pending += [(i, style) for i, _, _ in calls]
         else:
             if not pending or rng.random() < 0.1:
@@ -530,3 +589,15 @@ def test_opening_system_messages_come_before_ctxds_section():
     # Without a client system prompt or checkpoints, the agent's system message alone.
     r = render_openai(PromptPlan(system_parts=[], messages=[system("AGENT"), user("hi")]), count)
     assert [(m.role, m.content) for m in r.messages] == [("system", "AGENT"), ("user", "hi")]
+
+
+def test_a_final_assistant_turn_goes_without_its_thinking():
+    """A prompt that ends with the assistant's turn (a prefill, as a client that asks after
+    the reply gets it): Anthropic continues its text, never its thinking."""
+    messages = [user("Hi"), signed(assistant("Hello  "), "greeting", "SIG")]
+    r = render(messages, "anthropic")
+    assert r.messages[-1].content == [AnthropicText("Hello")]
+    only = [user("Hi"), Message(role="assistant", content=[ThinkingBlock(thinking="x", signature="S"),
+                                                           TextBlock(text="  ")])]
+    assert roles(render(only, "anthropic")) == ["user"]
+    assert problems(messages) == {} and problems(only) == {}

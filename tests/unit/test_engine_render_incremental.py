@@ -12,6 +12,7 @@ from ctxd.protocol.message import (
     FunctionCall,
     Message,
     TextBlock,
+    ThinkingBlock,
     ToolCall,
     ToolResultBlock,
     ToolUseBlock,
@@ -23,7 +24,8 @@ count = TokenCounter.for_encoding("cl100k_base").count
 
 def conversation(seed: int, n: int) -> list[Message]:
     """Both tool-call styles, late results, results never pushed, orphans, mid-conversation
-    system messages, whitespace-only text."""
+    system messages, whitespace-only text, signed thinking (assistant messages in a row
+    merge in the Anthropic shape, thinking first)."""
     rng = random.Random(seed)
     out: list[Message] = [Message(role="system", content="You are an agent.")]
     open_calls: list[str] = []
@@ -38,7 +40,9 @@ def conversation(seed: int, n: int) -> list[Message]:
                                    tool_calls=[ToolCall(id=call, function=FunctionCall(name="bash",
                                                                                         arguments='{"cmd": "ls"}'))]))
             else:
-                out.append(Message(role="assistant", content=[TextBlock(text=f"using {i} "),
+                # (Now and then opened by signed thinking, which the Anthropic shape sends.)
+                thought = [ThinkingBlock(thinking=f"why {i}", signature=f"s{i}")] if i % 2 else []
+                out.append(Message(role="assistant", content=[*thought, TextBlock(text=f"using {i} "),
                                                               ToolUseBlock(id=call, name="read", input={"p": i})]))
             open_calls.append(call)
         elif kind < 0.7 and open_calls:
@@ -51,8 +55,11 @@ def conversation(seed: int, n: int) -> list[Message]:
             out.append(Message(role="tool", tool_call_id=f"ghost{i}", content="orphan"))
         elif kind < 0.82:
             out.append(Message(role="system", content=f"note {i}"))
-        else:
+        elif kind < 0.9:
             out.append(Message(role="assistant", content=rng.choice([f"answer {i}", f"answer {i}  \n"])))
+        else:
+            out.append(Message(role="assistant", content=[ThinkingBlock(thinking="", signature=f"t{i}"),
+                                                          TextBlock(text=f"said {i}")]))
     return out
 
 
