@@ -195,7 +195,33 @@ def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]
     r, c = _walk(api, rendered, client, memo)
     if memo is not None:
         memo.current = Alignment(rendered, client, (r, c))
-    return rendered[:r] + client[c:]
+    out = rendered[:r] + client[c:]
+    if api == "anthropic" and r:
+        _client_step(out, r, client, c)
+    return out
+
+
+def _is_results(message: Any) -> bool:
+    content = message.get("content") if isinstance(message, dict) else None
+    return message.get("role") == "user" and isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+
+
+def _client_step(out: list[Any], r: int, client: list[Any], c: int) -> None:
+    """Anthropic: the assistant message whose tool calls the client's last message
+    answers (the step of the turn in progress Anthropic checks: with extended thinking it
+    must open with its thinking blocks as the model wrote them) goes out as the client
+    sent it, also when ctxd changed what follows it (an excerpt of an output too big for
+    the prompt stops the walk there): ctxd's own rendering has its signed thinking, not
+    ``redacted_thinking`` nor other blocks ctxd does not model. ``out[:r]`` is ctxd's
+    rendering, aligned with ``client[:c]`` from the end."""
+    j = len(client) - 2
+    if j < 0 or j >= c or not _is_results(client[-1]) or client[j].get("role") != "assistant":
+        return
+    i = r - (c - j)  # (ctxd's messages after the stop are the client's, one for one)
+    if 0 <= i < r and out[i].get("role") == "assistant" and (
+            out[i] == client[j] or projection("anthropic", out[i]) == projection("anthropic", client[j])):
+        out[i] = client[j]
 
 
 def _client_breakpoints(client: list[Any], memo: AlignMemo) -> list[int]:

@@ -97,3 +97,25 @@ def test_the_previous_alignment_reused_gives_the_same_body() -> None:
                 if api != "anthropic":  # (there, a breakpoint added or dropped is a new message)
                     assert all(a is b for a, b in zip(got["messages"], want["messages"]))
                 previous = conv
+
+
+def test_the_step_answered_last_is_the_clients_own_past_an_excerpt() -> None:
+    """Anthropic: ctxd sends the newest output as an excerpt (the walk stops there); the
+    assistant message it answers is still the client's own (its ``redacted_thinking``,
+    which ctxd does not keep, included), and only when it is the same message."""
+    thinking = {"type": "thinking", "thinking": "", "signature": "SIG"}
+    call = {"type": "tool_use", "id": "t2", "name": "bash", "input": {"cmd": "ls"}}
+    client = [{"role": "user", "content": "Do it."},
+              {"role": "assistant", "content": [thinking, {"type": "redacted_thinking", "data": "R"}, call]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "x " * 500}]}]
+    ours = [{"role": "user", "content": [{"type": "text", "text": "Do it."}]},
+            {"role": "assistant", "content": [thinking, call]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "x x [...] x"}]}]
+    out = apis._align("anthropic", ours, client)
+    assert out[1] is client[1] and out[2] is ours[2]
+    # Another message in its place (ctxd changed the call: an excerpt of its input) stays ctxd's.
+    other = dict(ours[1], content=[thinking, dict(call, input={"ctxd_excerpt": "l"})])
+    assert apis._align("anthropic", [ours[0], other, ours[2]], client)[1] is other
+    # Not a loop in progress (the client's last message is the user's words): nothing to do.
+    words = client[:2] + [{"role": "user", "content": "Thanks."}]
+    assert apis._align("anthropic", ours[:2] + [{"role": "user", "content": "Thanks!"}], words)[1] is ours[1]

@@ -6,6 +6,7 @@ import json
 
 import anthropic
 
+from tests.agents import wire
 from tests.proxy.conftest import both_modes, history, sessions
 from tests.proxy.upstream import MODEL
 
@@ -113,3 +114,52 @@ async def test_the_query_string_reaches_the_upstream(proxy, upstream) -> None:
     await client.messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "Hi."}])
     await client.models.list(extra_query={"limit": "5"})
     assert [r.query for r in upstream.received] == ["beta=true", "", "limit=5"]
+
+
+async def test_a_thinking_tool_loop_longer_than_the_window_is_accepted(proxy, upstream, ctxd_daemon) -> None:
+    """Extended thinking, a tool-use loop far over the window: every request passes the
+    checks of the real API (the fake upstream refuses as it does: the last assistant
+    message of the loop must open with its thinking, signatures intact), and that message
+    reaches the upstream as the client sent it, its ``redacted_thinking`` block included,
+    also when ctxd sends the output after it as an excerpt."""
+    client = sdk(proxy, **{"X-Ctxd-Context-Window": "4096"})
+    messages: list[dict] = [{"role": "user", "content": "Please use the tool for one city after another."}]
+    sizes = [500, 700, 300, 6000, 400, 800, 200]  # words of each output; the fourth is over any prompt
+    sent_by_client = []
+    for n in range(len(sizes) + 1):
+        sent_by_client.append(json.loads(json.dumps(messages)))
+        kwargs = dict(model=MODEL, max_tokens=1024, thinking={"type": "enabled", "budget_tokens": 512},
+                      system=SYSTEM, tools=TOOLS, messages=messages)
+        if n % 2:
+            async with client.messages.stream(**kwargs) as stream:
+                reply = await stream.get_final_message()
+        else:
+            reply = await client.messages.create(**kwargs)
+        assert [b.type for b in reply.content][:2] == ["thinking", "redacted_thinking"]
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+        if reply.stop_reason != "tool_use":
+            break
+        call = reply.content[-1]
+        output = " ".join(f"{call.id}-weather-{k}" for k in range(sizes[n]))
+        output += " (that is enough)" if n == len(sizes) - 1 else ""
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                      "content": output}]})
+    assert upstream.refused == []
+    assert len(messages) == 2 + 2 * len(sizes) and messages[-1]["content"][-1]["text"].startswith("Answer to:")
+    sent = upstream.chats("/v1/messages")
+    assert len(sent) == len(sent_by_client)
+    compressed = excerpted = 0
+    for request, ours in zip(sent, sent_by_client):
+        upstream_messages = request.json["messages"]
+        compressed += upstream_messages != ours
+        if len(ours) > 1:
+            # The step the last results answer: the client's own message, byte for byte.
+            assert _strip_cache(upstream_messages[-2]) == _strip_cache(ours[-2])
+        # Every step of the loop that is sent (ctxd's rendering of the older ones too)
+        # opens with its thinking, as the model wrote it.
+        for message in upstream_messages:
+            if message["role"] == "assistant":
+                first = message["content"][0]
+                assert first["type"] == "thinking" and wire.verify(first["thinking"], first["signature"])
+            excerpted += _strip_cache(upstream_messages[-1]) != _strip_cache(ours[-1])
+    assert compressed and excerpted  # (ctxd did compress the loop, the big output included)

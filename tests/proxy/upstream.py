@@ -4,7 +4,14 @@ Ollama /api/chat, whole and streamed, with tool calls, and records what it recei
 
 The "model" is deterministic: it answers ``Answer to: <the last user text>``; when the
 last message is the user's and its text contains ``use the tool``, it calls the tool
-``get_weather`` with ``{"city": "Paris"}`` instead.
+``get_weather`` with ``{"city": "Paris"}`` instead (with extended thinking on, again
+after each result until one says ``that is enough``).
+
+Anthropic requests with extended thinking on (``thinking``) are checked as the real API
+checks them (tests/agents/wire.py: the last assistant message of a tool-use loop opens
+with its thinking, signatures verify, tool calls paired, 4 breakpoints at most) and
+refused with its 400 when they fail; the reply then opens with a thinking block and a
+``redacted_thinking`` block, signed by wire.py (``refused`` lists the refusals).
 
 Modes (``server.mode = ...``) apply to the chat endpoints (``hang`` also to
 ``/v1/models`` and ``count_tokens``): ``ok``, ``500``, ``429``
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -32,6 +40,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.agents import wire
+
 MODEL = "fake-model"
 
 
@@ -42,6 +52,21 @@ class Received:
     body: bytes
     json: Any
     query: str = ""
+
+
+def _calls_to_go(body: dict[str, Any]) -> bool:
+    """In a tool-use loop (the last message holds tool results): call the tool again, unless
+    the last result says ``that is enough``."""
+    messages = body.get("messages") or []
+    content = messages[-1].get("content") if messages else None
+    results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"] \
+        if isinstance(content, list) else []
+    return bool(results) and "that is enough" not in json.dumps(results[-1].get("content"))
+
+
+def _thinking_on(api: str, body: Any) -> bool:
+    return api == "anthropic" and isinstance(body, dict) and \
+        (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
 
 
 def _last_user_text(api: str, body: dict[str, Any]) -> tuple[str, bool]:
@@ -69,6 +94,7 @@ class FakeUpstream:
         self.disconnects = 0
         self.hung_up = 0  # hanging requests whose client (the proxy) closed the connection
         self.completed_streams = 0
+        self.refused: list[str] = []  # what the checks of a thinking request refused
         self.delay = 0.2
         self._lock = threading.Lock()
         self._stopping = False
@@ -180,13 +206,21 @@ class FakeUpstream:
             return self._error(api, 400, "bad request", "invalid_request_error")
         if api == "anthropic" and not isinstance(body.get("max_tokens"), int):
             return self._error(api, 400, "max_tokens: Field required", "invalid_request_error")
+        thinking = _thinking_on(api, body)
+        if thinking:
+            problem = wire.problem("anthropic", body, wire.view("anthropic", body))
+            if problem is not None:
+                self.refused.append(problem)
+                return self._error(api, 400, problem, "invalid_request_error")
         text, from_user = _last_user_text(api, body)
-        tool = from_user and "use the tool" in text
+        tool = (from_user and "use the tool" in text) or (thinking and _calls_to_go(body))
         answer = "Answer to: " + " ".join(text.split())[:60]
         input_tokens = len(json.dumps(body.get("messages"))) // 4
         stream = body.get("stream") is not False if api == "ollama" else body.get("stream") is True
         if not stream:
             payload = self._whole(api, answer, tool, input_tokens)
+            if thinking:
+                payload["content"] = _thoughts(len(body["messages"])) + payload["content"]
             if mode == "cut":
                 data = json.dumps(payload).encode()
                 return _CutResponse(data[: len(data) // 2], len(data))
@@ -290,17 +324,30 @@ class FakeUpstream:
                 "usage": {"input_tokens": input_tokens, "output_tokens": 1, "cache_creation_input_tokens": 5,
                           "cache_read_input_tokens": 3}}})
             yield event("ping", {})
-            yield event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            first = 0
+            if _thinking_on(api, body):
+                thought, redacted = _thoughts(len(body["messages"]))
+                yield event("content_block_start", {"index": 0, "content_block": {"type": "thinking", "thinking": ""}})
+                for k in range(0, len(thought["thinking"]), 16):
+                    yield event("content_block_delta", {"index": 0, "delta": {
+                        "type": "thinking_delta", "thinking": thought["thinking"][k:k + 16]}})
+                yield event("content_block_delta", {"index": 0, "delta": {"type": "signature_delta",
+                                                                          "signature": thought["signature"]}})
+                yield event("content_block_stop", {"index": 0})
+                yield event("content_block_start", {"index": 1, "content_block": redacted})
+                yield event("content_block_stop", {"index": 1})
+                first = 2
+            yield event("content_block_start", {"index": first, "content_block": {"type": "text", "text": ""}})
             for piece in (["Let me check."] if tool else pieces):
-                yield event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
-            yield event("content_block_stop", {"index": 0})
+                yield event("content_block_delta", {"index": first, "delta": {"type": "text_delta", "text": piece}})
+            yield event("content_block_stop", {"index": first})
             if tool:
-                yield event("content_block_start", {"index": 1, "content_block": {
+                yield event("content_block_start", {"index": first + 1, "content_block": {
                     "type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:8]}", "name": "get_weather", "input": {}}})
                 for part in ('{"city"', ': "Par', 'is"}'):
-                    yield event("content_block_delta", {"index": 1, "delta": {"type": "input_json_delta",
-                                                                              "partial_json": part}})
-                yield event("content_block_stop", {"index": 1})
+                    yield event("content_block_delta", {"index": first + 1, "delta": {
+                        "type": "input_json_delta", "partial_json": part}})
+                yield event("content_block_stop", {"index": first + 1})
             yield event("message_delta", {"delta": {"stop_reason": "tool_use" if tool else "end_turn",
                                                     "stop_sequence": None}, "usage": {"output_tokens": out_tokens}})
             yield event("message_stop", {})
@@ -315,6 +362,14 @@ class FakeUpstream:
                     yield line({"message": {"role": "assistant", "content": piece}, "done": False})
             yield line({"message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "stop",
                         "prompt_eval_count": input_tokens, "eval_count": out_tokens})
+
+
+def _thoughts(n: int) -> list[dict[str, Any]]:
+    """What the model thought before its answer to a request of ``n`` messages: a thinking
+    block and a redacted one, signed so that only this process verifies them (wire.seal)."""
+    text = f"The conversation has {n} messages; the next step follows."
+    return [{"type": "thinking", "thinking": text, "signature": wire.seal(text)},
+            {"type": "redacted_thinking", "data": wire.seal(f"redacted {n}")}]
 
 
 def _responses_as_messages(body: dict[str, Any]) -> dict[str, Any] | None:
