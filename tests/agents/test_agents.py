@@ -33,16 +33,13 @@ prompt with its files ~7K)."""
 ISSUE_21 = "issue 21: "
 NOT_YET: dict[str, dict[str, str]] = {
     "claude": {
-        "same_diff": ISSUE_21 + "a compressed prompt drops the thinking block that opens the assistant turn in "
-                     "progress; Anthropic refuses it (400) and Claude Code gives up",
-        "accepted": ISSUE_21 + "a compressed prompt drops the thinking block that opens the assistant turn in "
-                    "progress; Anthropic refuses it (400, 'must start with a thinking block')",
         "one_session": ISSUE_21 + "the client's history differs from the session's (its copy of a compressed "
                        "turn): the conversation forks",
         "stored_once": ISSUE_21 + "each fork stores the whole conversation again",
         "within_window": ISSUE_21 + "after a fork the new session has not learned the ~19K tokens of system "
                          "prompt and tools the provider counts: a request goes out over the window",
-        "compressed": ISSUE_21 + "the proxied run does not finish the task (the refused requests above)",
+        "newest_intact": ISSUE_21 + "the newest tool result (a 9K-token file read) is cut to fit: beside Claude "
+                         "Code's ~19K tokens of system prompt and tools the window leaves ~3.5K",
     },
     "codex": {
         "newest_intact": ISSUE_21 + "Responses items lose their 'id' where ctxd renders them (items kept as sent)",
