@@ -299,7 +299,10 @@ def _emit_anthropic(turns: list[_Turn], system_parts: list[str]) -> list[Anthrop
         if not blocks:
             return
         if out and out[-1].role == role:
-            out[-1].content[:] = _merged(out[-1].content, blocks)
+            if isinstance(blocks[0], AnthropicThinking):
+                out[-1].content[:] = _merged(out[-1].content, blocks)
+            else:
+                out[-1].content.extend(blocks)
         else:
             out.append(AnthropicMessage(role=role, content=blocks))
 
