@@ -1,6 +1,7 @@
-"""What differs between the three APIs: where the system prompt is, how the upstream body
-is built from ctxd's prompt, how a reply (whole or streamed) is read back, usage, and
-how an error looks."""
+"""What differs between the APIs in the proxy: where the system prompt is, how the
+client's messages are aligned with ctxd's prompt, how a reply (whole or streamed) is read
+back, and how an error looks. The shapes themselves (reading a message, usage, the
+Anthropic system part and cache breakpoints, Responses items) are ``ctxd.formats``'s."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxd.proxy.convert import Api, canonical_json, chain_part, projection, responses_item_as_chat
+from ctxd.formats import anthropic, chain_part, ollama, openai, projection, responses, usage
+from ctxd.formats.common import Api, canonical_json, parts_text
 
-EPHEMERAL = {"type": "ephemeral"}
-MAX_BREAKPOINTS = 4
 ALIGN_RUN = 32
 
 
@@ -53,48 +53,23 @@ def split(api: Api, body: dict[str, Any]) -> Split:
     messages = list(given) if set(map(type, given)) <= {dict} else [m for m in given if isinstance(m, dict)]
     if api == "anthropic":
         system = body.get("system")
-        if isinstance(system, str):
-            text = system
-        elif isinstance(system, list):
-            text = "\n\n".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("text"))
-        else:
-            text = ""
-        return Split(text, system, messages)
+        return Split(anthropic.system_text(system), system, messages)
     leading: list[dict[str, Any]] = []
     for message in messages:
         if message.get("role") in ("system", "developer"):
             leading.append(message)
         else:
             break
-    texts = []
-    for message in leading:
-        content = message.get("content")
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts.append("\n".join(p.get("text", "") for p in content if isinstance(p, dict)))
     role = leading[0].get("role", "system") if leading else "system"
-    return Split("\n\n".join(t for t in texts if t), leading, messages[len(leading):], role)
+    return Split(openai.system_text(leading), leading, messages[len(leading):], role)
 
 
 def _split_responses(body: dict[str, Any]) -> Split:
     """A Responses API request: its system part is ``instructions`` followed by the input's
     leading ``system``/``developer`` items (``system_raw`` holds those items)."""
     items = [m for m in messages_of("responses", body) or [] if isinstance(m, dict)]
-    leading: list[dict[str, Any]] = []
-    for item in items:
-        if item.get("type") in (None, "message") and item.get("role") in ("system", "developer"):
-            leading.append(item)
-        else:
-            break
-    texts = [body["instructions"]] if isinstance(body.get("instructions"), str) else []
-    for item in leading:
-        content = responses_item_as_chat(item).get("content")
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts.append("\n".join(p.get("text", "") for p in content if isinstance(p, dict)))
-    return Split("\n\n".join(t for t in texts if t), leading, items[len(leading):])
+    leading = responses.leading_system(items)
+    return Split(responses.system_text(body.get("instructions"), leading), leading, items[len(leading):])
 
 
 MAX_REPLY_LIMIT = 2**31 - 1  # what ``settings.outputTokens`` accepts
@@ -231,7 +206,7 @@ def _client_breakpoints(client: list[Any], memo: AlignMemo) -> list[int]:
     keep = min(memo.same, len(previous) - 1) if previous else 0
     sums = previous[:keep + 1] if previous else [0]
     for message in client[keep:]:
-        sums.append(sums[-1] + _count_breakpoints(message))
+        sums.append(sums[-1] + anthropic.count_breakpoints(message))
     return sums
 
 
@@ -271,26 +246,14 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
         if memo is not None and memo.current is not None:
             memo.current.breakpoints = sums = _client_breakpoints(parts.conversation, memo)
             r, c = memo.current.stop
-            in_messages = _count_breakpoints(messages[:r]) + sums[-1] - sums[c]
-        new_system: Any
-        added = False
-        if system_text == parts.system_text:
-            new_system = parts.system_raw
-        elif parts.system_text and system_text.startswith(parts.system_text + "\n\n"):
-            raw = parts.system_raw
-            blocks = [dict(b) for b in raw] if isinstance(raw, list) else [{"type": "text", "text": raw}]
-            blocks.append({"type": "text", "text": system_text[len(parts.system_text) + 2:],
-                           "cache_control": dict(EPHEMERAL)})
-            new_system, added = blocks, True
-        elif system_text:
-            new_system, added = [{"type": "text", "text": system_text, "cache_control": dict(EPHEMERAL)}], True
-        else:
-            new_system = None
+            in_messages = anthropic.count_breakpoints(messages[:r]) + sums[-1] - sums[c]
+        new_system, added = anthropic.merge_system(system_text, parts.system_text, parts.system_raw)
         if new_system is None:
             out.pop("system", None)
         else:
             out["system"] = new_system
-        out["messages"] = _anthropic_breakpoints(out, messages, ctxd_system_breakpoint=added, in_messages=in_messages)
+        out["messages"] = anthropic.place_breakpoints(out, messages, ctxd_system_breakpoint=added,
+                                                      in_messages=in_messages)
         return out
     if api == "responses":
         return _responses_body(out, parts, prompt)
@@ -308,31 +271,6 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
     return out
 
 
-def chat_to_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """One message of ctxd's OpenAI-format prompt as Responses API input items."""
-    role = message.get("role")
-    if role == "tool":
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return [{"type": "function_call_output", "call_id": message.get("tool_call_id"),
-                 "output": content if isinstance(content, str) else ""}]
-    items: list[dict[str, Any]] = []
-    content = message.get("content")
-    if isinstance(content, list):
-        kind = "output_text" if role == "assistant" else "input_text"
-        content = [dict(p, type=kind) if isinstance(p, dict) and p.get("type") == "text" else p for p in content]
-    if content:
-        items.append({"role": role, "content": content})
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        items.append({"type": "function_call", "call_id": call.get("id"), "name": function.get("name"),
-                      "arguments": function.get("arguments") or "{}"})
-    if not items:
-        items.append({"role": role, "content": ""})
-    return items
-
-
 def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any]) -> dict[str, Any]:
     """ctxd's prompt as a Responses API request: its system text as ``instructions`` (the
     client's own ``instructions`` and leading system items when ctxd's system text is the
@@ -340,10 +278,8 @@ def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any]) -
     rendered = list(prompt["messages"])
     system_text = ""
     if rendered and rendered[0].get("role") == "system":
-        content = rendered.pop(0).get("content")
-        system_text = content if isinstance(content, str) else \
-            "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
-    items = [item for message in rendered for item in chat_to_items(message)]
+        system_text = parts_text(rendered.pop(0).get("content"))
+    items = [item for message in rendered for item in responses.items_of(message)]
     conversation = _align("responses", items, parts.conversation)
     if system_text == parts.system_text:
         leading = list(parts.system_raw)
@@ -355,58 +291,6 @@ def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any]) -
             out.pop("instructions", None)
     out["input"] = leading + conversation
     return out
-
-
-def _count_breakpoints(value: Any) -> int:
-    if isinstance(value, dict):
-        return int("cache_control" in value and value["cache_control"] is not None) + \
-            sum(_count_breakpoints(v) for k, v in value.items() if k != "cache_control")
-    if isinstance(value, list):
-        return sum(_count_breakpoints(v) for v in value)
-    return 0
-
-
-def _anthropic_breakpoints(body: dict[str, Any], messages: list[Any], *, ctxd_system_breakpoint: bool,
-                           in_messages: int | None = None) -> list[Any]:
-    """Prompt-cache breakpoints (docs/proxy.md): the client's stay where they are; ctxd adds
-    one on the last block of the last message when no message carries one, and its system
-    addition carries one; over Anthropic's limit of 4, ctxd's own go first, then the
-    client's on the oldest messages. ``in_messages``: how many ``messages`` carry, when
-    known (counted from the previous request's counts, :func:`_client_breakpoints`)."""
-    if in_messages is None:
-        in_messages = _count_breakpoints(messages)
-    used = _count_breakpoints(body.get("tools")) + _count_breakpoints(body.get("system")) + in_messages
-    if messages and in_messages == 0 and used < MAX_BREAKPOINTS:
-        last = messages[-1]
-        content = last.get("content")
-        if isinstance(content, str) and content:
-            content = [{"type": "text", "text": content}]
-        if isinstance(content, list):
-            content = list(content)
-            for index in range(len(content) - 1, -1, -1):
-                block = content[index]
-                if isinstance(block, dict) and block.get("type") not in ("thinking", "redacted_thinking"):
-                    content[index] = dict(block, cache_control=dict(EPHEMERAL))
-                    messages = messages[:-1] + [dict(last, content=content)]
-                    used += 1
-                    break
-    if used > MAX_BREAKPOINTS and ctxd_system_breakpoint and isinstance(body.get("system"), list):
-        body["system"][-1].pop("cache_control", None)
-        used -= 1
-    index = 0
-    while used > MAX_BREAKPOINTS and index < len(messages):
-        message = messages[index]
-        content = message.get("content")
-        if isinstance(content, list) and _count_breakpoints(content):
-            stripped = []
-            for block in content:
-                if used > MAX_BREAKPOINTS and isinstance(block, dict) and "cache_control" in block:
-                    block = {k: v for k, v in block.items() if k != "cache_control"}
-                    used -= 1
-                stripped.append(block)
-            messages = messages[:index] + [dict(message, content=stripped)] + messages[index + 1:]
-        index += 1
-    return messages
 
 
 # --- replies -----------------------------------------------------------------------------
@@ -427,32 +311,6 @@ class Reply:
         return ([self.message] if self.message is not None else []) + self.more
 
 
-def _ints(pairs: dict[str, Any]) -> dict[str, int]:
-    return {k: v for k, v in pairs.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
-
-
-def usage_of(api: Api, usage: Any) -> dict[str, int]:
-    """Provider usage as ctxd's Usage (camelCase). Anthropic's cache counts are not part of
-    its input_tokens (ctxd's meaning); OpenAI's cached_tokens are, so they stay out."""
-    if not isinstance(usage, dict):
-        return {}
-    if api == "anthropic":
-        return _ints({"inputTokens": usage.get("input_tokens"), "outputTokens": usage.get("output_tokens"),
-                      "cacheReadTokens": usage.get("cache_read_input_tokens"),
-                      "cacheWriteTokens": usage.get("cache_creation_input_tokens")})
-    if api == "responses":
-        details = usage.get("output_tokens_details") or {}
-        return _ints({"inputTokens": usage.get("input_tokens"), "outputTokens": usage.get("output_tokens"),
-                      "totalTokens": usage.get("total_tokens"),
-                      "reasoningTokens": details.get("reasoning_tokens") if isinstance(details, dict) else None})
-    if api == "openai":
-        details = usage.get("completion_tokens_details") or {}
-        return _ints({"inputTokens": usage.get("prompt_tokens"), "outputTokens": usage.get("completion_tokens"),
-                      "totalTokens": usage.get("total_tokens"),
-                      "reasoningTokens": details.get("reasoning_tokens") if isinstance(details, dict) else None})
-    return _ints({"inputTokens": usage.get("prompt_eval_count"), "outputTokens": usage.get("eval_count")})
-
-
 def reply_of(api: Api, data: Any) -> Reply:
     """The reply of a whole (non-streamed) answer."""
     if not isinstance(data, dict):
@@ -466,34 +324,22 @@ def reply_of(api: Api, data: Any) -> Reply:
         items = [item for item in output if isinstance(item, dict)]
         if not items:
             return Reply(error="the answer's output is empty")
-        return Reply(items[0], usage_of(api, data.get("usage")), True, more=items[1:])
+        return Reply(items[0], usage(api, data.get("usage")), True, more=items[1:])
     if api == "openai":
         choices = data.get("choices") or []
         message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
         if not isinstance(message, dict):
             return Reply(error="the answer has no choices[0].message")
-        kept: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-        if message.get("tool_calls"):
-            kept["tool_calls"] = message["tool_calls"]
-        return Reply(kept, usage_of(api, data.get("usage")), True)
+        return Reply(openai.reply_message(message), usage(api, data.get("usage")), True)
     if api == "anthropic":
         content = data.get("content")
         if not isinstance(content, list):
             return Reply(error="the answer has no content")
-        return Reply({"role": "assistant", "content": content}, usage_of(api, data.get("usage")), True)
+        return Reply({"role": "assistant", "content": content}, usage(api, data.get("usage")), True)
     message = data.get("message")
     if not isinstance(message, dict):
         return Reply(error="the answer has no message")
-    return Reply(_ollama_message(message), usage_of(api, data), bool(data.get("done", True)))
-
-
-def _ollama_message(message: dict[str, Any]) -> dict[str, Any]:
-    kept: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
-    if message.get("thinking"):
-        kept["thinking"] = message["thinking"]
-    if message.get("tool_calls"):
-        kept["tool_calls"] = message["tool_calls"]
-    return kept
+    return Reply(ollama.reply_message(message), usage(api, data), bool(data.get("done", True)))
 
 
 class SSEDecoder:
@@ -573,7 +419,7 @@ class Assembler:
             self.reply.error = canonical_json(event["error"])
             return
         if event.get("usage"):
-            self.reply.usage = usage_of("openai", event["usage"])
+            self.reply.usage = usage("openai", event["usage"])
         for choice in event.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -606,7 +452,7 @@ class Assembler:
         payload = json.loads(data)
         kind = payload.get("type", event)
         if kind == "message_start":
-            self.reply.usage = usage_of("anthropic", (payload.get("message") or {}).get("usage"))
+            self.reply.usage = usage("anthropic", (payload.get("message") or {}).get("usage"))
         elif kind == "content_block_start":
             self._blocks[payload["index"]] = dict(payload.get("content_block") or {})
         elif kind == "content_block_delta":
@@ -629,7 +475,7 @@ class Assembler:
                 text = "".join(self._partial.pop(index))
                 self._blocks[index]["input"] = json.loads(text) if text.strip() else {}
         elif kind == "message_delta":
-            self.reply.usage.update(usage_of("anthropic", payload.get("usage")))
+            self.reply.usage.update(usage("anthropic", payload.get("usage")))
         elif kind == "message_stop":
             self.reply.message = {"role": "assistant", "content": [b for _, b in sorted(self._blocks.items())]}
             self.reply.complete = True
@@ -665,8 +511,8 @@ class Assembler:
         if event.get("done"):
             whole = {"content": "".join(self._text), "thinking": "".join(self._thinking),
                      "tool_calls": self._ollama_calls}
-            self.reply.message = _ollama_message(whole)
-            self.reply.usage = usage_of("ollama", event)
+            self.reply.message = ollama.reply_message(whole)
+            self.reply.usage = usage("ollama", event)
             self.reply.complete = True
 
     def finish(self) -> Reply:

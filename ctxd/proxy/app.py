@@ -9,7 +9,6 @@ and never logged; ``X-Ctxd-*`` headers are the proxy's own and are not forwarded
 from __future__ import annotations
 
 import asyncio
-
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -23,9 +22,10 @@ from starlette.routing import Route
 
 from ctxd.client import DaemonUnavailable, RpcError
 from ctxd.config import ProxyConfig
+from ctxd.formats import Api
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy import apis
-from ctxd.proxy.convert import Api, dumps, loads
+from ctxd.proxy.convert import dumps, loads
 from ctxd.proxy.sessions import Conversation, Sessions, Tracked
 
 log = logging.getLogger("ctxd.proxy")

@@ -2,7 +2,7 @@
 messages are new, pushing them and the reply, and the prompt to send.
 
 Every message the proxy pushes carries ``metadata.ctxdProxy.hash``: a hash chain over
-the conversation (each message's projection, see ``convert.py``, hashed with the previous
+the conversation (each message's chain part, see ``ctxd.formats``, hashed with the previous
 hash), and the same value, prefixed, as its idempotency key. The session's chain is kept
 in memory and rebuilt from history after a restart; a client whose chain extends the
 session's gets the rest pushed; any other is a disagreement (docs/proxy.md).
@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
+from ctxd.formats import Api, chain_part, to_ctxd
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy.apis import AlignMemo, Split
-from ctxd.proxy.convert import Api, chain_hash, chain_part, to_ctxd
+from ctxd.proxy.convert import chain_hash
 
 log = logging.getLogger("ctxd.proxy")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ctxd import formats
 from ctxd.proxy import apis
 
 
@@ -15,7 +16,7 @@ def one_by_one(api: apis.Api, rendered: list[dict[str, Any]], client: list[dict[
     out: list[Any] = list(rendered)
     j = 1
     while j <= len(rendered) and j <= len(client):
-        if rendered[-j] != client[-j] and apis.projection(api, rendered[-j]) != apis.projection(api, client[-j]):
+        if rendered[-j] != client[-j] and formats.projection(api, rendered[-j]) != formats.projection(api, client[-j]):
             break
         out[-j] = client[-j]
         j += 1

@@ -17,6 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ctxd"
 ALLOWED: dict[str, set[str]] = {
     "protocol": set(),
     "tokens": {"protocol"},
+    # The provider shapes: read and written for everyone above, knowing nothing of them.
+    "formats": {"protocol", "tokens"},
     "engine": {"protocol", "tokens"},
     "store": {"engine", "ownership", "protocol", "tokens"},
     "doctor": {"protocol", "store", "tokens"},
