@@ -17,72 +17,25 @@ with extended thinking on, Anthropic refuses a tool-use loop whose last assistan
 message does not start with its thinking. Unsigned thinking (other providers'
 reasoning, imports) and every thinking block in the OpenAI and Ollama shapes are
 history only (docs/decisions.md, "Thinking blocks").
+
+The pairing is the engine's; the shapes are ``ctxd.formats``': a stored message is read
+as a neutral turn (``formats.common.turn_of``) and the paired turns are written out by
+``formats.openai.emit``, ``formats.ollama.emit`` or ``formats.anthropic.emit``.
 """
 
 from __future__ import annotations
 
-import json
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
-import msgspec
-
-from ctxd.protocol.message import (
-    ImageBlock,
-    Message,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    image_text,
-    tool_result_text,
-)
-from ctxd.protocol.providers import (
-    AnthropicMessage,
-    AnthropicThinking,
-    CacheControl,
-    AnthropicText,
-    AnthropicToolResult,
-    AnthropicToolUse,
-    OllamaFunction,
-    OllamaMessage,
-    OllamaToolCall,
-    OpenAIFunction,
-    OpenAIMessage,
-    OpenAIToolCall,
-)
+from ctxd.formats import anthropic, ollama, openai
+from ctxd.formats.common import Result, Turn, join, turn_of
+from ctxd.protocol.message import Message, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ctxd.protocol.providers import OllamaMessage, OpenAIMessage
 from ctxd.tokens import MESSAGE_OVERHEAD, TOOL_BLOCK_OVERHEAD
 
 MISSING_RESULT = "[no result was recorded for this tool call]"
-ANTHROPIC_OPENER = "(continuing the conversation)"
-
-
-@dataclass(slots=True)
-class _Call:
-    id: str
-    name: str
-    input: dict[str, Any]
-    arguments: str
-
-
-@dataclass(slots=True)
-class _Result:
-    id: str
-    text: str
-    is_error: bool
-    name: str | None = None
-
-
-@dataclass(slots=True)
-class _Turn:
-    role: Literal["system", "user", "assistant", "results"]
-    texts: list[str] = field(default_factory=list)
-    calls: list[_Call] = field(default_factory=list)
-    results: list[_Result] = field(default_factory=list)
-    name: str | None = None
-    thinking: list[AnthropicThinking] = field(default_factory=list)
-    """The message's signed thinking blocks, in order (sent in the Anthropic shape only)."""
 
 
 @dataclass(slots=True)
@@ -112,76 +65,23 @@ class Rendered:
     """The client's part of the system text (see :func:`_system_head`)."""
 
 
-def _compact_json(value: Any) -> str:
-    """A tool_use input as OpenAI ``arguments`` text: the compact JSON ctxd counted it as
-    (``tokens.count_message``), so the rendered prompt costs what its ``tokens`` says."""
-    return msgspec.json.encode(value).decode()
-
-
-def _arguments_to_input(arguments: str) -> dict[str, Any]:
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return {"arguments": arguments}
-    return value if isinstance(value, dict) else {"arguments": value}
-
-
-def _to_turn(message: Message) -> _Turn:
-    role = message.role
-    content = message.content
-    turn = _Turn(role="assistant" if role == "assistant" else "system" if role == "system" else "user",
-                 name=message.name if role in ("user", "assistant", "system") else None)
-    if role == "tool":
-        turn.role = "results"
-        if isinstance(content, str) or content is None:
-            turn.results.append(_Result(message.tool_call_id or "", content or "", False, message.name))
-            return turn
-        texts = [b.text for b in content if isinstance(b, TextBlock)]
-        if texts or not any(isinstance(b, ToolResultBlock) for b in content):
-            turn.results.append(_Result(message.tool_call_id or "", "\n".join(texts), False, message.name))
-        for block in content:
-            if isinstance(block, ToolResultBlock):
-                turn.results.append(_Result(block.tool_use_id, tool_result_text(block), block.is_error))
-        return turn
-    if isinstance(content, str):
-        if content:
-            turn.texts.append(content)
-    elif content:
-        for block in content:
-            if isinstance(block, TextBlock):
-                if block.text:
-                    turn.texts.append(block.text)
-            elif isinstance(block, ImageBlock):
-                turn.texts.append(image_text(block))  # (every provider gets the description as text)
-            elif isinstance(block, ToolUseBlock) and role == "assistant":
-                turn.calls.append(_Call(block.id, block.name, block.input, _compact_json(block.input)))
-            elif isinstance(block, ToolResultBlock):
-                turn.results.append(_Result(block.tool_use_id, tool_result_text(block), block.is_error))
-            elif isinstance(block, ThinkingBlock) and block.signature and role == "assistant":
-                turn.thinking.append(AnthropicThinking(thinking=block.thinking, signature=block.signature))
-    for call in message.tool_calls or ():
-        turn.calls.append(_Call(call.id, call.function.name, _arguments_to_input(call.function.arguments),
-                                call.function.arguments))
-    return turn
-
-
-def _pair(messages: list[Message], count: Callable[[str], int]) -> tuple[list[_Turn], int, list[str]]:
+def _pair(messages: list[Message], count: Callable[[str], int]) -> tuple[list[Turn], int, list[str]]:
     """Turns in an order every provider accepts, with the extra tokens that cost."""
-    turns = [_to_turn(m) for m in messages]
+    turns = [turn_of(m) for m in messages]
     # Where each result sits, so a call can claim the first unclaimed result after it.
-    pending: dict[str, list[tuple[int, _Result]]] = {}
+    pending: dict[str, list[tuple[int, Result]]] = {}
     for index, turn in enumerate(turns):
         for result in turn.results:
             pending.setdefault(result.id, []).append((index, result))
     claimed: set[int] = set()
-    out: list[_Turn] = []
+    out: list[Turn] = []
     extra = 0
     repairs: list[str] = []
     for index, turn in enumerate(turns):
         if turn.role == "assistant":
-            out.append(_Turn("assistant", turn.texts, turn.calls, name=turn.name, thinking=turn.thinking))
+            out.append(Turn("assistant", turn.texts, turn.calls, name=turn.name, thinking=turn.thinking))
             if turn.calls:
-                answered = _Turn("results")
+                answered = Turn("results")
                 for call in turn.calls:
                     found = None
                     for position, result in pending.get(call.id, ()):
@@ -189,7 +89,7 @@ def _pair(messages: list[Message], count: Callable[[str], int]) -> tuple[list[_T
                             found = result
                             break
                     if found is None:
-                        found = _Result(call.id, MISSING_RESULT, True)
+                        found = Result(call.id, MISSING_RESULT, True)
                         extra += TOOL_BLOCK_OVERHEAD + count(MISSING_RESULT)
                         repairs.append(f"synthesised a result for call {call.id}")
                     else:
@@ -208,61 +108,12 @@ def _pair(messages: list[Message], count: Callable[[str], int]) -> tuple[list[_T
             repairs.append(f"orphan result {result.id or '?'} kept as text")
         if turn.role == "results":
             if texts:
-                out.append(_Turn("user", texts))
+                out.append(Turn("user", texts))
                 extra += MESSAGE_OVERHEAD
             continue
         if texts or turn.role == "system":
-            out.append(_Turn(turn.role, texts, name=turn.name))
+            out.append(Turn(turn.role, texts, name=turn.name))
     return out, extra, repairs
-
-
-def _join(texts: list[str]) -> str:
-    return "\n\n".join(texts)
-
-
-def _system_first(plan: PromptPlan, turns: list[_Turn]) -> tuple[list[str], list[_Turn]]:
-    """The system part (see :class:`PromptPlan`) and the turns after the opening system
-    messages."""
-    start = 0
-    while start < len(turns) and turns[start].role == "system":
-        start += 1
-    opening = [t for turn in turns[:start] for t in turn.texts]
-    return [*plan.system_parts, *opening, *plan.context_parts], turns[start:]
-
-
-def _emit_openai(turns: list[_Turn]) -> list[OpenAIMessage]:
-    out: list[OpenAIMessage] = []
-    for turn in turns:
-        if turn.role == "results":
-            for r in turn.results:
-                out.append(OpenAIMessage(role="tool", content=r.text, tool_call_id=r.id))
-        elif turn.role == "assistant":
-            if not turn.texts and not turn.calls:
-                continue
-            calls = [OpenAIToolCall(id=c.id, function=OpenAIFunction(name=c.name, arguments=c.arguments))
-                     for c in turn.calls] or None
-            out.append(OpenAIMessage(role="assistant", content=_join(turn.texts) if turn.texts else None,
-                                     name=turn.name, tool_calls=calls))
-        elif turn.texts:
-            out.append(OpenAIMessage(role=turn.role, content=_join(turn.texts), name=turn.name))
-    return out
-
-
-def _emit_ollama(turns: list[_Turn]) -> list[OllamaMessage]:
-    out: list[OllamaMessage] = []
-    for turn in turns:
-        if turn.role == "results":
-            for r in turn.results:
-                out.append(OllamaMessage(role="tool", content=r.text, tool_name=r.name))
-        elif turn.role == "assistant":
-            if not turn.texts and not turn.calls:
-                continue
-            calls = [OllamaToolCall(function=OllamaFunction(name=c.name, arguments=c.input))
-                     for c in turn.calls] or None
-            out.append(OllamaMessage(role="assistant", content=_join(turn.texts), tool_calls=calls))
-        elif turn.texts:
-            out.append(OllamaMessage(role=turn.role, content=_join(turn.texts)))
-    return out
 
 
 def signed_thinking(message: Message) -> bool:
@@ -273,103 +124,28 @@ def signed_thinking(message: Message) -> bool:
         isinstance(b, ThinkingBlock) and b.signature for b in content)
 
 
-def _leading_thinking(blocks: list[Any]) -> int:
-    n = 0
-    while n < len(blocks) and isinstance(blocks[n], AnthropicThinking):
-        n += 1
-    return n
-
-
-def _merged(first: list[Any], second: list[Any]) -> list[Any]:
-    """Two assistant messages' blocks as one message's: the thinking of both first (where
-    Anthropic requires it), then the rest of each, in order."""
-    a, b = _leading_thinking(first), _leading_thinking(second)
-    if not b:
-        return first + second
-    return first[:a] + second[:b] + first[a:] + second[b:]
-
-
-def _emit_anthropic(turns: list[_Turn], system_parts: list[str]) -> list[AnthropicMessage]:
-    """Roles alternate (consecutive turns of one role merge, an assistant message's
-    thinking staying first); system turns join ``system_parts``. Never changes a message
-    it did not create."""
-    out: list[AnthropicMessage] = []
-
-    def add(role: Literal["user", "assistant"], blocks: list[Any]) -> None:
-        if not blocks:
-            return
-        if out and out[-1].role == role:
-            if isinstance(blocks[0], AnthropicThinking):
-                out[-1].content[:] = _merged(out[-1].content, blocks)
-            else:
-                out[-1].content.extend(blocks)
-        else:
-            out.append(AnthropicMessage(role=role, content=blocks))
-
-    for turn in turns:
-        if turn.role == "system":
-            system_parts.extend(turn.texts)
-        elif turn.role == "results":
-            add("user", [AnthropicToolResult(tool_use_id=r.id, content=r.text, is_error=r.is_error)
-                         for r in turn.results])
-        elif turn.role == "assistant":
-            blocks: list[Any] = [AnthropicText(text=t) for t in turn.texts if t.strip()]
-            blocks += [AnthropicToolUse(id=c.id, name=c.name, input=c.input) for c in turn.calls]
-            if blocks and turn.thinking:
-                # (Thinking alone, with nothing it led to, is not sent.)
-                blocks = [*turn.thinking, *blocks]
-            add("assistant", blocks)
-        else:
-            add("user", [AnthropicText(text=t) for t in turn.texts if t.strip()])
-    return out
-
-
-def _join_anthropic(head: list[AnthropicMessage], tail: list[AnthropicMessage]) -> list[AnthropicMessage]:
-    """``head + tail``, the boundary's two messages merged into a new one when they share a role."""
-    if head and tail and head[-1].role == tail[0].role:
-        merged = AnthropicMessage(role=head[-1].role, content=_merged(head[-1].content, tail[0].content))
-        return head[:-1] + [merged] + tail[1:]
-    return head + tail
-
-
-def _finish_anthropic(out: list[AnthropicMessage], count: Callable[[str], int]
-                      ) -> tuple[list[AnthropicMessage], int, list[str]]:
-    """A user turn first; a final assistant turn (a prefill) without thinking (Anthropic
-    continues text, never thinking) and without trailing whitespace. Works on copies of
-    what it changes (``out``'s messages may be cached)."""
-    extra = 0
-    repairs: list[str] = []
-    if out and out[0].role == "assistant":
-        out = [AnthropicMessage(role="user", content=[AnthropicText(text=ANTHROPIC_OPENER)])] + out
-        extra += MESSAGE_OVERHEAD + count(ANTHROPIC_OPENER)
-        repairs.append("opened with a user turn")
-    if out and out[-1].role == "assistant":
-        # A final assistant turn is a prefill, and Anthropic rejects trailing whitespace in it.
-        content = out[-1].content
-        lead = _leading_thinking(content)
-        last = content[-1]
-        if lead or isinstance(last, AnthropicText):
-            content = content[lead:]
-            if isinstance(last, AnthropicText):
-                stripped = last.text.rstrip()
-                content = content[:-1] + ([AnthropicText(text=stripped, cache_control=last.cache_control)]
-                                          if stripped else [])
-            out = out[:-1] + ([AnthropicMessage(role="assistant", content=content)] if content else [])
-    return out, extra, repairs
+def _system_first(plan: PromptPlan, turns: list[Turn]) -> tuple[list[str], list[Turn]]:
+    """The system part (see :class:`PromptPlan`) and the turns after the opening system
+    messages."""
+    start = 0
+    while start < len(turns) and turns[start].role == "system":
+        start += 1
+    opening = [t for turn in turns[:start] for t in turn.texts]
+    return [*plan.system_parts, *opening, *plan.context_parts], turns[start:]
 
 
 def render_openai(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     turns, extra, repairs = _pair(plan.messages, count)
     system, turns = _system_first(plan, turns)
-    out: list[OpenAIMessage] = [OpenAIMessage(role="system", content=_join(system))] if system else []
-    return Rendered(out + _emit_openai(turns), None, extra, repairs, _system_head(plan, system))
+    out: list[OpenAIMessage] = [OpenAIMessage(role="system", content=join(system))] if system else []
+    return Rendered(out + openai.emit(turns), None, extra, repairs, _system_head(plan, system))
 
 
 def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     turns, extra, repairs = _pair(plan.messages, count)
     system, turns = _system_first(plan, turns)
-    out: list[OllamaMessage] = [OllamaMessage(role="system", content=_join(system))] if system else []
-    return Rendered(out + _emit_ollama(turns), None, extra, repairs, _system_head(plan, system))
+    out: list[OllamaMessage] = [OllamaMessage(role="system", content=join(system))] if system else []
+    return Rendered(out + ollama.emit(turns), None, extra, repairs, _system_head(plan, system))
 
 
 def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
@@ -380,16 +156,16 @@ def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     turns, extra, repairs = _pair(plan.messages, count)
     system_parts, turns = _system_first(plan, turns)
     head = _system_head(plan, system_parts)
-    out = _emit_anthropic(turns, system_parts)
-    out, more, fixes = _finish_anthropic(out, count)
-    return Rendered(out, _join(system_parts) if system_parts else None, extra + more, repairs + fixes, head)
+    out = anthropic.emit(turns, system_parts)
+    out, more, fixes = anthropic.finish(out, count)
+    return Rendered(out, join(system_parts) if system_parts else None, extra + more, repairs + fixes, head)
 
 
 def _system_head(plan: PromptPlan, system: list[str]) -> str | None:
     """The client's part of the system text (its system prompt and opening system
     messages), before ctxd's goal and checkpoints: what stays the same across passes."""
     n = len(system) - len(plan.context_parts)
-    return _join(system[:n]) if n > 0 else None
+    return join(system[:n]) if n > 0 else None
 
 
 def _result_ids(message: Message) -> list[str]:
@@ -538,18 +314,18 @@ class IncrementalRenderer:
         self.system = list(system)
         self.out = self._emit(turns, self.system)
 
-    def _emit(self, turns: list[_Turn], system: list[str]) -> list[Any]:
+    def _emit(self, turns: list[Turn], system: list[str]) -> list[Any]:
         if self.fmt == "openai":
-            return _emit_openai(turns)
+            return openai.emit(turns)
         if self.fmt == "ollama":
-            return _emit_ollama(turns)
-        return _emit_anthropic(turns, system)
+            return ollama.emit(turns)
+        return anthropic.emit(turns, system)
 
     def _extend(self, messages: list[Message], count: Callable[[str], int]) -> None:
         turns, extra, repairs = _pair(messages, count)
         system = list(self.system)
         out = self._emit(turns, system)
-        self.out = _join_anthropic(self.out, out) if self.fmt == "anthropic" else self.out + out
+        self.out = anthropic.join_messages(self.out, out) if self.fmt == "anthropic" else self.out + out
         self.system = system
         self.prefix = self.prefix + messages
         self.extra += extra
@@ -562,49 +338,17 @@ class IncrementalRenderer:
         extra += self.extra
         repairs = self.repairs + repairs
         if self.fmt == "anthropic":
-            messages, more, fixes = _finish_anthropic(_join_anthropic(self.out, out), count)
-            return Rendered(messages, _join(system) if system else None, extra + more, repairs + fixes, self.head)
+            messages, more, fixes = anthropic.finish(anthropic.join_messages(self.out, out), count)
+            return Rendered(messages, join(system) if system else None, extra + more, repairs + fixes, self.head)
         first: list[Any] = []
         if system:
-            text = _join(system)
+            text = join(system)
             if self.first is None or self.first.content != text:
                 # (The same object while its text is: a prompt after a push then starts
                 # with the same objects as the one before, which ``ctxd proxy`` builds on.)
                 self.first = (OpenAIMessage if self.fmt == "openai" else OllamaMessage)(role="system", content=text)
             first = [self.first]
         return Rendered(first + self.out + out, None, extra, repairs, self.head)
-
-
-_EPHEMERAL = CacheControl()
-
-
-def cache_breakpoints(system: str | None, messages: list[AnthropicMessage], head: str | None = None
-                      ) -> tuple[list[AnthropicText] | None, list[AnthropicMessage]]:
-    """Anthropic prompt-cache breakpoints on the system part and the last message (its
-    last block that can carry one), leaving ``messages`` itself untouched (it may be
-    cached). Between compressions the prompt only grows at its end, so each request
-    reads the previous one's prefix from the provider's cache. With ``head`` (the
-    client's own system text, which opens ``system``) the system part is two blocks,
-    each a breakpoint: a compression changes ctxd's checkpoints, not the client's part,
-    so that part (and the tool definitions before it) stays cached across passes."""
-    blocks: list[AnthropicText] | None = None
-    if system:
-        rest = system[len(head) + 2:] if head and system.startswith(head + "\n\n") else None
-        if head and rest:
-            blocks = [AnthropicText(text=head, cache_control=_EPHEMERAL),
-                      AnthropicText(text=rest, cache_control=_EPHEMERAL)]
-        else:
-            blocks = [AnthropicText(text=system, cache_control=_EPHEMERAL)]
-    if not messages:
-        return blocks, messages
-    last = messages[-1]
-    content = list(last.content)
-    for index in range(len(content) - 1, -1, -1):
-        block = content[index]
-        if not isinstance(block, AnthropicThinking):
-            content[index] = msgspec.structs.replace(block, cache_control=_EPHEMERAL)
-            return blocks, messages[:-1] + [AnthropicMessage(role=last.role, content=content)]
-    return blocks, messages
 
 
 RENDERERS: dict[str, Callable[[PromptPlan, Callable[[str], int]], Rendered]] = {

@@ -271,18 +271,39 @@ def place_breakpoints(body: dict[str, Any], messages: list[Any], *, ctxd_system_
 # --- rendering ctxd's turns -----------------------------------------------------------------
 
 
+def _leading_thinking(blocks: list[Any]) -> int:
+    n = 0
+    while n < len(blocks) and isinstance(blocks[n], AnthropicThinking):
+        n += 1
+    return n
+
+
+def _merged(first: list[Any], second: list[Any]) -> list[Any]:
+    """Two assistant messages' blocks as one message's: the thinking of both first (where
+    Anthropic requires it), then the rest of each, in order."""
+    a, b = _leading_thinking(first), _leading_thinking(second)
+    if not b:
+        return first + second
+    return first[:a] + second[:b] + first[a:] + second[b:]
+
+
 def emit(turns: Iterable[Turn], system_parts: list[str]) -> list[AnthropicMessage]:
-    """Turns as Anthropic messages. Roles alternate (consecutive turns of one role merge);
-    system turns join ``system_parts``; tool results open the user message that follows
-    their calls; whitespace-only text is left out (Anthropic rejects it). Never changes a
-    message it did not create."""
+    """Turns as Anthropic messages. Roles alternate (consecutive turns of one role merge,
+    an assistant message's signed thinking staying first: with extended thinking on,
+    Anthropic refuses a tool-use loop whose last assistant message does not start with its
+    thinking); system turns join ``system_parts``; tool results open the user message that
+    follows their calls; whitespace-only text is left out (Anthropic rejects it). Never
+    changes a message it did not create."""
     out: list[AnthropicMessage] = []
 
     def add(role: Literal["user", "assistant"], blocks: list[Any]) -> None:
         if not blocks:
             return
         if out and out[-1].role == role:
-            out[-1].content.extend(blocks)
+            if isinstance(blocks[0], AnthropicThinking):
+                out[-1].content[:] = _merged(out[-1].content, blocks)
+            else:
+                out[-1].content.extend(blocks)
         else:
             out.append(AnthropicMessage(role=role, content=blocks))
 
@@ -295,6 +316,10 @@ def emit(turns: Iterable[Turn], system_parts: list[str]) -> list[AnthropicMessag
         elif turn.role == "assistant":
             blocks: list[Any] = [AnthropicText(text=t) for t in turn.texts if t.strip()]
             blocks += [AnthropicToolUse(id=c.id, name=c.name, input=c.input) for c in turn.calls]
+            if blocks and turn.thinking:
+                # (Thinking alone, with nothing it led to, is not sent.)
+                blocks = [*(AnthropicThinking(thinking=t.thinking, signature=t.signature or "")
+                            for t in turn.thinking), *blocks]
             add("assistant", blocks)
         else:
             add("user", [AnthropicText(text=t) for t in turn.texts if t.strip()])
@@ -304,15 +329,16 @@ def emit(turns: Iterable[Turn], system_parts: list[str]) -> list[AnthropicMessag
 def join_messages(head: list[AnthropicMessage], tail: list[AnthropicMessage]) -> list[AnthropicMessage]:
     """``head + tail``, the boundary's two messages merged into a new one when they share a role."""
     if head and tail and head[-1].role == tail[0].role:
-        merged = AnthropicMessage(role=head[-1].role, content=head[-1].content + tail[0].content)
+        merged = AnthropicMessage(role=head[-1].role, content=_merged(head[-1].content, tail[0].content))
         return head[:-1] + [merged] + tail[1:]
     return head + tail
 
 
 def finish(out: list[AnthropicMessage], count: Callable[[str], int]) -> tuple[list[AnthropicMessage], int, list[str]]:
-    """A user turn first; a final assistant turn (a prefill) without trailing whitespace.
-    Works on copies of what it changes (``out``'s messages may be cached). Also the tokens
-    added and what was repaired."""
+    """A user turn first; a final assistant turn (a prefill) without thinking (Anthropic
+    continues text, never thinking) and without trailing whitespace. Works on copies of
+    what it changes (``out``'s messages may be cached). Also the tokens added and what was
+    repaired."""
     extra = 0
     repairs: list[str] = []
     if out and out[0].role == "assistant":
@@ -321,12 +347,15 @@ def finish(out: list[AnthropicMessage], count: Callable[[str], int]) -> tuple[li
         repairs.append("opened with a user turn")
     if out and out[-1].role == "assistant":
         # A final assistant turn is a prefill, and Anthropic rejects trailing whitespace in it.
-        last = out[-1].content[-1]
-        if isinstance(last, AnthropicText):
-            stripped = last.text.rstrip()
-            content = list(out[-1].content[:-1])
-            if stripped:
-                content.append(AnthropicText(text=stripped, cache_control=last.cache_control))
+        content = out[-1].content
+        lead = _leading_thinking(content)
+        last = content[-1]
+        if lead or isinstance(last, AnthropicText):
+            content = content[lead:]
+            if isinstance(last, AnthropicText):
+                stripped = last.text.rstrip()
+                content = content[:-1] + ([AnthropicText(text=stripped, cache_control=last.cache_control)]
+                                          if stripped else [])
             out = out[:-1] + ([AnthropicMessage(role="assistant", content=content)] if content else [])
     return out, extra, repairs
 

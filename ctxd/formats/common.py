@@ -17,12 +17,14 @@ from typing import Any, Callable, Literal
 import msgspec
 
 from ctxd.protocol.message import (
+    ImageBlock,
     Message,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
+    image_text,
     tool_result_text,
 )
 
@@ -212,11 +214,15 @@ class Turn:
     calls: list[Call] = field(default_factory=list)
     results: list[Result] = field(default_factory=list)
     name: str | None = None
+    thinking: list[ThinkingBlock] = field(default_factory=list)
+    """An assistant message's signed thinking blocks, in order (sent in the Anthropic shape
+    only: ``anthropic.emit``)."""
 
 
 def turn_of(message: Message) -> Turn:
-    """A stored message (either tool-call style) as a :class:`Turn`. Thinking is history,
-    not prompt: it is left out."""
+    """A stored message (either tool-call style) as a :class:`Turn`. Unsigned thinking is
+    history, not prompt: it is left out; an assistant's signed thinking is kept for the
+    Anthropic shape; an image is sent as its description (``image_text``)."""
     role = message.role
     content = message.content
     turn = Turn(role="assistant" if role == "assistant" else "system" if role == "system" else "user",
@@ -241,10 +247,14 @@ def turn_of(message: Message) -> Turn:
             if isinstance(block, TextBlock):
                 if block.text:
                     turn.texts.append(block.text)
+            elif isinstance(block, ImageBlock):
+                turn.texts.append(image_text(block))  # (every provider gets the description as text)
             elif isinstance(block, ToolUseBlock) and role == "assistant":
                 turn.calls.append(Call(block.id, block.name, block.input, compact_json(block.input)))
             elif isinstance(block, ToolResultBlock):
                 turn.results.append(Result(block.tool_use_id, tool_result_text(block), block.is_error))
+            elif isinstance(block, ThinkingBlock) and block.signature and role == "assistant":
+                turn.thinking.append(block)
     for call in message.tool_calls or ():
         turn.calls.append(Call(call.id, call.function.name, arguments_to_input(call.function.arguments),
                                call.function.arguments))

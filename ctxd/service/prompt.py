@@ -10,7 +10,8 @@ rendered (``engine.render.IncrementalRenderer``).
 from __future__ import annotations
 
 from ctxd.engine.context import ActiveContext
-from ctxd.engine.render import IncrementalRenderer, Rendered, cache_breakpoints
+from ctxd.engine.render import IncrementalRenderer, Rendered
+from ctxd.formats.anthropic import cache_breakpoints
 from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, PromptParams, PromptResult
 from ctxd.protocol.session import SessionPushParams
 from ctxd.service import compression, ingest

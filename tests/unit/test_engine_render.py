@@ -9,7 +9,6 @@ import random
 import pytest
 
 from ctxd.engine.render import (
-    ANTHROPIC_OPENER,
     MISSING_RESULT,
     RENDERERS,
     PromptPlan,
@@ -18,6 +17,7 @@ from ctxd.engine.render import (
     render_openai,
 )
 from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
+from ctxd.formats.anthropic import OPENER as ANTHROPIC_OPENER
 from ctxd.protocol.message import FunctionCall, Message, TextBlock, ThinkingBlock, ToolCall, ToolResultBlock
 from ctxd.protocol.providers import (
     AnthropicMessage,

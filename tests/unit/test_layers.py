@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "tokens": {"protocol"},
     # The provider shapes: read and written for everyone above, knowing nothing of them.
     "formats": {"protocol", "tokens"},
-    "engine": {"protocol", "tokens"},
+    "engine": {"formats", "protocol", "tokens"},
     "store": {"engine", "ownership", "protocol", "tokens"},
     "doctor": {"protocol", "store", "tokens"},
 }
