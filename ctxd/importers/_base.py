@@ -7,9 +7,11 @@
   message against :class:`~ctxd.protocol.message.Message` (a message that would not
   survive a round trip is skipped with a warning, never stored half-valid; a timestamp
   that is not ISO 8601 moves to ``metadata.timestamp``), and checks tool pairing at the end.
-* Converters shared by the OpenAI-shaped formats (OpenAI chat, mini-swe-agent, SWE-agent,
-  OpenHands) and the Anthropic-shaped ones (Claude Code): content parts/blocks, tool
-  calls, provider usage.
+
+The provider shapes themselves are read by ``ctxd.formats``: ``formats.openai.to_message``
+(the OpenAI-shaped formats: OpenAI chat, mini-swe-agent, SWE-agent, OpenHands),
+``formats.common.content_blocks`` (content parts and blocks of either shape: Claude Code),
+``formats.native.any_usage`` (any provider's usage object).
 
 Conventions for ``Message.metadata``: a field the source had and ``Message`` has no
 field for is kept under the source's own name (``thought``, ``action``, ``uuid``,
@@ -21,25 +23,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import datetime
+from typing import Any
 
 import msgspec
 
-from ctxd.protocol.message import (
-    FunctionCall,
-    Message,
-    TextBlock,
-    ThinkingBlock,
-    ToolCall,
-    ToolResultBlock,
-    ToolUseBlock,
-    Usage,
-)
-
-IMAGE_PLACEHOLDER = "[image omitted]"
-
-_ROLES = frozenset({"system", "user", "assistant", "tool"})
+from ctxd.protocol.message import Message, ToolResultBlock, ToolUseBlock
 
 
 class TranscriptError(ValueError):
@@ -166,16 +155,6 @@ def decode_document(data: bytes, name: str) -> Document:
 # --------------------------------------------------------------------------- helpers
 
 
-def epoch_to_iso(value: Any) -> str | None:
-    """A Unix time (seconds) as an ISO 8601 UTC string; None when not a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        return datetime.fromtimestamp(value, tz=timezone.utc).isoformat().replace("+00:00", "Z")
-    except (OverflowError, OSError, ValueError):
-        return None
-
-
 def is_iso_timestamp(value: Any) -> bool:
     """Whether ``value`` is an ISO 8601 date or date-time string."""
     if not isinstance(value, str) or len(value) < 10:
@@ -222,50 +201,6 @@ def guess_provider(model: str | None) -> str | None:
     return None
 
 
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def usage_from(raw: Any) -> Usage | None:
-    """Provider usage (Anthropic or OpenAI/litellm keys) as :class:`Usage`, numbers as reported.
-
-    Anthropic's ``input_tokens`` excludes cache reads; OpenAI's ``prompt_tokens``
-    includes cached tokens. Both are stored as ``input_tokens`` exactly as reported, and
-    only Anthropic's cache reads as ``cache_read_tokens`` (so input + cache reads is
-    always what the provider counted).
-    """
-    if not isinstance(raw, dict):
-        return None
-    prompt_details = raw.get("prompt_tokens_details") or {}
-    completion_details = raw.get("completion_tokens_details") or {}
-    if not isinstance(prompt_details, dict):
-        prompt_details = {}
-    if not isinstance(completion_details, dict):
-        completion_details = {}
-    input_tokens = _int(raw.get("input_tokens"))
-    if input_tokens is None:
-        input_tokens = _int(raw.get("prompt_tokens"))
-    output_tokens = _int(raw.get("output_tokens"))
-    if output_tokens is None:
-        output_tokens = _int(raw.get("completion_tokens"))
-    # ``cacheReadTokens`` has Anthropic's meaning (not part of ``inputTokens``), as a push
-    # defines it; OpenAI's and DeepSeek's cached counts are already inside prompt_tokens.
-    cache_read = _int(raw.get("cache_read_input_tokens"))
-    usage = Usage(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        total_tokens=_int(raw.get("total_tokens")),
-        cache_read_tokens=cache_read,
-        cache_write_tokens=_int(raw.get("cache_creation_input_tokens")),
-        reasoning_tokens=_int(completion_details.get("reasoning_tokens")),
-    )
-    if usage == Usage():
-        return None
-    return usage
-
-
 TITLE_WIDTH = 60
 
 
@@ -282,15 +217,6 @@ def title_from_text(text: str, width: int = TITLE_WIDTH) -> str | None:
     if " " in cut[width // 2:]:
         cut = cut[: cut.rindex(" ")]
     return cut.rstrip(" ,.;:-") + "..."
-
-
-def text_of(value: Any) -> str:
-    """Best-effort text of a value that should have been a string."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    return msgspec.json.encode(value).decode()
 
 
 # --------------------------------------------------------------------------- builder
@@ -367,222 +293,6 @@ def check_tool_pairing(messages: list[Message], warnings: list[str]) -> None:
                     f"message {index}: tool result for {message.tool_call_id!r} "
                     "has no earlier tool call (kept)"
                 )
-
-
-# --------------------------------------------------------------------------- content
-
-
-_PLACEHOLDERS = {
-    "image": IMAGE_PLACEHOLDER,
-    "image_url": IMAGE_PLACEHOLDER,
-    "input_image": IMAGE_PLACEHOLDER,
-    "input_audio": "[audio omitted]",
-    "audio": "[audio omitted]",
-    "file": "[file omitted]",
-    "document": "[document omitted]",
-}
-
-
-def convert_block(part: Any, where: str, b: Builder, meta: dict[str, Any]) -> Any:
-    """One OpenAI content part or Anthropic content block as a ctxd block (or None).
-
-    Images and other binary parts become a text placeholder with a warning; unknown
-    block types become ``[<type> block omitted]`` with a warning, so the position of
-    something in the conversation is never silently lost.
-    """
-    if isinstance(part, str):
-        return TextBlock(text=part)
-    if not isinstance(part, dict):
-        b.warn(f"{where}: content part of type {type(part).__name__} kept as text")
-        return TextBlock(text=text_of(part))
-    kind = part.get("type")
-    if not isinstance(kind, str):
-        kind = None
-    if "cache_control" in part:
-        meta["cache_control"] = part["cache_control"]
-    if kind == "text" or (kind is None and "text" in part):
-        return TextBlock(text=text_of(part.get("text")))
-    if kind in _PLACEHOLDERS:
-        b.warn(f"{where}: {kind} part replaced by {_PLACEHOLDERS[kind]!r}")
-        return TextBlock(text=_PLACEHOLDERS[kind])
-    if kind == "refusal":
-        meta["refusal"] = True
-        return TextBlock(text=text_of(part.get("refusal")))
-    if kind == "thinking":
-        sig = part.get("signature")
-        return ThinkingBlock(thinking=text_of(part.get("thinking")),
-                             signature=sig if isinstance(sig, str) else None)
-    if kind == "redacted_thinking":
-        meta.setdefault("redacted_thinking", []).append(part.get("data"))
-        b.warn(f"{where}: redacted_thinking block kept in metadata only")
-        return None
-    if kind == "tool_use":
-        tool_input = part.get("input")
-        if not isinstance(tool_input, dict):
-            tool_input = {} if tool_input is None else {"input": tool_input}
-        return ToolUseBlock(id=text_of(part.get("id")), name=text_of(part.get("name")),
-                            input=tool_input)
-    if kind == "tool_result":
-        return ToolResultBlock(
-            tool_use_id=text_of(part.get("tool_use_id")),
-            content=tool_result_content(part.get("content"), where, b),
-            is_error=bool(part.get("is_error", False)),
-        )
-    b.warn(f"{where}: unsupported {kind!r} block replaced by a placeholder")
-    return TextBlock(text=f"[{kind} block omitted]")
-
-
-def tool_result_content(content: Any, where: str, b: Builder) -> str | list[TextBlock]:
-    """Content of an Anthropic ``tool_result``: a string or a list of text blocks."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out: list[TextBlock] = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if not isinstance(kind, str):
-                kind = None
-            if kind == "text":
-                out.append(TextBlock(text=text_of(part.get("text"))))
-            elif kind in _PLACEHOLDERS:
-                b.warn(f"{where}: {kind} in tool result replaced by {_PLACEHOLDERS[kind]!r}")
-                out.append(TextBlock(text=_PLACEHOLDERS[kind]))
-            else:
-                b.warn(f"{where}: {kind or type(part).__name__} part in tool result kept as text")
-                out.append(TextBlock(text=text_of(part)))
-        return out
-    return text_of(content)
-
-
-def convert_content(content: Any, where: str, b: Builder,
-                    meta: dict[str, Any]) -> str | list[Any] | None:
-    """Message content: a string and None stay as they are; a list becomes blocks."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, dict):
-        content = [content]
-    if isinstance(content, list):
-        blocks = []
-        for part in content:
-            block = convert_block(part, where, b, meta)
-            if block is not None:
-                blocks.append(block)
-        return blocks
-    b.warn(f"{where}: content of type {type(content).__name__} kept as text")
-    return text_of(content)
-
-
-def convert_tool_calls(raw: Any, where: str, b: Builder) -> list[ToolCall] | None:
-    """OpenAI ``tool_calls``; ``arguments`` kept verbatim (JSON-encoded if not a string)."""
-    if not raw:
-        return None
-    if not isinstance(raw, list):
-        b.warn(f"{where}: tool_calls is not a list, ignored")
-        return None
-    calls: list[ToolCall] = []
-    for number, call in enumerate(raw):
-        if not isinstance(call, dict):
-            b.warn(f"{where}: tool call {number} is not an object, ignored")
-            continue
-        function = call.get("function") or {}
-        if not isinstance(function, dict):
-            function = {}
-        call_id = call.get("id")
-        if not isinstance(call_id, str) or not call_id:
-            call_id = f"call_{len(b.messages)}_{number}"
-            b.warn(f"{where}: tool call {number} has no id, using {call_id!r}")
-        arguments = function.get("arguments", "")
-        if not isinstance(arguments, str):
-            arguments = text_of(arguments)
-        calls.append(ToolCall(id=call_id, function=FunctionCall(
-            name=text_of(function.get("name")), arguments=arguments)))
-    return calls or None
-
-
-# Keys of an OpenAI-style message that ``convert_openai_message`` consumes itself.
-_OPENAI_CONSUMED = frozenset({
-    "role", "content", "name", "tool_call_id", "tool_calls", "reasoning_content",
-    "thinking_blocks", "timestamp",
-})
-# Keys dropped as noise: streaming indexes, nulls litellm always writes, duplicates.
-_OPENAI_NOISE = frozenset({"function_call", "provider_specific_fields", "audio", "annotations"})
-
-
-def convert_openai_message(
-    raw: Any,
-    where: str,
-    b: Builder,
-    *,
-    ignore: Iterable[str] = (),
-    role_map: dict[str, str] | None = None,
-) -> Message | None:
-    """One OpenAI-style chat message as a :class:`Message` (not yet added).
-
-    Roles outside system/user/assistant/tool are mapped through ``role_map`` (``developer``
-    → system and ``function`` → tool by default) with ``metadata.originalRole``; other
-    unknown roles become ``user`` with a warning. ``reasoning_content`` /
-    ``thinking_blocks`` become leading :class:`ThinkingBlock` s. Any other non-null key
-    goes to metadata under its own name, unless listed in ``ignore``.
-    """
-    if not isinstance(raw, dict):
-        b.warn(f"{where}: skipped, not a JSON object")
-        return None
-    meta: dict[str, Any] = {}
-    role = raw.get("role")
-    if not isinstance(role, str):
-        b.warn(f"{where}: skipped, no role")
-        return None
-    mapping = {"developer": "system", "function": "tool"}
-    if role_map:
-        mapping.update(role_map)
-    if role not in _ROLES:
-        meta["originalRole"] = role
-        if role in mapping:
-            role = mapping[role]
-        else:
-            b.warn(f"{where}: unknown role {role!r} imported as user")
-            role = "user"
-    content = convert_content(raw.get("content"), where, b, meta)
-    thinking: list[Any] = []
-    reasoning = raw.get("reasoning_content")
-    if isinstance(reasoning, str) and reasoning:
-        thinking.append(ThinkingBlock(thinking=reasoning))
-        meta["thinkingSource"] = "reasoning_content"
-    for block in raw.get("thinking_blocks") or ():
-        if isinstance(block, dict) and block.get("type") == "thinking":
-            sig = block.get("signature")
-            thinking.append(ThinkingBlock(thinking=text_of(block.get("thinking")),
-                                          signature=sig if isinstance(sig, str) else None))
-    if thinking:
-        if content is None or content == "":
-            rest: list[Any] = []
-        elif isinstance(content, str):
-            rest = [TextBlock(text=content)]
-        else:
-            rest = content
-        content = thinking + rest
-    name = raw.get("name")
-    tool_call_id = raw.get("tool_call_id")
-    skip = _OPENAI_CONSUMED | _OPENAI_NOISE | set(ignore)
-    for key, value in raw.items():
-        if key not in skip and value is not None:
-            meta[key] = value
-    if raw.get("function_call"):
-        meta["function_call"] = raw["function_call"]
-    timestamp = raw.get("timestamp")
-    if not isinstance(timestamp, str):
-        timestamp = epoch_to_iso(timestamp)
-    return Message(
-        role=role,
-        content=content,
-        name=name if isinstance(name, str) else None,
-        tool_call_id=tool_call_id if isinstance(tool_call_id, str) else None,
-        tool_calls=convert_tool_calls(raw.get("tool_calls"), where, b),
-        metadata=meta or None,
-        timestamp=timestamp,
-    )
 
 
 def first_dict_items(value: Any, limit: int = 3) -> list[dict[str, Any]]:

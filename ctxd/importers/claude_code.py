@@ -30,9 +30,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ctxd.formats.common import content_blocks
+from ctxd.formats.native import any_usage
 from ctxd.protocol.message import Message, TextBlock
 
-from ._base import Builder, Document, Transcript, convert_content, title_from_text, usage_from
+from ._base import Builder, Document, Transcript, title_from_text
 
 NAME = "claude_code"
 DESCRIPTION = "Claude Code session log (JSONL, one user/assistant/... record per line)"
@@ -153,7 +155,7 @@ def parse(doc: Document) -> list[Transcript]:
         where = f"line {line}"
         role = message.get("role") if message.get("role") in _MESSAGE_TYPES else record["type"]
         meta: dict[str, Any] = {}
-        content = convert_content(message.get("content"), where, b, meta)
+        content = content_blocks(message.get("content"), where, b.warn, meta)
         model = message.get("model")
         if isinstance(model, str) and model not in models and model != "<synthetic>":
             models.append(model)
@@ -205,7 +207,7 @@ def parse(doc: Document) -> list[Transcript]:
         b.add(Message(
             role=draft["role"],
             content=content,
-            usage=usage_from(draft["usage"]) if draft["role"] == "assistant" else None,
+            usage=any_usage(draft["usage"]) if draft["role"] == "assistant" else None,
             metadata=draft["meta"],
             timestamp=draft["timestamp"],
         ), draft["where"])

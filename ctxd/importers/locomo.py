@@ -45,9 +45,10 @@ import unicodedata
 from datetime import datetime
 from typing import Any
 
+from ctxd.formats.common import text_of
 from ctxd.protocol.message import ContentBlock, ImageBlock, Message, TextBlock
 
-from ._base import Builder, Document, Transcript, text_of
+from ._base import Builder, Document, Transcript
 
 NAME = "locomo"
 DESCRIPTION = ("LoCoMo benchmark samples (JSON list of {sample_id, conversation, qa}); "

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxd.formats import openai
+from ctxd.formats.common import epoch_to_iso
+from ctxd.formats.native import any_usage
+
 from ._base import (
     Builder,
     Document,
     Transcript,
-    convert_openai_message,
-    epoch_to_iso,
     guess_provider,
-    usage_from,
 )
 
 NAME = "mini_swe_agent"
@@ -54,14 +55,14 @@ def parse(doc: Document) -> list[Transcript]:
     models: list[str] = []
     for number, raw in enumerate(value["messages"]):
         where = f"message {number}"
-        message = convert_openai_message(raw, where, b, ignore=("extra",),
+        message = openai.to_message(raw, where, b.warn, index=len(b.messages), ignore=("extra",),
                                          role_map={"exit": "assistant"})
         if message is None:
             continue
         extra = raw.get("extra") if isinstance(raw.get("extra"), dict) else {}
         response = extra.get("response") if isinstance(extra.get("response"), dict) else {}
         if message.role == "assistant" and response:
-            message.usage = usage_from(response.get("usage"))
+            message.usage = any_usage(response.get("usage"))
             model = response.get("model")
             if isinstance(model, str) and model not in models:
                 models.append(model)

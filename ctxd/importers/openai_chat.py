@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxd.formats import openai
+
 from ._base import (
     Builder,
     Document,
     Transcript,
     TranscriptError,
-    convert_openai_message,
     guess_provider,
     looks_like_openai_messages,
 )
@@ -59,7 +60,7 @@ def detect(doc: Document) -> bool:
 def _conversation(raw: dict[str, Any], where: str) -> Transcript:
     b = Builder(NAME)
     for number, item in enumerate(raw["messages"]):
-        message = convert_openai_message(item, f"{where}message {number}", b)
+        message = openai.to_message(item, f"{where}message {number}", b.warn, index=len(b.messages))
         if message is not None:
             b.add(message, f"{where}message {number}")
     extra = {k: v for k, v in raw.items() if k != "messages" and v is not None}
@@ -93,7 +94,7 @@ def parse(doc: Document) -> list[Transcript]:
             return out
         b = Builder(NAME)
         for line, record in doc.records:
-            message = convert_openai_message(record, f"line {line}", b)
+            message = openai.to_message(record, f"line {line}", b.warn, index=len(b.messages))
             if message is not None:
                 b.add(message, f"line {line}")
         return [b.finish()]

@@ -46,20 +46,18 @@ from typing import Any
 
 import msgspec
 
+from ctxd.formats import openai
+from ctxd.formats.common import IMAGE_PLACEHOLDER, epoch_to_iso, text_of
+from ctxd.formats.native import any_usage
 from ctxd.protocol.message import FunctionCall, Message, TextBlock, ToolCall
 
 from ._base import (
-    IMAGE_PLACEHOLDER,
     Builder,
     Document,
     Transcript,
-    convert_openai_message,
-    epoch_to_iso,
     guess_provider,
     looks_like_openai_messages,
-    text_of,
     title_from_text,
-    usage_from,
 )
 
 NAME = "openhands"
@@ -86,7 +84,7 @@ def parse(doc: Document) -> list[Transcript]:
     value = doc.value
     b = Builder(NAME)
     for number, raw in enumerate(value["messages"]):
-        message = convert_openai_message(raw, f"message {number}", b)
+        message = openai.to_message(raw, f"message {number}", b.warn, index=len(b.messages))
         if message is not None:
             b.add(message, f"message {number}")
     response = value["response"]
@@ -94,9 +92,9 @@ def parse(doc: Document) -> list[Transcript]:
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
     final = choice.get("message")
     if isinstance(final, dict):
-        message = convert_openai_message(final, "response", b)
+        message = openai.to_message(final, "response", b.warn, index=len(b.messages))
         if message is not None:
-            message.usage = usage_from(response.get("usage"))
+            message.usage = any_usage(response.get("usage"))
             if message.timestamp is None:
                 message.timestamp = epoch_to_iso(value.get("timestamp"))
             meta = message.metadata or {}
@@ -268,7 +266,7 @@ def _events_transcript(events: list[Any], labels: list[str] | None, extra: dict[
                 if action == "system" and args.get("tools"):
                     tools = args["tools"]
                 response = tcm.get("model_response")
-                usage = usage_from(response.get("usage")) if isinstance(response, dict) else None
+                usage = any_usage(response.get("usage")) if isinstance(response, dict) else None
                 drafts.append({"message": Message(role=role, content=content, metadata=base_meta,
                                                   usage=usage if role == "assistant" else None,
                                                   timestamp=timestamp), "where": where})
@@ -311,7 +309,7 @@ def _events_transcript(events: list[Any], labels: list[str] | None, extra: dict[
                 draft["message"].metadata["ids"].append(event_id)
                 continue
             message = Message(role="assistant", content=content, tool_calls=[call],
-                              usage=usage_from(response.get("usage")), metadata=base_meta,
+                              usage=any_usage(response.get("usage")), metadata=base_meta,
                               timestamp=timestamp)
             draft = {"message": message, "where": where}
             drafts.append(draft)

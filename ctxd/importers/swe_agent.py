@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxd.formats import openai
+
 from ._base import (
     Builder,
     Document,
     Transcript,
-    convert_openai_message,
     first_dict_items,
     guess_provider,
 )
@@ -51,7 +52,7 @@ def parse(doc: Document) -> list[Transcript]:
     previous_role: Any = None
     for number, raw in enumerate(value["history"]):
         where = f"history {number}"
-        message = convert_openai_message(raw, where, b)
+        message = openai.to_message(raw, where, b.warn, index=len(b.messages))
         if message is None:
             continue
         meta = message.metadata or {}

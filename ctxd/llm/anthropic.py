@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from ctxd import formats
 from ctxd.llm.base import ChatReply, ChatTurn, ModelInfo
-from ctxd.llm.http import HTTPBackend, as_dict, as_int
+from ctxd.llm.http import HTTPBackend, as_int
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 1024
@@ -59,13 +60,13 @@ class AnthropicBackend(HTTPBackend):
             raise self._bad(path, "answer has no content list")
         text = "".join(b.get("text", "") for b in content
                        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
-        usage = as_dict(data.get("usage"))
+        counts = formats.anthropic.usage(data.get("usage"))
         stop = data.get("stop_reason")
         return ChatReply(
             text=text,
             model=str(data.get("model") or body["model"]),
-            input_tokens=as_int(usage.get("input_tokens")),
-            output_tokens=as_int(usage.get("output_tokens")),
+            input_tokens=counts.get("inputTokens"),
+            output_tokens=counts.get("outputTokens"),
             raw_finish_reason=stop if isinstance(stop, str) else None,
         )
 

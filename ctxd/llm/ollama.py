@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxd import formats
 from ctxd.llm.base import BackendError, ChatReply, ChatTurn, ModelInfo
 from ctxd.llm.http import HTTPBackend, as_dict, as_int
 
@@ -46,11 +47,12 @@ class OllamaBackend(HTTPBackend):
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, str):
             raise self._bad(path, "answer has no message.content")
+        counts = formats.ollama.usage(data)
         return ChatReply(
             text=content,
             model=str(data.get("model") or body["model"]),
-            input_tokens=as_int(data.get("prompt_eval_count")),
-            output_tokens=as_int(data.get("eval_count")),
+            input_tokens=counts.get("inputTokens"),
+            output_tokens=counts.get("outputTokens"),
             raw_finish_reason=data.get("done_reason") if isinstance(data.get("done_reason"), str) else None,
         )
 

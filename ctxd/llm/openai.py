@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from ctxd import formats
 from ctxd.llm.base import ChatReply, ChatTurn, ModelInfo
 from ctxd.llm.http import HTTPBackend, as_dict, as_int, format_param_count
 
@@ -59,13 +60,13 @@ class OpenAIBackend(HTTPBackend):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         if not isinstance(content, str):
             raise self._bad(path, "choices[0].message.content is not text")
-        usage = as_dict(data.get("usage"))
+        counts = formats.openai.usage(data.get("usage"))
         finish = choice.get("finish_reason")
         return ChatReply(
             text=content,
             model=str(data.get("model") or body["model"]),
-            input_tokens=as_int(usage.get("prompt_tokens")),
-            output_tokens=as_int(usage.get("completion_tokens")),
+            input_tokens=counts.get("inputTokens"),
+            output_tokens=counts.get("outputTokens"),
             raw_finish_reason=finish if isinstance(finish, str) else None,
         )
 

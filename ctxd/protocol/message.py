@@ -4,7 +4,9 @@ One shape accepts both OpenAI-style tool calls (``toolCalls`` on the assistant,
 ``role: tool`` replies with ``toolCallId``) and Anthropic-style content blocks
 (``tool_use`` in the assistant, ``tool_result`` in the next user message). Whatever
 a client sends is stored as sent; conversion between the styles happens only when a
-prompt is rendered (``ctxd.engine.render``). Unknown fields are rejected rather than
+prompt is rendered (``ctxd.engine.render``, through ``ctxd.formats``). Provider-native
+spellings (``tool_calls``, ``tool_use_id``, a provider's usage) are renamed before a push
+is decoded (``ctxd.formats.native``). Unknown fields are rejected rather than
 dropped, because a field silently lost is a message silently changed.
 """
 
@@ -163,98 +165,3 @@ def message_text(message: Message) -> str:
     for call in message.tool_calls or ():
         parts.append(f"{call.function.name}({call.function.arguments})")
     return "\n".join(parts)
-
-
-# Provider-native spellings a client may push as they came from the provider's API,
-# renamed to ctxd's (only where ctxd's own is absent): messages pasted from OpenAI or
-# Anthropic need no rewriting, and nothing is lost.
-_NATIVE_MESSAGE = {"tool_call_id": "toolCallId", "tool_calls": "toolCalls", "idempotency_key": "idempotencyKey"}
-_NATIVE_BLOCK = {"tool_use_id": "toolUseId", "is_error": "isError"}
-_NATIVE_USAGE = {"prompt_tokens": "inputTokens", "completion_tokens": "outputTokens", "input_tokens": "inputTokens",
-                 "output_tokens": "outputTokens", "total_tokens": "totalTokens",
-                 "cache_read_input_tokens": "cacheReadTokens", "cache_creation_input_tokens": "cacheWriteTokens",
-                 # Ollama's /api/chat reports its counts beside the message; a client passes them on.
-                 "prompt_eval_count": "inputTokens", "eval_count": "outputTokens"}
-
-
-def _rename(obj: dict[str, Any], names: dict[str, str]) -> None:
-    for native in [k for k in obj if k in names]:
-        ours = names[native]
-        if ours not in obj:
-            obj[ours] = obj.pop(native)
-
-
-_NATIVE_EXTRAS = ("refusal", "annotations", "audio")
-"""OpenAI response fields without a place in Message: kept in ``metadata`` when set."""
-
-
-def accept_native_names(messages: Any) -> None:
-    """Rename provider-native fields of raw (JSON-decoded) messages in place, before they
-    are decoded as :class:`Message` (which refuses unknown fields). OpenAI's ``refusal``,
-    ``annotations`` and ``audio``, Anthropic's ``citations`` and either's extra usage
-    details go to ``metadata`` when they hold something; ``cache_control`` (a caching
-    hint for one request, not content) is dropped."""
-    if not isinstance(messages, list):
-        return
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        if "tool_call_id" in message or "tool_calls" in message or "idempotency_key" in message:
-            _rename(message, _NATIVE_MESSAGE)
-        for key in _NATIVE_EXTRAS:
-            if key in message:
-                value = message.pop(key)
-                if value not in (None, [], {}, ""):
-                    _metadata(message).setdefault(key, value)
-        usage = message.get("usage")
-        if isinstance(usage, dict) and any(k not in _USAGE_FIELDS and "_" in k for k in usage):
-            _native_usage(message, usage)
-        content = message.get("content")
-        if isinstance(content, list):
-            for block in content:
-                if isinstance(block, dict):
-                    if "tool_use_id" in block or "is_error" in block:
-                        _rename(block, _NATIVE_BLOCK)
-                    block.pop("cache_control", None)
-                    citations = block.pop("citations", None)
-                    if citations:
-                        kept = _metadata(message).setdefault("citations", [])
-                        if isinstance(kept, list):
-                            kept.extend(citations if isinstance(citations, list) else [citations])
-                        else:  # the client's own metadata.citations: keep both, never fail
-                            _metadata(message).setdefault("providerCitations", citations)
-                    inner = block.get("content")
-                    if isinstance(inner, list):  # a tool_result's own text blocks
-                        for part in inner:
-                            if isinstance(part, dict):
-                                part.pop("cache_control", None)
-
-
-_USAGE_FIELDS = frozenset({"inputTokens", "outputTokens", "totalTokens", "cacheReadTokens", "cacheWriteTokens",
-                           "reasoningTokens"})
-
-
-def _metadata(message: dict[str, Any]) -> dict[str, Any]:
-    """The message's metadata object, created when absent (one that is not an object is
-    left for validation to refuse)."""
-    if message.get("metadata") is None:
-        message["metadata"] = {}
-    metadata = message["metadata"]
-    return metadata if isinstance(metadata, dict) else {}
-
-
-def _native_usage(message: dict[str, Any], usage: dict[str, Any]) -> None:
-    """A provider's usage object: its counts renamed, the reasoning count OpenAI nests
-    taken out, the rest of the provider's keys kept whole in ``metadata.usageDetails``."""
-    _rename(usage, _NATIVE_USAGE)
-    # (OpenAI's prompt_tokens_details.cached_tokens stays a detail: prompt_tokens already
-    # includes it, unlike Anthropic's input_tokens, so it is not a cacheReadTokens.)
-    nested = usage.get("completion_tokens_details")
-    if isinstance(nested, dict) and isinstance(nested.get("reasoning_tokens"), int) \
-            and "reasoningTokens" not in usage:
-        usage["reasoningTokens"] = nested["reasoning_tokens"]
-    # Provider keys are snake_case; anything else unknown (a misspelt camelCase field)
-    # is left for validation to refuse.
-    extra = {k: usage.pop(k) for k in [k for k in usage if k not in _USAGE_FIELDS and "_" in k]}
-    if extra:
-        _metadata(message).setdefault("usageDetails", extra)

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 import msgspec
 
 from ctxd.config import Config
+from ctxd.formats.native import accept_native_names
 from ctxd.protocol.errors import CtxdError, ErrorCode
-from ctxd.protocol.message import accept_native_names
 from ctxd.protocol.methods import METHODS, MethodSpec
 from ctxd.server.connection import Connection
 from ctxd.server.handlers import HANDLERS

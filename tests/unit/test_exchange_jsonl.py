@@ -8,7 +8,7 @@ import json
 
 from ctxd.exchange import ExportedMessage, SessionDocument
 from ctxd.exchange.jsonl import export_jsonl, import_jsonl, is_ctxd_jsonl
-from ctxd.protocol.message import FunctionCall, Message, TextBlock, ThinkingBlock, ToolCall
+from ctxd.protocol.message import FunctionCall, Message, TextBlock, ThinkingBlock, ToolCall, ToolResultBlock
 
 ROLES = {"system", "user", "assistant", "tool"}
 
@@ -80,3 +80,30 @@ def test_a_file_without_the_session_fields_is_refused() -> None:
         assert "line 1" in str(exc)
     else:
         raise AssertionError("imported without the session's fields")
+
+
+def test_a_message_the_chat_shape_cannot_hold_exports_valid_chat_lines() -> None:
+    named = Message(role="user", name="ana", timestamp="2026-01-01T00:00:00Z", content="hello")
+    results = Message(role="tool", tool_call_id="c1", content=[
+        ToolResultBlock(tool_use_id="c2", content="second"), TextBlock(text="first")])
+    lines = [json.loads(line) for line in export_jsonl(document([named, results])).splitlines()]
+    for line in lines:
+        line.pop("ctxd")
+    # The name stays on its line; every tool line names the call it answers.
+    assert lines == [{"role": "user", "content": "hello", "name": "ana"},
+                     {"role": "tool", "content": "first", "tool_call_id": "c1"},
+                     {"role": "tool", "content": "second", "tool_call_id": "c2"}]
+    assert [m.message for m in import_jsonl(export_jsonl(document([named, results]))).messages] == [named, results]
+
+
+def test_a_line_that_is_no_chat_message_is_refused_naming_it() -> None:
+    lines = export_jsonl(document(MESSAGES)).splitlines()
+    second = json.loads(lines[1])
+    del second["tool_calls"][0]["id"]
+    lines[1] = json.dumps(second)
+    try:
+        import_jsonl("\n".join(lines))
+    except ValueError as exc:
+        assert str(exc).startswith("line 2: tool call 0 has no id")
+    else:
+        raise AssertionError("imported a tool call without its id")

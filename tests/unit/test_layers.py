@@ -31,6 +31,11 @@ FORBIDDEN: dict[str, set[str]] = {
 }
 
 
+# Who reads or writes a provider's shape does it through ctxd/formats (issue 25: a
+# provider field is one edit there), not with a copy of its own.
+THROUGH_FORMATS = ("engine", "importers", "exchange", "proxy", "server")
+
+
 def _imports() -> dict[str, dict[str, list[str]]]:
     """layer -> imported ctxd layer -> where."""
     found: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -64,3 +69,8 @@ def test_lower_layers_import_only_what_is_below_them(layer: str) -> None:
 def test_nothing_reaches_up(layer: str) -> None:
     bad = {k: v for k, v in IMPORTS.get(layer, {}).items() if k in FORBIDDEN[layer]}
     assert not bad, f"ctxd/{layer} imports {sorted(bad)}: " + "; ".join(w for v in bad.values() for w in v)
+
+
+@pytest.mark.parametrize("layer", THROUGH_FORMATS)
+def test_provider_shapes_are_read_through_formats(layer: str) -> None:
+    assert "formats" in IMPORTS.get(layer, {}), f"ctxd/{layer} no longer imports ctxd.formats"

@@ -94,3 +94,11 @@ def test_a_misspelt_usage_field_is_refused_not_hidden():
     [message] = push({"role": "assistant", "content": [{"type": "text", "text": "t", "citations": [{"n": 1}]}],
                       "metadata": {"citations": "mine"}})
     assert message.metadata == {"citations": "mine", "providerCitations": [{"n": 1}]}
+
+
+def test_a_responses_api_usage_keeps_its_reasoning_count():
+    (answer,) = push({"role": "assistant", "content": "done",
+                      "usage": {"input_tokens": 90, "output_tokens": 30, "total_tokens": 120,
+                                "input_tokens_details": {"cached_tokens": 64},
+                                "output_tokens_details": {"reasoning_tokens": 20}}})
+    assert answer.usage == Usage(input_tokens=90, output_tokens=30, total_tokens=120, reasoning_tokens=20)
