@@ -34,12 +34,16 @@ def without_thinking(messages):
     return out
 
 
-def test_a_conversation_comes_back_as_the_client_sent_it_but_thinking():
+def test_a_conversation_comes_back_as_the_client_sent_it():
     messages = stored("anthropic", CONVERSATION)
-    assert messages[1].content[0] == msgspec.convert(  # thinking is history, with its signature
+    assert messages[1].content[0] == msgspec.convert(  # thinking is kept, with its signature
         {"type": "thinking", "thinking": "ls will do", "signature": "sig"}, type(messages[1].content[0]))
     out, system = rendered("anthropic", messages, ["be brief"])
-    assert out == without_thinking(CONVERSATION) and system == "be brief"
+    # Signed thinking goes back first in its message (Anthropic checks it in tool-use loops).
+    assert out == CONVERSATION and system == "be brief"
+    unsigned = stored("anthropic", [dict(m, content=[dict(b, signature=None) if b["type"] == "thinking" else b
+                                                     for b in m["content"]]) for m in CONVERSATION])
+    assert rendered("anthropic", unsigned, ["be brief"])[0] == without_thinking(CONVERSATION)
     # Equal as ctxd models them: the proxy may send the client's own bytes (signatures included).
     assert [formats.projection("anthropic", m) for m in out] == \
         [formats.projection("anthropic", m) for m in CONVERSATION]
