@@ -163,7 +163,8 @@ class CompressionConfig(_Section):
     """For small windows the protected share is at most this share of the available budget."""
     protected_tools: list[str] = []
     """Tools whose outputs are never pruned."""
-    watermark_tools: list[str] = msgspec.field(default_factory=lambda: ["compress_to_checkpoint", "deactivate_augments"])
+    watermark_tools: list[str] = msgspec.field(
+        default_factory=lambda: ["compress_to_checkpoint", "deactivate_augments"])
     """Tool calls that set the watermark (seed 002); ``mcp__x__name`` matches ``name``."""
     max_checkpoints: int = 4
     """More summary checkpoints than this and the two oldest merge into one."""

@@ -470,7 +470,8 @@ def _port(ctx: click.Context, param: click.Parameter, value: int | None) -> int 
                    "daemon.token_file; never starts one.")
 @click.option("--token-file", metavar="FILE", help="The TCP token file (default: daemon.token_file).")
 @click.option("--data-dir", metavar="DIR", help="Data directory for a daemon ctxd-cli starts (and the one expected).")
-@click.option("--config", "config_file", metavar="FILE", help="Configuration file (default ~/.config/ctxd/config.toml).")
+@click.option("--config", "config_file", metavar="FILE",
+              help="Configuration file (default ~/.config/ctxd/config.toml).")
 @click.option("--no-autostart", is_flag=True, help="Fail (exit 3) instead of starting a daemon when none answers.")
 @click.option("--json", "json_", is_flag=True, help="Print machine-readable JSON (and nothing else) on stdout; "
               "errors too, as {\"error\": ...}.")

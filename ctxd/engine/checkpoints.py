@@ -43,7 +43,8 @@ def new_id() -> str:
 def render_checkpoint(cp: Checkpoint) -> str:
     if cp.kind == "folded":
         # (Its first line says which of them it quotes exactly and which it cut.)
-        title = f"### Earlier user messages {cp.seq_from}-{cp.seq_to} (folded out of the conversation to fit the window)"
+        title = (f"### Earlier user messages {cp.seq_from}-{cp.seq_to} "
+                 "(folded out of the conversation to fit the window)")
     elif cp.kind == "truncated":
         title = f"### Messages {cp.seq_from}-{cp.seq_to} (omitted)"
     else:

@@ -6,8 +6,8 @@ prompt does not fit) choose the oldest kept user messages, the session's first o
 task) last; :func:`fold` moves them into the one folded checkpoint, their words verbatim
 as far as its allowance goes (the task first, then the ones that say most per token),
 each day's date once above its messages (``[8 May 2023]`` then ``[message 19] words``);
-only their text blocks (an image that came with them is not their words); :func:`unfold` takes a message back out when it is pinned. Pure
-functions over the active context.
+only their text blocks (an image that came with them is not their words); :func:`unfold`
+takes a message back out when it is pinned. Pure functions over the active context.
 """
 
 from __future__ import annotations

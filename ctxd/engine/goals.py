@@ -94,12 +94,14 @@ def parse_markers(message: Message, seq: int | None = None) -> Markers:
         elif kind == "CHECKPOINT":
             status = _STATUS.search(body)
             description = body[: status.start()] if status else body
-            markers.checkpoints.append(GoalCheckpoint(description.strip(), _status(status.group(1)) if status else "pending"))  # type: ignore[arg-type]
+            markers.checkpoints.append(
+                GoalCheckpoint(description.strip(), _status(status.group(1)) if status else "pending"))  # type: ignore[arg-type]
         elif kind == "DECISION":
             lock = _LOCK.search(body)
             description = body[: lock.start()] if lock else body
             architecture = bool(lock and lock.group(1).upper() == "ARCHITECTURE")
-            markers.decisions.append(Decision(description.strip(), locked=bool(lock), architecture=architecture, seq=seq))
+            markers.decisions.append(
+                Decision(description.strip(), locked=bool(lock), architecture=architecture, seq=seq))
         elif kind == "ARTIFACT":
             found = _ARTIFACT.match(body)
             if found:

@@ -1,11 +1,11 @@
 """Layer 1: tool-output pruning (seed 004 layer 1, opencode's prune). Free, no LLM.
 
-Walking back from the newest message, tool outputs are protected until they add up
-to ``protect`` tokens (the newest always, whatever its size); every older output is replaced by a placeholder that says it
-was cleared and when. Outputs of protected tools are never cleared. Pruning happens
-only when it frees at least ``minimum`` tokens (opencode's reading of the minimum:
-clearing a few small outputs would change the prompt, and break providers' prompt
-caches, for nothing). The result is a new pruning horizon
+Walking back from the newest message, tool outputs are protected until they add up to
+``protect`` tokens (the newest always, whatever its size); every older output is replaced by
+a placeholder that says it was cleared and when. Outputs of protected tools are never
+cleared. Pruning happens only when it frees at least ``minimum`` tokens (opencode's reading
+of the minimum: clearing a few small outputs would change the prompt, and break providers'
+prompt caches, for nothing). The result is a new pruning horizon
 (``PruneEvent``); history is untouched.
 
 A pass that needs only part of the output at its horizon (2k tokens of a 12k-token

@@ -45,7 +45,8 @@ def _blocks_before(ctx: ActiveContext, old: int, new: int) -> int:
     return sum(len(e.call_ids) + len(e.result_ids) for e in ctx.recent if old <= e.seq < new)
 
 
-def plan_watermark(ctx: ActiveContext, *, tool_use_id: str | None = None, seq: int | None = None) -> WatermarkMove | str:
+def plan_watermark(ctx: ActiveContext, *, tool_use_id: str | None = None,
+                   seq: int | None = None) -> WatermarkMove | str:
     """Where the watermark would go, or why it cannot (a string, nothing changes)."""
     current = ctx.state.watermark_seq
     if tool_use_id is not None:

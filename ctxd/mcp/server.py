@@ -450,7 +450,8 @@ def _stats_text(s: Resolved, info: dict[str, Any], stats: dict[str, Any], goal: 
         f"(last #{info.get('lastSeq', 0)}); every message stays searchable",
         f"prompt now: {stats.get('contextTokens', 0):,} tokens (conversation {b.get('used', 0):,})",
         f"budget: window {b.get('contextWindow', 0):,}, usable {b.get('usable', 0):,}, reserved output "
-        f"{b.get('reservedOutput', 0):,}, max prompt {b.get('maxPromptTokens', 0):,}; system {b.get('systemTokens', 0):,}, "
+        f"{b.get('reservedOutput', 0):,}, max prompt {b.get('maxPromptTokens', 0):,}; "
+        f"system {b.get('systemTokens', 0):,}, "
         f"pinned {b.get('pinnedTokens', 0):,}, checkpoints {b.get('checkpointTokens', 0):,}; available "
         f"{b.get('available', 0):,}, compression triggers at {b.get('triggerAt', 0):,}, free {b.get('free', 0):,}",
         f"compression: {stats.get('compressionCount', 0)} passes, {stats.get('checkpointCount', 0)} checkpoints "

@@ -3,7 +3,7 @@ the notifications that tell clients what compression did."""
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -14,7 +14,7 @@ Layer = Literal["prune", "watermark", "summarize", "truncate", "clip", "fold"]
 Level = Literal["detailed", "moderate", "compact", "ultra"]
 CheckpointKind = Literal["summary", "truncated", "folded"]
 ReliabilityLevel = Literal["high", "medium", "low", "critical"]
-ProgressToken = Union[str, int]
+ProgressToken = str | int
 
 
 class ToolUse(msgspec.Struct, rename="camel"):

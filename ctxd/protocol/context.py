@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -104,7 +104,7 @@ class OllamaPrompt(_PromptBase, tag="ollama"):
     messages: list[OllamaMessage]
 
 
-PromptResult = Union[OpenAIPrompt, AnthropicPrompt, OllamaPrompt]
+PromptResult = OpenAIPrompt | AnthropicPrompt | OllamaPrompt
 
 
 class RoleStats(msgspec.Struct, rename="camel"):

@@ -12,7 +12,7 @@ dropped, because a field silently lost is a message silently changed.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -66,7 +66,7 @@ class ImageBlock(_Block, tag="image"):
     url: Union[str, None] = None
 
 
-ContentBlock = Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, ImageBlock]
+ContentBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | ImageBlock
 
 
 class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):

@@ -6,7 +6,7 @@ the ``messages`` of a prompt result can be sent to the provider as they are.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -66,7 +66,7 @@ class AnthropicThinking(msgspec.Struct, tag="thinking", tag_field="type"):
     signature: str
 
 
-AnthropicBlock = Union[AnthropicText, AnthropicToolUse, AnthropicToolResult, AnthropicThinking]
+AnthropicBlock = AnthropicText | AnthropicToolUse | AnthropicToolResult | AnthropicThinking
 
 
 class AnthropicMessage(msgspec.Struct):

@@ -1,8 +1,9 @@
 """The service: what every request handler talks to.
 
-It owns the storage (``store/backend.py``: SQLite or PostgreSQL), the per-session state cache and the event sink. The operations
-are functions of a Service, each in the module named after it (``sessions.py``,
-``ingest.py``, ``prompt.py``, ``stats.py``), so handlers read as "decode, call, return".
+It owns the storage (``store/backend.py``: SQLite or PostgreSQL), the per-session state
+cache and the event sink. The operations are functions of a Service, each in the module
+named after it (``sessions.py``, ``ingest.py``, ``prompt.py``, ``stats.py``), so handlers
+read as "decode, call, return".
 """
 
 from __future__ import annotations

@@ -6,18 +6,18 @@ result is returned only after that transaction committed. Messages carrying an
 ``idempotencyKey`` already stored in the session are answered with their original
 sequence number and token count and are not stored again.
 
-A large push on SQLite (over ``STAGE_BYTES`` of stored bodies) is *staged* instead, so
-that it never holds the one writer for long (other clients' pushes wait for the writer):
-its rows are written in transactions of about ``STAGE_CHUNK_BYTES`` (and at most
-``STAGE_CHUNK_ROWS`` rows), above the session's committed ``last_seq`` where no reader
-looks, and a last small transaction makes them part of the session exactly as the one
-transaction would have (totals, stats, goal, watermark, ``last_seq``). It is still all-or-nothing for every reader, acknowledged after
-that last COMMIT only, and ordered by the session lock, held throughout. Rows of a staged
-push that failed are removed at once, else before the session's next push or when the
-daemon next starts (``store/messages.py``, "Staged pushes"). PostgreSQL keeps one
-transaction (other daemons may push to the session between two of ours), run on a
-second writer connection beside the writer's other jobs: its writers do not wait for
-each other's rows.
+A large push on SQLite (over ``STAGE_BYTES`` of stored bodies) is *staged* instead, so that
+it never holds the one writer for long (other clients' pushes wait for the writer): its rows
+are written in transactions of about ``STAGE_CHUNK_BYTES`` (and at most ``STAGE_CHUNK_ROWS``
+rows), above the session's committed ``last_seq`` where no reader looks, and a last small
+transaction makes them part of the session exactly as the one transaction would have
+(totals, stats, goal, watermark, ``last_seq``). It is still all-or-nothing for every reader,
+acknowledged after that last COMMIT only, and ordered by the session lock, held throughout.
+Rows of a staged push that failed are removed at once, else before the session's next push
+or when the daemon next starts (``store/messages.py``, "Staged pushes"). PostgreSQL keeps
+one transaction (other daemons may push to the session between two of ours), run on a second
+writer connection beside the writer's other jobs: its writers do not wait for each other's
+rows.
 """
 
 from __future__ import annotations

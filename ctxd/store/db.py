@@ -502,6 +502,7 @@ def _split_sql(script: str) -> list[str]:
             if current.strip():
                 statements.append(current.strip())
             current = ""
-    if current.strip() and not all(l.strip().startswith("--") or not l.strip() for l in current.splitlines()):
+    if current.strip() and not all(rest.strip().startswith("--") or not rest.strip()
+                                      for rest in current.splitlines()):
         statements.append(current.strip())
     return statements

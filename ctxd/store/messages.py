@@ -97,13 +97,13 @@ def find_keys(conn: sqlite3.Connection, session_id: str, keys: list[str],
 
 def insert_messages(conn: sqlite3.Connection, session_id: str, rows: Iterable[tuple[int, NewMessage]],
                     between: Callable[[], object] | None = None) -> None:
-    """Write messages in the caller's transaction (the search indexer picks them up after).
-    On PostgreSQL by COPY: one statement for the batch, about twice as fast as INSERTs; but
+    """Write messages in the caller's transaction (the search indexer picks them up after). On
+    PostgreSQL by COPY: one statement for the batch, about twice as fast as INSERTs; but
     COPY waits for the server twice, and is not allowed in pipeline mode (a small push,
     ``dialect.pipeline_safe``), where one INSERT of the rows as arrays (``unnest``: one
-    statement however many rows) goes with the transaction's other statements. ``between`` (PostgreSQL's COPY only): called after about
-    every ``BETWEEN_BYTES`` of bodies sent, so that a large push's rows let other clients'
-    requests run (``service/turns.py``)."""
+    statement however many rows) goes with the transaction's other statements. ``between``
+    (PostgreSQL's COPY only): called after about every ``BETWEEN_BYTES`` of bodies sent, so
+    that a large push's rows let other clients' requests run (``service/turns.py``)."""
     values = [(session_id, seq, m.message.role, m.created_at, m.tokens.total, m.tokens.overhead,
                m.tokens.text, m.tokens.tool_call, m.tokens.tool_result, m.tokens.thinking, m.key, m.body)
               for seq, m in rows]

@@ -540,7 +540,8 @@ def _test_report() -> str:
         units = sum(r[4] for r in rows)
         value = sum(r[3] * r[4] for r in rows)
         body += (f"\n    def test_{category}_totals(self):\n"
-                 f"        self.assertEqual(per_category(self.items, self.warehouses)[{category!r}], ({units}, {value}))\n")
+                 f"        self.assertEqual(per_category(self.items, self.warehouses)[{category!r}], "
+                 f"({units}, {value}))\n")
     for warehouse in WAREHOUSES:
         rows = [r for r in items if r[5] == warehouse]
         units = sum(r[4] for r in rows)

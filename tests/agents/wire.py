@@ -272,7 +272,8 @@ def _anthropic_problem(body: dict[str, Any], v: View) -> str | None:
         results = [b.id for b in m.blocks if b.type == "result"]
         if results:
             before = v.messages[i - 1] if i else None
-            calls = {b.id for b in before.blocks if b.type == "call"} if before and before.role == "assistant" else set()
+            calls = ({b.id for b in before.blocks if b.type == "call"}
+                     if before and before.role == "assistant" else set())
             stray = [r for r in results if r not in calls]
             if stray:
                 return (f"messages.{i}.content: unexpected `tool_use_id` found in `tool_result` blocks: {stray[0]}. "
@@ -393,7 +394,8 @@ def segments(api: str, body: dict[str, Any]) -> list[str]:
             out.append(f"{item.get('role')}:" + _content_text(item.get("content")))
         elif kind == "reasoning":
             # the provider decrypts and counts the reasoning; its summary stands in for it here
-            out.append("reasoning:" + _content_text(item.get("summary")) + str(item.get("encrypted_content") or "")[:64])
+            encrypted = str(item.get("encrypted_content") or "")[:64]
+            out.append("reasoning:" + _content_text(item.get("summary")) + encrypted)
         else:
             rest = {k: v for k, v in item.items() if k not in ("type", "id", "status")}
             out.append(f"{kind}:" + (rest.pop("output", "") if isinstance(rest.get("output"), str) else "")

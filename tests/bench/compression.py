@@ -434,7 +434,7 @@ def bench_prompt(lab: Lab, plan: Plan, log: Log) -> list[Result]:
             f"last tenth {pd.get('last_tenth_p50', float('nan')):.1f})")
     rss = _rss_mb(proc.pid)
     mark = len(proc.notes)
-    for n, s in sessions.items():  # warm-up
+    for s in sessions.values():  # warm-up
         time_prompts(proc, s.sid, 5)
     # Alternated rounds; each round first pushes one more batch into the session (and
     # waits for the pass it may start), so every session is measured across its whole
@@ -887,8 +887,9 @@ def bench_retention(lab: Lab, plan: Plan, log: Log, corpus: Path | None = None) 
             mine = [r for r in rows if r["window"] == window and r["format"] in fmts]
             if not mine:
                 continue
-            entry: dict[str, Any] = {"transcripts": len(mine), "compressed_by_ctxd": sum(
-                r["ctxd"]["compressions"] > 0 for r in mine), "fit_uncompressed": sum(r["fits_uncompressed"] for r in mine)}
+            entry: dict[str, Any] = {"transcripts": len(mine),
+                                     "compressed_by_ctxd": sum(r["ctxd"]["compressions"] > 0 for r in mine),
+                                     "fit_uncompressed": sum(r["fits_uncompressed"] for r in mine)}
             for method in ("ctxd", "sliding", "rolling"):
                 acc: dict[str, list[int]] = {}
                 for r in mine:
@@ -978,7 +979,8 @@ def retention_table(results: list[Result]) -> str:
                     cells.append("-")
             per = entry["per_100_turns"]
             sent = {"ctxd": per["ctxd_tokens_sent"], "sliding": per["sliding_tokens_sent"]}.get(method)
-            rows.append([f"{int(window) // 1024}k", f"{group} ({entry['transcripts']}, {entry['compressed_by_ctxd']} compr.)",
+            rows.append([f"{int(window) // 1024}k",
+                         f"{group} ({entry['transcripts']}, {entry['compressed_by_ctxd']} compr.)",
                          names[method]] + cells + [
                 f"{m['prompt_tokens_mean']:,.0f}", "-" if sent is None else f"{sent:,.0f}",
                 f"{per['ctxd_compressions']:.2f}" if method == "ctxd" else "-",
@@ -995,7 +997,7 @@ def retention_table(results: list[Result]) -> str:
         window, group = key.split("/")
         if not group.startswith("format:"):
             continue
-        def trio(metric: str) -> str:
+        def trio(metric: str, entry: dict[str, Any] = entry) -> str:
             of = entry["ctxd"].get(metric, {}).get("of", 0)
             if not of:
                 return "-"

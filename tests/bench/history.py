@@ -289,12 +289,14 @@ def bench_search(lab: Lab, plan: Plan, log: Log) -> list[Result]:
     details = {"messages": total, "sessions": plan.search_sessions, "queries": len(flat),
                "samples_each": len(lat["search"]), "build_seconds": build,
                "first_search_ms_with_index_backlog": first_ms, "first_search_hits": len(first["hits"]),
-               "daemon_took_ms_p50": percentile(took_ms, 50), "daemon_cpu_ms_per_search": cpu / len(lat["search"]) * 1e3,
+               "daemon_took_ms_p50": percentile(took_ms, 50),
+               "daemon_cpu_ms_per_search": cpu / len(lat["search"]) * 1e3,
                "database_mb": size_mb, "wal_mb": wal.stat().st_size / 2**20 if wal.exists() else 0,
                "by_class": classes, "scan_p99_ms": b99,
                "vocabulary": len(ProseWorkload().words),
                "ctxd_like_scan_finds_nothing_on_blob_bodies": like_scan_broken,
-               "baseline_sql": "SELECT session_id, seq FROM messages WHERE CAST(body AS TEXT) LIKE ? [AND ...] LIMIT 20"}
+               "baseline_sql": "SELECT session_id, seq FROM messages WHERE CAST(body AS TEXT) LIKE ? "
+                               "[AND ...] LIMIT 20"}
     return [
         Result("2", f"session/search p50, {total // 1000}k msgs in {plan.search_sessions} sessions", s50, "ms", b50,
                f"LIKE scan p50, same queries (sqlite3, read-only); scan/search {b50 / s50:.1f}x", s50 / b50,

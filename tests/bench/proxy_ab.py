@@ -105,7 +105,8 @@ async def run(trees: list[str], requests: int) -> None:
                         hop[k].append((time.perf_counter() - start) * 1000)
                 for i in range(max(20, requests // 4)):
                     for k in _rotated(len(urls), i):
-                        body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"Stream {i}"}]}
+                        body = {"model": MODEL, "stream": True,
+                                "messages": [{"role": "user", "content": f"Stream {i}"}]}
                         start = time.perf_counter()
                         async with http.stream("POST", urls[k] + "/v1/chat/completions", json=body,
                                                headers={"x-ctxd-session": f"ab-stream-{k}-{i}"}) as response:

@@ -355,7 +355,8 @@ class Replay:
                 {"message_index": i, "session_updated": n, "prompt": p}
                 for i, n, p in zip(self.points, self.note_tokens, self.prompt_tokens) if n is not None and n != p][:20],
             "predicted_without_pass": self.predicted_without_pass,
-            "predicted_without_pass_at": self.predicted_without_pass_at[:20], "unpredicted_passes": self.unpredicted_passes,
+            "predicted_without_pass_at": self.predicted_without_pass_at[:20],
+            "unpredicted_passes": self.unpredicted_passes,
             "pass_timeouts": self.pass_timeouts, "seconds": round(self.seconds, 2),
             "final_stats": {k: self.final_stats.get(k) for k in ("messageCount", "tokenCount", "contextTokens",
                                                                   "compressionCount", "checkpointCount",
@@ -443,7 +444,8 @@ class Daemon:
                 rep.predicted_without_pass += 1
                 rep.predicted_without_pass_at.append({
                     "message_index": len(rep.pushed_tokens) - 1, "last_after_used": last_after,
-                    **{k: budget.get(k) for k in ("used", "triggerAt", "available", "promptTokens", "maxPromptTokens")}})
+                    **{k: budget.get(k)
+                       for k in ("used", "triggerAt", "available", "promptTokens", "maxPromptTokens")}})
             return False, last_after
         if not predicted and rep is not None:
             rep.unpredicted_passes += 1
@@ -578,7 +580,8 @@ class Daemon:
         self.cpu += cpu_seconds(proc.pid) - cpu0
         self.done[key] = rep
         c = rep.compressions[-1] if rep.compressions else 0
-        self.log(f"  {window // K}k {spec.name[:48]}: {n} messages, {len(rep.points)} prompts, {len(rep.passes)} passes "
+        self.log(f"  {window // K}k {spec.name[:48]}: {n} messages, {len(rep.points)} prompts, "
+                 f"{len(rep.passes)} passes "
                  f"(compressionCount {c}), "
                  f"final {rep.final_prompt.get('tokens', 0):,}/{rep.max_prompt:,} tokens, {rep.seconds:.1f} s")
         return rep
@@ -695,7 +698,8 @@ def rolling_final(rep: Replay) -> tuple[str, int, dict[str, Any]]:
     text = "\n".join(([spec.system_prompt] if spec.system_prompt else []) + [summary]
                      + [s for m in spec.messages[start:] for s in sent_strings(m)])
     return text, fixed_tokens(rep) + n_summary + MESSAGE_OVERHEAD + used, {
-        "older_turns": start, "lines_kept": len(lines) - first, "line_cap_tokens": cap, "recent_kept": len(tokens) - start}
+        "older_turns": start, "lines_kept": len(lines) - first, "line_cap_tokens": cap,
+        "recent_kept": len(tokens) - start}
 
 
 def sliding_per_point(rep: Replay) -> tuple[list[float], list[bool | None], list[bool | None]]:
@@ -958,7 +962,8 @@ def bench_use(lab: Lab, plan: Plan, log: Log, daemon: Daemon, corpus: Corpus) ->
 def user_specs(plan: Plan, corpus: Corpus, log: Log) -> list[tuple[Spec, int]]:
     seen: set[tuple[str, int]] = set()
     out: list[tuple[Spec, int]] = []
-    for spec, window in [(s, w) for w in plan.locomo_windows for s in corpus.locomo(log)] + use_specs(plan, corpus, log):
+    locomo = [(s, w) for w in plan.locomo_windows for s in corpus.locomo(log)]
+    for spec, window in locomo + use_specs(plan, corpus, log):
         if (spec.key, window) not in seen:
             seen.add((spec.key, window))
             out.append((spec, window))
@@ -1293,7 +1298,8 @@ def bench_state(lab: Lab, plan: Plan, log: Log, daemon: Daemon, corpus: Corpus) 
                               "task + sliding window", (x / y) if (x is not None and y) else None,
                               "(figure only)", None, {"metric": metric}))
     x, y = _share(c["task"]) or 0.0, _share(b["task"])
-    results.append(Result("6", f"agents @ {k}: task (first user message, a demonstration aside) verbatim (n={c['task'][0]})", x, "%", y,
+    results.append(Result("6", f"agents @ {k}: task (first user message, a demonstration aside) verbatim "
+                               f"(n={c['task'][0]})", x, "%", y,
                           "task + sliding window", (x / y) if y else None, "100%", c["task"][0] == c["task"][1],
                           {"metric": "task", "lost": [r["key"] for r in rows if not r["task_kept"]]}))
     return results
@@ -1306,7 +1312,7 @@ def state_table(results: list[Result]) -> str:
         return ""
     rows = [["format", "transcripts (compressed)", "task c / b", "files c / b", "errors c / b"]]
     for fmt, f in data.items():
-        def pair(metric: str) -> str:
+        def pair(metric: str, f: dict[str, Any] = f) -> str:
             c, b = f["ctxd"].get(metric, [0, 0]), f["task_sliding"].get(metric, [0, 0])
             return f"{_pct(_share(c))} / {_pct(_share(b))} of {c[0]}" if c[0] else "-"
         rows.append([fmt, f"{f['transcripts']} ({f['compressed']})", pair("task"), pair("files"), pair("errors")])

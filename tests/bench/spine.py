@@ -514,7 +514,8 @@ def bench_push_batch(lab: Lab, plan: Plan, corpus: Corpus) -> list[Result]:
         results.append(Result(
             "2", "push x100 vs in-process decode+count", rn, "msg/s", fl, "decode+count only", rn / fl,
             "(figure only)", None,
-            {"floor_rounds_msg_s": rates["floor"], "paired_ratios": [a / b for a, b in zip(rates["normal"], rates["floor"])],
+            {"floor_rounds_msg_s": rates["floor"],
+             "paired_ratios": [a / b for a, b in zip(rates["normal"], rates["floor"])],
              "what": "msgspec decode into SessionPushParams + TokenCounter.count_message, in the benchmark "
                      "process, interleaved with the daemon rounds: the share of the daemon's rate that is "
                      "bounded by counting"}))
@@ -780,8 +781,8 @@ def machine(ctxd_path: str | None = None) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             pass
     try:  # read-only
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO, capture_output=True,
-                                        text=True, timeout=5).stdout.strip() or None
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO,
+                                        capture_output=True, text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         info["commit"] = None
     import sqlite3

@@ -265,8 +265,9 @@ class ProseWorkload:
                 calls += 1
                 prev = out[-1]
                 call_id = f"c{calls}"
+                arguments = json.dumps({"path": r.choice(_FILES)})
                 prev["toolCalls"] = [{"id": call_id, "type": "function",
-                                      "function": {"name": "read_file", "arguments": json.dumps({"path": r.choice(_FILES)})}}]
+                                      "function": {"name": "read_file", "arguments": arguments}}]
                 out.append({"role": "tool", "toolCallId": call_id, "content": self.text(r.randint(low, high * 2))})
             else:
                 out.append({"role": role, "content": self.text(r.randint(low, high))})

@@ -201,9 +201,11 @@ def test_messages_whose_session_row_was_lost_get_a_rebuilt_session(tmp_path: Pat
                      "token_count, last_seq, title) VALUES (?, 't0', 't9', 'o200k_base', 0, 3, 30, 3, 'kept title')",
                      (sid,))
         conn.executemany("INSERT INTO messages (session_id, seq, role, created_at, tokens, tok_overhead, tok_text, "
-                         "tok_tool_call, tok_tool_result, tok_thinking, body) VALUES (?, ?, ?, ?, 10, 3, 7, 0, 0, 0, ?)",
+                         "tok_tool_call, tok_tool_result, tok_thinking, body) "
+                         "VALUES (?, ?, ?, ?, 10, 3, 7, 0, 0, 0, ?)",
                          [(sid, i, "user" if i % 2 else "assistant", f"2026-01-0{i}",
-                           f'{{"role":"{"user" if i % 2 else "assistant"}","content":"{sid} {i}"}}') for i in (1, 2, 3)])
+                           f'{{"role":"{"user" if i % 2 else "assistant"}","content":"{sid} {i}"}}')
+                          for i in (1, 2, 3)])
     info = json.dumps({"snapshotId": "snap_1", "sessionId": "gone", "createdAt": "t", "trigger": "manual",
                        "lastSeq": 1, "messageCount": 1, "tokenCount": 10, "contextTokens": 10, "checkpointCount": 0,
                        "compressionCount": 0, "userMessageCount": 1, "contextWindow": 8192, "compressionRatio": 1.0})

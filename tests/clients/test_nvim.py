@@ -174,7 +174,7 @@ def test_a_lost_daemon_is_reported_and_the_next_command_reconnects(base_dir: Pat
         for pid in pids:
             if not process_gone(pid):
                 os.kill(pid, signal.SIGTERM)
-                wait_for(lambda: process_gone(pid), what="the daemon to stop")
+                wait_for(lambda pid=pid: process_gone(pid), what="the daemon to stop")
 
 
 def _frame(message: dict[str, object]) -> bytes:

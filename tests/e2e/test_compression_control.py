@@ -145,7 +145,7 @@ async def check_auto_off(conn: Conn, drive: Driver) -> None:
     sid = drive.session_id
     turns = agent_session(seed=3, messages=300, markers=False)
     refused = None
-    for index, turn in enumerate(turns):
+    for index, turn in enumerate(turns):  # noqa: B007 - index is used after the loop
         await drive.push(turn)
         budget = drive.last_result["budget"]
         if budget["promptTokens"] > budget["maxPromptTokens"]:

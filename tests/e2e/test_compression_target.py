@@ -133,8 +133,8 @@ async def test_an_assistant_message_bigger_than_the_prompt_is_excerpted():
         answer = "\n".join(f"line {i}: " + _prose(rng, 12) for i in range(400))
         content = "\n".join(f"def f{i}(): return {i}" for i in range(600))
         big = {"role": "assistant", "content": answer,
-               "toolCalls": [{"id": "w1", "function": {"name": "write_file",
-                                                        "arguments": json.dumps({"path": "m.py", "content": content})}}]}
+               "toolCalls": [{"id": "w1", "function": {
+                   "name": "write_file", "arguments": json.dumps({"path": "m.py", "content": content})}}]}
         pushed = await drive.push([big])
         assert pushed["messages"][0]["tokens"] > 4096
         await drive.push([{"role": "tool", "toolCallId": "w1", "content": "written"}])

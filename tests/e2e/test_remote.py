@@ -145,7 +145,8 @@ async def test_requests_sent_before_stdin_closes_are_answered(daemon: Daemon, fo
     fwd = await forwarder(forwarders, f"unix:{daemon.socket_path}")
     await fwd.initialize()
     await fwd.send_raw(b"".join([
-        frame({"jsonrpc": "2.0", "id": 7, "method": "session/create", "params": {"sessionId": "last", "model": "gpt-4"}}),
+        frame({"jsonrpc": "2.0", "id": 7, "method": "session/create",
+               "params": {"sessionId": "last", "model": "gpt-4"}}),
         frame({"jsonrpc": "2.0", "id": 8, "method": "session/push",
                "params": {"sessionId": "last", "messages": [user_message("sent just before the editor quit")]}})]))
     await fwd.close_stdin()

@@ -499,7 +499,8 @@ async def test_sigterm_while_search_index_catches_up(daemon_factory):
         db_write(daemon.data_dir, "DELETE FROM messages_fts", "UPDATE search_state SET indexed_through = 0")
         progress = "SELECT indexed_through FROM search_state"
     else:  # the queue of messages to index (store/search_pg.py)
-        db_write(daemon.data_dir, "DELETE FROM messages_fts", "INSERT INTO search_pending SELECT id FROM messages ON CONFLICT DO NOTHING")
+        db_write(daemon.data_dir, "DELETE FROM messages_fts",
+                 "INSERT INTO search_pending SELECT id FROM messages ON CONFLICT DO NOTHING")
         progress = "SELECT count(*) FROM messages_fts"
 
     daemon.start()
@@ -534,7 +535,7 @@ async def test_cancel_racing_the_write_is_all_or_nothing(daemon):
         assert message["id"] not in answers, f"push {message['id']} answered twice"
         answers[message["id"]] = message
     stored_ids = sorted(i for i, m in answers.items() if "result" in m)
-    for i, m in answers.items():
+    for m in answers.values():
         assert "result" in m or m["error"]["code"] == -32800, m
     rows = db_rows(daemon.data_dir, sid)
     assert [body["content"] for _, body, _ in rows] == [texts[i] for i in stored_ids]

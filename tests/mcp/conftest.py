@@ -144,8 +144,8 @@ def agent_messages(turns: int, *, topic: str = "urlvalidator") -> list[dict[str,
         call_id = f"call_{topic}_{i}"
         if i % 2 == 0:
             messages.append({"role": "assistant", "content": f"Step {i}: looking at file{i}.py for {topic}.",
-                             "toolCalls": [{"id": call_id, "type": "function",
-                                            "function": {"name": "bash", "arguments": f'{{"cmd": "cat file{i}.py"}}'}}]})
+                             "toolCalls": [{"id": call_id, "type": "function", "function": {
+                                 "name": "bash", "arguments": f'{{"cmd": "cat file{i}.py"}}'}}]})
             body = "\n".join(f"file{i}.py:{n}: line {n} of step {i} ({topic} marker{i})" for n in range(60))
             messages.append({"role": "tool", "toolCallId": call_id, "content": body})
         else:

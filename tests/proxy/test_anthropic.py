@@ -87,7 +87,8 @@ async def test_tools_streaming_and_unmodelled_blocks(proxy, upstream, ctxd_daemo
     assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant", "user", "assistant"]
     assert stored[0]["metadata"]["ctxdProxy"]["unkept"] == ["image"]
     assert stored[1]["usage"] == {"inputTokens": stored[1]["usage"]["inputTokens"], "outputTokens": 2,
-                                  "cacheReadTokens": 3, "cacheWriteTokens": 0} or stored[1]["usage"]["cacheReadTokens"] == 3
+                                  "cacheReadTokens": 3, "cacheWriteTokens": 0} \
+        or stored[1]["usage"]["cacheReadTokens"] == 3
     assert stored[3]["usage"]["cacheWriteTokens"] == 5
     assert "sk-ant-test-secret" not in proxy.log()
 

@@ -28,7 +28,7 @@ class DroppingRelay:
 
     async def start(self) -> "DroppingRelay":
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
 
     async def close(self) -> None:

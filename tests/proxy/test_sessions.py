@@ -213,7 +213,7 @@ async def test_sessions_beyond_the_bound_are_forgotten_and_read_again(tmp_path) 
         messages.append({"role": "assistant", "content": f"to {name}"})
 
     try:
-        for round_ in range(3):
+        for _ in range(3):
             for n in range(8):
                 await turn(f"s{n}")
                 assert len(sessions_._tracked) <= sessions_.TRACKED + 1

@@ -216,7 +216,8 @@ def test_result_after_an_interrupting_user_message_is_moved_up():
     assert r.messages[3].content == "12 passed"
     assert r.messages[4].content == "Actually, also check lint."
     r = render(messages, "anthropic")
-    assert r.messages[2].content == [AnthropicToolResult("c1", "12 passed"), AnthropicText("Actually, also check lint.")]
+    assert r.messages[2].content == [AnthropicToolResult("c1", "12 passed"),
+                                     AnthropicText("Actually, also check lint.")]
     assert r.extra_tokens == 0
     assert problems(messages) == {}
 
@@ -476,7 +477,8 @@ def test_validators_catch_what_providers_reject():
     assert validate_openai([OpenAIMessage(role="user", content="")])
     from ctxd.protocol.providers import OpenAIFunction, OpenAIToolCall
     call = OpenAIToolCall(id="a", function=OpenAIFunction("f", "{}"))
-    assert validate_openai([OpenAIMessage(role="assistant", tool_calls=[call]), OpenAIMessage(role="user", content="x")])
+    assert validate_openai([OpenAIMessage(role="assistant", tool_calls=[call]),
+                            OpenAIMessage(role="user", content="x")])
     assert validate_openai([OpenAIMessage(role="assistant", tool_calls=[call, call])])
     assert validate_anthropic(None, [AnthropicMessage("assistant", [AnthropicText("x")])])
     assert validate_anthropic(None, [AnthropicMessage("user", [AnthropicText("x")]),

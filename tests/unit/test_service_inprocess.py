@@ -305,8 +305,8 @@ def _step(i: int, args_lines: int, output_lines: int) -> list[dict[str, Any]]:
     """An agent step: a call whose arguments hold ``args_lines`` lines and its output."""
     content = "\n".join(f"def f{i}_{k}(): return {k}" for k in range(args_lines))
     call = {"role": "assistant", "content": f"step {i}",
-            "toolCalls": [{"id": f"c{i}", "function": {"name": "write_file",
-                                                       "arguments": json.dumps({"path": f"m{i}.py", "content": content})}}]}
+            "toolCalls": [{"id": f"c{i}", "function": {
+                "name": "write_file", "arguments": json.dumps({"path": f"m{i}.py", "content": content})}}]}
     output = "\n".join(f"test_{i}_{k} PASSED in {k}.0{i}s" for k in range(output_lines))
     return [call, {"role": "tool", "toolCallId": f"c{i}", "content": output}]
 
@@ -325,7 +325,8 @@ async def test_a_newest_step_too_big_together_still_gets_a_prompt(service: Servi
     result = await _prompt(service)
     budget = result.budget
     assert pushed.context_tokens > budget.max_prompt_tokens  # the step did not fit as pushed
-    assert all(m.tokens < 0.5 * budget.available for m in pushed.messages), ([m.tokens for m in pushed.messages], budget.available)
+    assert all(m.tokens < 0.5 * budget.available for m in pushed.messages), \
+        ([m.tokens for m in pushed.messages], budget.available)
     assert result.tokens <= budget.max_prompt_tokens
     texts = json.dumps([msgspec.to_builtins(m) for m in result.messages])
     assert "left out by ctxd" in texts and "def f99_0()" in texts and "test_99_0 PASSED" in texts

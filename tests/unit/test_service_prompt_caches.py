@@ -104,7 +104,7 @@ def _tool_turn(i: int, words: int = 40) -> list[dict[str, Any]]:
     call = f"call{i}"
     return [{"role": "user", "content": f"check module {i}"},
             {"role": "assistant", "content": f"checking {i}",
-             "toolCalls": [{"id": call, "function": {"name": "check", "arguments": '{"m": %d}' % i}}]},
+             "toolCalls": [{"id": call, "function": {"name": "check", "arguments": f'{{"m": {i}}}'}}]},
             {"role": "tool", "toolCallId": call, "content": f"module {i}: " + " ".join(["ok"] * words)},
             {"role": "assistant", "content": f"module {i} is fine"}]
 

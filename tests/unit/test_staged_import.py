@@ -61,7 +61,8 @@ def document(n: int, sid: str = SID) -> str:
         "format": "ctxd.session", "version": 1, "exportedAt": "2025-01-02T00:00:00Z",
         "session": {"sessionId": sid, "createdAt": "2025-01-01T00:00:00Z", "model": "gpt-4o",
                     "contextWindow": 1_000_000, "systemPrompt": "Be brief.", "tags": ["a", "b"],
-                    "metadata": {"from": "test"}, "goal": {"id": "g1", "description": "finish the port", "createdAt": "2025-01-01T00:00:00Z"},
+                    "metadata": {"from": "test"},
+                    "goal": {"id": "g1", "description": "finish the port", "createdAt": "2025-01-01T00:00:00Z"},
                     "settings": {"autoCompress": False}},
         "messages": messages, "checkpoints": [], "compressions": [], "events": []})
 

@@ -70,7 +70,8 @@ async def _seen(svc: Service) -> dict[str, Any]:
     return {"count": info.message_count, "tokens": info.token_count,
             "history": [e.seq for e in page.messages],
             "search": sorted((h.session_id, h.seq) for h in hits),
-            "export": (exported.message_count, len(exported.document)), "stored": await svc.db.read(message_store.count_messages, SID)}
+            "export": (exported.message_count, len(exported.document)),
+            "stored": await svc.db.read(message_store.count_messages, SID)}
 
 
 

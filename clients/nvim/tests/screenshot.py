@@ -33,7 +33,8 @@ BG, FG = (30, 30, 36), (220, 220, 214)
 NAMED = {"black": (40, 40, 48), "red": (224, 108, 117), "green": (152, 195, 121), "brown": (229, 192, 123),
          "yellow": (229, 192, 123), "blue": (97, 175, 239), "magenta": (198, 120, 221), "cyan": (86, 182, 194),
          "white": (220, 220, 214), "brightblack": (92, 99, 112), "brightred": (240, 128, 128),
-         "brightgreen": (170, 220, 140), "brightyellow": (240, 210, 140), "brightbrown": (240, 210, 140), "brightblue": (120, 190, 250),
+         "brightgreen": (170, 220, 140), "brightyellow": (240, 210, 140), "brightbrown": (240, 210, 140),
+         "brightblue": (120, 190, 250),
          "brightmagenta": (215, 150, 235), "brightcyan": (110, 200, 210), "brightwhite": (250, 250, 250)}
 
 
