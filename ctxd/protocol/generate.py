@@ -1,10 +1,11 @@
-"""Generate ``protocol/schema.json`` and ``protocol/methods.md`` from the Structs.
+"""Generate ``protocol/schema.json``, ``protocol/methods.md`` and the VS Code extension's
+``clients/vscode/src/protocol/types.ts`` from the Structs.
 
-    python -m ctxd.protocol.generate            # write both files
-    python -m ctxd.protocol.generate --check    # exit 1 if they are stale
+    python -m ctxd.protocol.generate            # write the three files
+    python -m ctxd.protocol.generate --check    # exit 1 if one is stale
 
-tests/unit/test_protocol_generated.py runs the check, so the documents cannot drift
-from the code that defines the wire.
+tests/unit/test_generated_docs.py runs the check, so neither the documents nor the
+extension's types can drift from the code that defines the wire.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import msgspec
 from ctxd import __version__
 from ctxd.protocol.errors import ERROR_DOCS, ErrorCode
 from ctxd.protocol.methods import METHODS, NOTIFICATIONS
+from ctxd.protocol.typescript import TYPES_PATH, render_typescript
 
-ROOT = Path(__file__).resolve().parents[2] / "protocol"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _types() -> list[Any]:
@@ -156,10 +158,12 @@ def build_markdown(schema: dict[str, Any]) -> str:
 
 
 def render() -> dict[str, str]:
+    """Every generated file's text, by its path in the repository."""
     schema = build_schema()
     return {
-        "schema.json": json.dumps(schema, indent=2, sort_keys=False) + "\n",
-        "methods.md": build_markdown(schema),
+        "protocol/schema.json": json.dumps(schema, indent=2, sort_keys=False) + "\n",
+        "protocol/methods.md": build_markdown(schema),
+        TYPES_PATH: render_typescript(schema),
     }
 
 
@@ -167,14 +171,14 @@ def main(argv: list[str]) -> int:
     files = render()
     if "--check" in argv:
         stale = [name for name, text in files.items()
-                 if not (ROOT / name).exists() or (ROOT / name).read_text(encoding="utf-8") != text]
+                 if not (REPO / name).exists() or (REPO / name).read_text(encoding="utf-8") != text]
         if stale:
             sys.stderr.write(f"stale: {', '.join(stale)}; run python -m ctxd.protocol.generate\n")
             return 1
         return 0
-    ROOT.mkdir(exist_ok=True)
     for name, text in files.items():
-        (ROOT / name).write_text(text, encoding="utf-8")
+        (REPO / name).parent.mkdir(parents=True, exist_ok=True)
+        (REPO / name).write_text(text, encoding="utf-8")
     return 0
 
 

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_protocol_documents_are_current() -> None:
     for name, text in render().items():
-        path = REPO / "protocol" / name
+        path = REPO / name
         assert path.exists(), f"{path} is missing: run python -m ctxd.protocol.generate"
         assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run python -m ctxd.protocol.generate"
 
@@ -42,3 +42,29 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "pytest" in test_command
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert test_command in ci, ".ci/run must run exactly README's test command"
+
+
+def test_typescript_types_follow_the_schema() -> None:
+    """types.ts is rendered from the schema: a new field, a new literal and a new
+    notification appear in it, typed, without anyone editing TypeScript."""
+    import copy
+
+    from ctxd.protocol.generate import build_schema
+    from ctxd.protocol.typescript import render_typescript
+
+    schema = build_schema()
+    before = render_typescript(schema)
+    assert 'export type Role = "assistant" | "system" | "tool" | "user";' in before
+    assert "  role: Role;" in before  # Message.role, by its name
+    assert "export type Prompt = OpenAIPrompt | AnthropicPrompt | OllamaPrompt;" in before
+    changed = copy.deepcopy(schema)
+    changed["$defs"]["Message"]["properties"]["role"]["enum"].append("developer")
+    changed["$defs"]["SessionInfo"]["properties"]["pinnedCount"] = {"type": "integer"}
+    changed["$defs"]["SessionInfo"]["required"].append("pinnedCount")
+    changed["notifications"]["session/renamed"] = {"description": "", "direction": "server->client",
+                                                   "params": {"$ref": "#/$defs/SessionRef"}}
+    after = render_typescript(changed)
+    assert 'export type Role = "assistant" | "system" | "tool" | "user" | "developer";' in after
+    session_info = after.split("export interface SessionInfo {", 1)[1].split("}", 1)[0]
+    assert "  pinnedCount: number;" in session_info
+    assert '  "session/renamed": SessionRef;' in after and '  "session/renamed",' in after

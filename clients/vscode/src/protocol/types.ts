@@ -1,39 +1,549 @@
-/**
- * The parts of ctxd's protocol this extension uses, as TypeScript types. The source of
- * truth is protocol/schema.json (generated from ctxd/protocol/); field names and
- * optionality follow it.
- */
+// Generated from protocol/schema.json by `python -m ctxd.protocol.generate`; do not edit
+// (tests/unit/test_generated_docs.py fails when this file is stale).
 
-export type Role = "system" | "user" | "assistant" | "tool";
-export type PromptFormat = "openai" | "anthropic" | "ollama";
+// --- named field types ---
+
+export type Role = "assistant" | "system" | "tool" | "user";
+export type PromptFormat = "anthropic" | "ollama" | "openai";
 export type ExportFormat = "json" | "jsonl" | "markdown";
-export type CheckpointLevel = "detailed" | "moderate" | "compact" | "ultra";
-export type ReliabilityLevel = "high" | "medium" | "low" | "critical";
+export type CheckpointLevel = "compact" | "detailed" | "moderate" | "ultra";
+export type ReliabilityLevel = "critical" | "high" | "low" | "medium";
 export type CompressionLayer = "clip" | "fold" | "prune" | "summarize" | "truncate" | "watermark";
+export type ContentBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | ImageBlock;
+export type WorkDoneProgress = ProgressBegin | ProgressReport | ProgressEnd;
+export type Prompt = OpenAIPrompt | AnthropicPrompt | OllamaPrompt;
 
-export interface TextBlock { type: "text"; text: string }
-export interface ToolUseBlock { type: "tool_use"; id: string; name: string; input: Record<string, unknown> }
-export interface ToolResultBlock {
+// --- types ---
+
+export interface AnthropicMessage {
+  role: "assistant" | "user";
+  content: (AnthropicText | AnthropicToolUse | AnthropicToolResult | AnthropicThinking)[];
+}
+
+/**
+ * ``system`` and ``messages`` go straight into ``/v1/messages``. With
+ * ``cacheControl`` (the default) ``system`` is a list of text blocks (the client's own
+ * system text, then ctxd's goal and checkpoints; one block when there is one part), each
+ * with a ``cache_control`` breakpoint, as the last message's last block has; without,
+ * ``system`` is a string.
+ */
+export interface AnthropicPrompt {
+  format: "anthropic";
+  system: string | AnthropicText[] | null;
+  messages: AnthropicMessage[];
+  sessionId: string;
+  tokens: number;
+  tokensEstimated: boolean;
+  lastSeq: number;
+  messageCount: number;
+  budget: Budget;
+  reliability: Reliability;
+  compressionCount: number;
+  checkpointCount: number;
+}
+
+export interface AnthropicText {
+  type: "text";
+  text: string;
+  cache_control?: CacheControl | null;
+}
+
+export interface AnthropicThinking {
+  type: "thinking";
+  thinking: string;
+  signature: string;
+}
+
+export interface AnthropicToolResult {
   type: "tool_result";
-  toolUseId: string;
-  content?: string | TextBlock[] | null;
-  isError?: boolean;
-}
-export interface ThinkingBlock { type: "thinking"; thinking: string; signature?: string | null }
-export type ContentBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock;
-
-export interface FunctionCall { name: string; arguments?: string }
-export interface ToolCall { id: string; function: FunctionCall; type?: "function" }
-
-export interface Usage {
-  inputTokens?: number | null;
-  outputTokens?: number | null;
-  totalTokens?: number | null;
-  cacheReadTokens?: number | null;
-  cacheWriteTokens?: number | null;
-  reasoningTokens?: number | null;
+  tool_use_id: string;
+  content: string;
+  is_error?: boolean;
+  cache_control?: CacheControl | null;
 }
 
+export interface AnthropicToolUse {
+  type: "tool_use";
+  id: string;
+  name: string;
+  input: Record<string, unknown>;
+  cache_control?: CacheControl | null;
+}
+
+export interface Artifact {
+  path: string;
+  action?: "created" | "deleted" | "modified";
+  seq?: number | null;
+}
+
+/**
+ * The dynamic budget of seeds 000/001/004, in tokens.
+ *
+ * ``usable = contextWindow * usableFraction``; a prompt never exceeds
+ * ``maxPromptTokens = usable - reservedOutput``. ``reservedOutput`` is kept for the reply:
+ * the session's ``settings.outputTokens`` when set, else the model's output limit (at most
+ * ``budget.reserved_output_cap``), else a share of the window; never more than a quarter
+ * of the window. ``available`` is what is left for
+ * the conversation once the system prompt (with the goal block), pinned messages and
+ * checkpoints are paid for, less ``safetyMargin``; compression triggers when ``used``
+ * (the conversation's tokens) passes ``triggerAt = available * triggerFraction``.
+ *
+ * Every figure is in ctxd's own count. ``tokenRatio`` and ``tokenOverhead`` say how the
+ * session's provider counts: ``ratio * ctxd's count + overhead`` (what the client sends
+ * beside the messages: tool schemas...), learned from the usage pushed messages carry
+ * (1.0 and 0 until then); ``maxPromptTokens`` is the provider's room less the overhead,
+ * divided by the ratio, so a prompt that fits here fits as the provider counts it.
+ */
+export interface Budget {
+  contextWindow: number;
+  usableFraction: number;
+  usable: number;
+  reservedOutput: number;
+  safetyMargin: number;
+  maxPromptTokens: number;
+  systemTokens: number;
+  pinnedTokens: number;
+  checkpointTokens: number;
+  available: number;
+  triggerFraction: number;
+  triggerAt: number;
+  used: number;
+  promptTokens: number;
+  free: number;
+  tokenRatio?: number;
+  tokenOverhead?: number;
+}
+
+/**
+ * An Anthropic prompt-cache breakpoint: the prompt up to this block is cached.
+ */
+export interface CacheControl {
+  type?: "ephemeral";
+}
+
+/**
+ * A compressed stretch of conversation (seed 000 "Checkpoint Structure", seed 004
+ * "ConversationSummary"). ``messageRanges`` are the history messages it stands for, as
+ * inclusive runs of sequence numbers; ``checkpoint/expand`` returns those messages whole.
+ * A summary covers the user's messages it read too (their words also stay in the prompt,
+ * verbatim); a truncation notice covers only what was left out; pinned and system
+ * messages, sent whole, are in none.
+ */
+export interface Checkpoint {
+  id: string;
+  kind: "folded" | "summary" | "truncated";
+  level: CheckpointLevel;
+  seqFrom: number;
+  seqTo: number;
+  messageRanges: ([number, number])[];
+  summary: string;
+  tokens: number;
+  originalTokens: number;
+  createdAt: string;
+  compressionNumber: number;
+  summarizer: string;
+  compressedAt?: string | null;
+  compressionCount?: number;
+  mergedFrom?: string[];
+  keyDecisions?: string[];
+  filesModified?: string[];
+  toolsUsed?: ToolUse[];
+  nextSteps?: string[];
+  errors?: string[];
+  ratio?: number;
+}
+
+export interface CheckpointAgedNotification {
+  sessionId: string;
+  checkpointId: string;
+  fromLevel: CheckpointLevel;
+  toLevel: CheckpointLevel;
+  beforeTokens: number;
+  afterTokens: number;
+}
+
+export interface CheckpointCreatedNotification {
+  sessionId: string;
+  checkpoint: Checkpoint;
+}
+
+export interface CheckpointMergedNotification {
+  sessionId: string;
+  mergedIds: string[];
+  intoId: string;
+  tokens: number;
+}
+
+export interface CheckpointRef {
+  sessionId: string;
+  checkpointId: string;
+}
+
+export interface CheckpointsResult {
+  sessionId: string;
+  checkpoints: Checkpoint[];
+  tokens: number;
+}
+
+/**
+ * Keep the ``keep`` most recently active sessions and delete the rest.
+ */
+export interface CleanupParams {
+  keep: number;
+}
+
+/**
+ * Delete every session; ``all`` must be true (a guard against accidents).
+ */
+export interface ClearParams {
+  all: boolean;
+}
+
+export interface ClientInfo {
+  name: string;
+  version?: string | null;
+}
+
+/**
+ * Compress now, whatever the budget says (like ``/compact``); ``focus`` steers the summary.
+ */
+export interface CompressParams {
+  sessionId: string;
+  focus?: string | null;
+  workDoneToken?: string | number | null;
+}
+
+export interface CompressResult {
+  sessionId: string;
+  compressed: boolean;
+  layers: CompressionLayer[];
+  beforeTokens: number;
+  afterTokens: number;
+  checkpointIds?: string[];
+  summarizer?: string | null;
+  reason?: string | null;
+  durationMs?: number;
+}
+
+export interface CompressedNotification {
+  sessionId: string;
+  layers: CompressionLayer[];
+  beforeTokens: number;
+  afterTokens: number;
+  freedTokens: number;
+  ratio: number;
+  checkpointIds: string[];
+  durationMs: number;
+  compressionNumber: number;
+  summarizer?: string | null;
+  trigger?: "auto" | "prompt" | "request";
+}
+
+/**
+ * ``context/compressing``: a compression stage started (seed 001's six stages).
+ */
+export interface CompressingNotification {
+  sessionId: string;
+  stage: "aging" | "checkpoint" | "identification" | "preparation" | "summarization" | "update" | "validation";
+  percentage: number;
+  message?: string | null;
+}
+
+export interface CompressionFailedNotification {
+  sessionId: string;
+  reason: string;
+  fallback?: string | null;
+}
+
+export interface CompressionRecord {
+  number: number;
+  at: string;
+  trigger: string;
+  lastSeq: number;
+  layers: string[];
+  beforeTokens: number;
+  afterTokens: number;
+  checkpointIds: string[];
+  durationMs: number;
+  summarizer?: string | null;
+  detail?: Record<string, unknown> | null;
+}
+
+export interface CompressionSkippedNotification {
+  sessionId: string;
+  reason: string;
+  used: number;
+  triggerAt: number;
+}
+
+export interface ContextStatsResult {
+  sessionId: string;
+  messageCount: number;
+  tokenCount: number;
+  contextTokens: number;
+  encoding: string;
+  tokensEstimated: boolean;
+  byRole: Record<string, RoleStats>;
+  byKind: Record<string, KindStats>;
+  usageDrift: UsageDrift;
+  budget: Budget;
+  reliability: Reliability;
+  compressionCount: number;
+  checkpointCount: number;
+  checkpointTokens: number;
+  watermarkSeq: number;
+  prunedThroughSeq: number;
+  pinned: number[];
+  promptCache?: PromptCacheStats;
+}
+
+/**
+ * ``daemon/status``: enough for ``ctxd-cli daemon status`` and for health checks.
+ */
+export interface DaemonStatusResult {
+  pid: number;
+  version: string;
+  startedAt: string;
+  uptimeSeconds: number;
+  dataDir: string;
+  database: string;
+  transports: string[];
+  connections: number;
+  sessions: number;
+  durability: string;
+  summarizer: string;
+}
+
+export interface Decision {
+  description: string;
+  locked?: boolean;
+  architecture?: boolean;
+  seq?: number | null;
+}
+
+export interface DeletedSessions {
+  deleted: string[];
+}
+
+/**
+ * Params or result of methods that carry nothing (``null`` and ``{}`` are both accepted).
+ */
+export type Empty = Record<string, never>;
+
+export interface ExpandResult {
+  sessionId: string;
+  checkpoint: Checkpoint;
+  messages: HistoryMessage[];
+}
+
+export interface ExportParams {
+  sessionId: string;
+  format?: ExportFormat;
+}
+
+export interface ExportResult {
+  sessionId: string;
+  format: ExportFormat;
+  mediaType: string;
+  filename: string;
+  document: string;
+  messageCount: number;
+}
+
+/**
+ * OpenAI ``function`` of a tool call; ``arguments`` is JSON text, kept verbatim.
+ */
+export interface FunctionCall {
+  name: string;
+  arguments?: string;
+}
+
+export interface Goal {
+  id: string;
+  description: string;
+  createdAt: string;
+  priority?: "high" | "low" | "medium";
+  status?: "active" | "completed" | "paused";
+  completedAt?: string | null;
+  checkpoints?: GoalCheckpoint[];
+  decisions?: Decision[];
+  artifacts?: Artifact[];
+  nextSteps?: string[];
+}
+
+/**
+ * A milestone of the goal (not to be confused with a compression checkpoint).
+ */
+export interface GoalCheckpoint {
+  description: string;
+  status?: "completed" | "in-progress" | "pending";
+}
+
+export interface GoalResult {
+  sessionId: string;
+  goal: Goal | null;
+  tokens: number;
+}
+
+/**
+ * Start a new goal (the previous one, if any, is replaced).
+ */
+export interface GoalSetParams {
+  sessionId: string;
+  description: string;
+  priority?: "high" | "low" | "medium";
+  checkpoints?: GoalCheckpoint[];
+  decisions?: Decision[];
+}
+
+/**
+ * Change the active goal: each field given is applied, others are left alone.
+ *
+ * Checkpoints and decisions are matched by description (case-insensitive): an
+ * existing one is updated, a new one is added.
+ */
+export interface GoalUpdateParams {
+  sessionId: string;
+  description?: string | null;
+  priority?: "high" | "low" | "medium" | null;
+  status?: "active" | "completed" | "paused" | null;
+  checkpoints?: GoalCheckpoint[];
+  decisions?: Decision[];
+  artifacts?: Artifact[];
+  nextSteps?: string[] | null;
+}
+
+export interface HistoryEntry {
+  seq: number;
+  createdAt: string;
+  tokens: number;
+  message: Message;
+  status: "compressed" | "context" | "kept" | "rolled_back";
+  pruned?: boolean;
+  filtered?: boolean;
+}
+
+/**
+ * A message from history with where it sits.
+ */
+export interface HistoryMessage {
+  seq: number;
+  message: Message;
+  tokens: number;
+  createdAt: string;
+}
+
+/**
+ * Page through a session's whole history: messages with ``seq >= from``.
+ */
+export interface HistoryParams {
+  sessionId: string;
+  from?: number;
+  limit?: number;
+}
+
+export interface HistoryResult {
+  sessionId: string;
+  messages: HistoryEntry[];
+  nextSeq: number | null;
+  messageCount: number;
+  model?: string | null;
+  provider?: string | null;
+  compressions?: CompressionRecord[];
+  events?: SessionEvent[];
+}
+
+/**
+ * Search one session and get the original messages back: what an agent calls to recall
+ * something that was summarized away.
+ */
+export interface HistorySearchParams {
+  sessionId: string;
+  query: string;
+  limit?: number;
+  syntax?: "fts" | "words";
+}
+
+/**
+ * An image that came with a message, as ctxd can send it: what it shows
+ * (``description``: a caption or alt text an importer or client wrote) and where it is
+ * (``url``, history only). Not the speaker's words: providers get it as one line of text,
+ * ``[image: <description>]`` (:func:`image_text`); compression treats it like a tool
+ * output (a user message kept verbatim behind the compression boundary is sent without
+ * it, a summary quotes it only when there is room); history keeps it.
+ */
+export interface ImageBlock {
+  type: "image";
+  description?: string;
+  url?: string | null;
+}
+
+/**
+ * Create a session from a document: ctxd's json, jsonl or markdown exports, or any
+ * transcript format ctxd reads (Claude Code JSONL, OpenAI chat, agent trajectories).
+ */
+export interface ImportParams {
+  document: string;
+  format?: "aider" | "auto" | "claude_code" | "json" | "jsonl" | "locomo" | "markdown" | "mini_swe_agent" | "openai_chat" | "openhands" | "openhands_events" | "swe_agent";
+  sessionId?: string | null;
+  title?: string | null;
+}
+
+export interface ImportResult {
+  sessionIds: string[];
+  messageCount: number;
+  format: string;
+  warnings?: string[];
+}
+
+/**
+ * ctxd-specific options of ``initialize``.
+ *
+ * ``token`` is required on TCP connections (read it from the daemon's token file).
+ */
+export interface InitializationOptions {
+  token?: string | null;
+}
+
+/**
+ * LSP ``InitializeParams``; ctxd reads ``processId``, ``clientInfo`` and its options.
+ *
+ * Other LSP fields (``capabilities``, ``rootUri``...) are accepted and ignored so an
+ * editor's stock LSP client can talk to ctxd unchanged.
+ */
+export interface InitializeParams {
+  processId?: number | null;
+  clientInfo?: ClientInfo | null;
+  initializationOptions?: InitializationOptions | null;
+  capabilities?: Record<string, unknown> | null;
+}
+
+export interface InitializeResult {
+  serverInfo: ServerInfo;
+  capabilities: ServerCapabilities;
+}
+
+/**
+ * Tokens by content kind across the whole history (blocks: how many of that kind).
+ */
+export interface KindStats {
+  blocks?: number;
+  tokens?: number;
+}
+
+/**
+ * One chat message.
+ *
+ * ``timestamp`` is an ISO 8601 string kept exactly as sent (it is validated, not
+ * reformatted). ``idempotencyKey`` makes a retried push harmless: the same key in the
+ * same session returns the original result and stores nothing twice. ``metadata`` is
+ * free-form, except ``metadata.observation: true`` on a user message: it carries tool
+ * output (agents that return command results as user messages), so it is compressed
+ * like tool output instead of being kept verbatim as the user's words; and
+ * ``metadata.demonstration: true``: a worked example an agent framework sends as a user
+ * message (SWE-agent's ``is_demo``), compressed like the rest of the conversation, and
+ * not taken for the agent's task.
+ */
 export interface Message {
   role: Role;
   content?: string | ContentBlock[] | null;
@@ -46,23 +556,287 @@ export interface Message {
   idempotencyKey?: string | null;
 }
 
-export interface SessionSettings {
-  autoCompress?: boolean | null;
-  strategy?: "summarize" | "truncate" | null;
-  overflowPolicy?: "error" | "fold" | null;
-  keepRecent?: number | null;
-  triggerFraction?: number | null;
+export interface OllamaFunction {
+  name: string;
+  arguments: Record<string, unknown>;
 }
 
-export interface ServerInfo { name: string; version: string }
+export interface OllamaMessage {
+  role: Role;
+  content: string;
+  thinking?: string | null;
+  tool_calls?: OllamaToolCall[] | null;
+  tool_name?: string | null;
+}
+
+/**
+ * ``messages`` goes straight into Ollama's ``/api/chat``.
+ */
+export interface OllamaPrompt {
+  format: "ollama";
+  messages: OllamaMessage[];
+  sessionId: string;
+  tokens: number;
+  tokensEstimated: boolean;
+  lastSeq: number;
+  messageCount: number;
+  budget: Budget;
+  reliability: Reliability;
+  compressionCount: number;
+  checkpointCount: number;
+}
+
+export interface OllamaToolCall {
+  function: OllamaFunction;
+}
+
+export interface OpenAIFunction {
+  name: string;
+  arguments: string;
+}
+
+export interface OpenAIMessage {
+  role: Role;
+  content?: string | null;
+  name?: string | null;
+  tool_calls?: OpenAIToolCall[] | null;
+  tool_call_id?: string | null;
+}
+
+/**
+ * ``messages`` goes straight into ``/v1/chat/completions``; the system prompt is its first message.
+ */
+export interface OpenAIPrompt {
+  format: "openai";
+  messages: OpenAIMessage[];
+  sessionId: string;
+  tokens: number;
+  tokensEstimated: boolean;
+  lastSeq: number;
+  messageCount: number;
+  budget: Budget;
+  reliability: Reliability;
+  compressionCount: number;
+  checkpointCount: number;
+}
+
+export interface OpenAIToolCall {
+  id: string;
+  function: OpenAIFunction;
+  type?: "function";
+}
+
+/**
+ * ``context/overflow``: what may never be summarized (the user's words, pins, the
+ * system part) no longer fits where it must, and ctxd applied the overflow policy.
+ * Sent for every fold of the user's words (``reason``: ``user_share`` when they passed
+ * ``compression.user_share`` of the prompt, ``prompt`` when the prompt did not fit even
+ * after compressing everything else), naming the messages folded or excerpted and how to
+ * get them back; and when nothing can be done (``foldedMessages`` 0: context/prompt
+ * answers with ContextOverflow). The parts add up to ``promptTokens`` (with a few tokens
+ * of priming), as they were before the policy acted.
+ */
+export interface OverflowNotification {
+  sessionId: string;
+  policy: "error" | "fold";
+  promptTokens: number;
+  maxPromptTokens: number;
+  systemTokens: number;
+  pinnedTokens: number;
+  checkpointTokens: number;
+  userTokens: number;
+  action: string;
+  reason: "prompt" | "user_share";
+  recentTokens?: number;
+  foldedMessages?: number;
+  foldedSeqs?: number[];
+  excerptedSeqs?: number[];
+  checkpointId?: string | null;
+}
+
+/**
+ * Pin (or unpin) a message: pinned messages are sent verbatim and never compressed.
+ */
+export interface PinParams {
+  sessionId: string;
+  seq: number;
+  pinned?: boolean;
+}
+
+export interface PinResult {
+  sessionId: string;
+  seq: number;
+  pinned: boolean;
+  pinnedTokens: number;
+  seqs?: number[];
+}
+
+export interface ProgressBegin {
+  kind: "begin";
+  title: string;
+  cancellable?: boolean;
+  message?: string | null;
+  percentage?: number | null;
+}
+
+export interface ProgressEnd {
+  kind: "end";
+  message?: string | null;
+}
+
+/**
+ * LSP ``$/progress`` for a request that carried a ``workDoneToken``.
+ */
+export interface ProgressParams {
+  token: string | number;
+  value: WorkDoneProgress;
+}
+
+export interface ProgressReport {
+  kind: "report";
+  message?: string | null;
+  percentage?: number | null;
+}
+
+/**
+ * How cacheable the prompts handed out were (``context/prompt`` calls served by this
+ * daemon since it loaded the session): a prompt that starts with the previous one of
+ * the same format (same system part, the previous messages unchanged, new ones only
+ * appended) lets the provider reuse its prompt cache; compressions break it.
+ */
+export interface PromptCacheStats {
+  prompts?: number;
+  compared?: number;
+  prefixKept?: number;
+  prefixKeptShare?: number | null;
+}
+
+/**
+ * Ask for the prompt to send next, in one provider's wire shape. ``cacheControl``
+ * (Anthropic shape only): mark prompt-cache breakpoints on the system part and the
+ * last message (default on). ``push``: messages to append first, exactly as
+ * ``session/push`` does (atomically, idempotency keys honoured), so that a turn costs
+ * one round trip (``ctxd proxy`` uses it); the prompt then includes them. If the push
+ * fails, the request fails with its error and nothing is stored; if the push succeeds
+ * and the prompt then fails (ContextOverflow), the messages stay stored.
+ */
+export interface PromptParams {
+  sessionId: string;
+  format?: PromptFormat;
+  cacheControl?: boolean;
+  push?: Message[] | null;
+}
+
+export interface PushResult {
+  sessionId: string;
+  messages: PushedMessage[];
+  messageCount: number;
+  tokenCount: number;
+  contextTokens: number;
+  tokensEstimated: boolean;
+  budget: Budget;
+}
+
+/**
+ * Where one pushed message landed; ``duplicate`` means its idempotency key was seen before.
+ */
+export interface PushedMessage {
+  seq: number;
+  tokens: number;
+  duplicate?: boolean;
+}
+
+/**
+ * Seed 000's reliability score: model size x compression penalty x context confidence.
+ */
+export interface Reliability {
+  score: number;
+  level: ReliabilityLevel;
+  modelFactor: number;
+  compressionPenalty: number;
+  contextConfidence: number;
+  compressionCount: number;
+  modelSizeBillions: number | null;
+  recommendations?: string[];
+}
+
+export interface ReliabilityNotification {
+  sessionId: string;
+  reliability: Reliability;
+  previousLevel?: ReliabilityLevel | null;
+}
+
+/**
+ * What automatic retention did to this database's sessions, and what it is set to.
+ *
+ * ``removed`` counts every session retention ever deleted (never ``session/delete`` or
+ * cleanup on request), ``byReason`` splits it by rule (``max_sessions``, ``max_age``);
+ * ``maxSessions``/``maxAgeDays`` are the current settings (0: off).
+ */
+export interface RetentionSummary {
+  removed?: number;
+  byReason?: Record<string, number>;
+  lastRemovedAt?: string | null;
+  maxSessions?: number;
+  maxAgeDays?: number;
+}
+
+export interface RoleStats {
+  messages?: number;
+  tokens?: number;
+}
+
+export interface SearchHit {
+  sessionId: string;
+  seq: number;
+  role: string;
+  snippet: string;
+  score: number;
+  createdAt: string;
+  title?: string | null;
+  message?: Message | null;
+  status?: string | null;
+}
+
+/**
+ * Full-text search (SQLite FTS5, ranked by bm25). Words are matched as words (all
+ * must appear); ``syntax: "fts"`` passes the query to FTS5 as is (phrases, OR, NEAR, prefix*).
+ */
+export interface SearchParams {
+  query: string;
+  sessionId?: string | null;
+  limit?: number;
+  role?: Role | null;
+  syntax?: "fts" | "words";
+}
+
+export interface SearchResult {
+  query: string;
+  hits: SearchHit[];
+  tookMs: number;
+}
+
+/**
+ * What this build supports: clients feature-detect with these lists.
+ */
 export interface ServerCapabilities {
   methods: string[];
   notifications: string[];
   promptFormats: string[];
   protocolVersion: string;
 }
-export interface InitializeResult { serverInfo: ServerInfo; capabilities: ServerCapabilities }
 
+export interface ServerInfo {
+  name: string;
+  version: string;
+}
+
+/**
+ * Create a session. The server makes an id when ``sessionId`` is absent.
+ *
+ * ``contextWindow`` overrides what ctxd would infer from the model; ``systemPrompt``
+ * is never compressed and counts against every prompt's budget.
+ */
 export interface SessionCreateParams {
   sessionId?: string | null;
   model?: string | null;
@@ -75,6 +849,38 @@ export interface SessionCreateParams {
   settings?: SessionSettings | null;
 }
 
+export interface SessionDeleteResult {
+  sessionId: string;
+  deletedMessages: number;
+}
+
+/**
+ * ``session/deleted``: the session and everything it owned are gone.
+ *
+ * ``reason``: ``request`` (``session/delete``, ``session/cleanup``, ``session/clear``), or the
+ * retention rule that removed it: ``max_sessions`` (``sessions.max_sessions``) or ``max_age``
+ * (``sessions.max_age_days``); ``detail`` then says what was configured and how the session
+ * stood (its last activity, its message count).
+ */
+export interface SessionDeleted {
+  sessionId: string;
+  reason?: "max_age" | "max_sessions" | "request";
+  detail?: string | null;
+}
+
+/**
+ * A transition that is not a message: a restore, a settings (mode) change.
+ */
+export interface SessionEvent {
+  at: string;
+  kind: string;
+  lastSeq: number;
+  detail?: Record<string, unknown> | null;
+}
+
+/**
+ * A session and its running totals (kept up to date on every push, never recomputed).
+ */
 export interface SessionInfo {
   sessionId: string;
   createdAt: string;
@@ -96,137 +902,119 @@ export interface SessionInfo {
   systemPromptTokens?: number;
   metadata?: Record<string, unknown>;
   settings?: SessionSettings;
+  modelInfo?: Record<string, unknown>;
 }
 
-export interface SessionListResult { sessions: SessionInfo[] }
-export interface SessionDeleteResult { sessionId: string; deletedMessages: number }
-
-export interface Budget {
-  contextWindow: number;
-  usableFraction: number;
-  usable: number;
-  reservedOutput: number;
-  safetyMargin: number;
-  maxPromptTokens: number;
-  systemTokens: number;
-  pinnedTokens: number;
-  checkpointTokens: number;
-  available: number;
-  triggerFraction: number;
-  triggerAt: number;
-  used: number;
-  promptTokens: number;
-  free: number;
-  tokenRatio?: number;
-  tokenOverhead?: number;
+/**
+ * List sessions, most recently active first.
+ */
+export interface SessionListParams {
+  limit?: number | null;
+  tag?: string | null;
 }
 
-export interface Reliability {
-  score: number;
-  level: ReliabilityLevel;
-  modelFactor: number;
-  compressionPenalty: number;
-  contextConfidence: number;
-  compressionCount: number;
-  modelSizeBillions: number | null;
-  recommendations?: string[];
+export interface SessionListResult {
+  sessions: SessionInfo[];
+  retention?: RetentionSummary;
 }
 
-export interface PushedMessage { seq: number; tokens: number; duplicate?: boolean }
-export interface PushResult {
+/**
+ * Append messages to a session, in order, atomically (all or none are stored).
+ */
+export interface SessionPushParams {
   sessionId: string;
-  messages: PushedMessage[];
-  messageCount: number;
-  tokenCount: number;
-  contextTokens: number;
-  tokensEstimated: boolean;
-  budget: Budget;
+  messages: Message[];
 }
 
-interface PromptCommon {
+/**
+ * Params of methods that only name a session.
+ */
+export interface SessionRef {
   sessionId: string;
-  tokens: number;
-  tokensEstimated: boolean;
+}
+
+/**
+ * Per-session overrides of the ``[compression]`` and ``[budget]`` configuration
+ * (absent: use config).
+ */
+export interface SessionSettings {
+  autoCompress?: boolean | null;
+  strategy?: "summarize" | "truncate" | null;
+  overflowPolicy?: "error" | "fold" | null;
+  keepRecent?: number | null;
+  triggerFraction?: number | null;
+  outputTokens?: number | null;
+}
+
+/**
+ * Change a session's descriptive fields or settings; fields left out stay as they are
+ * (``settings`` is merged field by field). ``title: null`` clears the title.
+ */
+export interface SessionUpdateParams {
+  sessionId: string;
+  title?: string | null;
+  tags?: string[] | null;
+  metadata?: Record<string, unknown> | null;
+  settings?: SessionSettings | null;
+  contextWindow?: number | null;
+  systemPrompt?: string | null;
+}
+
+/**
+ * ``session/updated``: the session's history or active context changed.
+ */
+export interface SessionUpdated {
+  sessionId: string;
+  reason: "compressed" | "goal" | "pin" | "push" | "restored" | "updated" | "watermark";
   lastSeq: number;
   messageCount: number;
-  budget: Budget;
-  reliability: Reliability;
-  compressionCount: number;
-  checkpointCount: number;
-}
-export interface OpenAIPrompt extends PromptCommon { format: "openai"; messages: Record<string, unknown>[] }
-export interface AnthropicPrompt extends PromptCommon {
-  format: "anthropic";
-  system: string | Record<string, unknown>[] | null;
-  messages: Record<string, unknown>[];
-}
-export interface OllamaPrompt extends PromptCommon { format: "ollama"; messages: Record<string, unknown>[] }
-export type Prompt = OpenAIPrompt | AnthropicPrompt | OllamaPrompt;
-
-export interface ContextStatsResult {
-  sessionId: string;
-  messageCount: number;
   tokenCount: number;
   contextTokens: number;
-  encoding: string;
-  tokensEstimated: boolean;
-  budget: Budget;
-  reliability: Reliability;
-  compressionCount: number;
-  checkpointCount: number;
-  checkpointTokens: number;
-  watermarkSeq: number;
-  prunedThroughSeq: number;
-  pinned: number[];
+  pushed?: number;
 }
 
-export interface Checkpoint {
-  id: string;
-  kind: "folded" | "summary" | "truncated";
-  level: CheckpointLevel;
-  seqFrom: number;
-  seqTo: number;
-  messageRanges: [number, number][];
-  summary: string;
-  tokens: number;
-  originalTokens: number;
-  createdAt: string;
-  compressionNumber: number;
-  summarizer: string;
-  keyDecisions?: string[];
+/**
+ * Seed 003's snapshot: every user message in full, the other messages of the active
+ * context, checkpoints, goal, reasoning (thinking blocks travel with their messages),
+ * the watermark, and the metadata.
+ */
+export interface SnapshotContent {
+  info: SnapshotInfo;
+  userMessages: SnapshotMessage[];
+  messages: SnapshotMessage[];
+  checkpoints: Checkpoint[];
+  goal?: Goal | null;
+  watermarkSeq?: number;
+  pinned?: number[];
+  thinkingTokens?: number;
 }
-export interface CheckpointsResult { sessionId: string; checkpoints: Checkpoint[]; tokens: number }
 
-export interface HistoryMessage { seq: number; message: Message; tokens: number; createdAt: string }
-export interface ExpandResult { sessionId: string; checkpoint: Checkpoint; messages: HistoryMessage[] }
-
-export interface CompressResult {
+export interface SnapshotCreateParams {
   sessionId: string;
-  compressed: boolean;
-  layers: CompressionLayer[];
-  beforeTokens: number;
-  afterTokens: number;
-  checkpointIds?: string[];
-  summarizer?: string | null;
-  reason?: string | null;
-  durationMs?: number;
+  label?: string | null;
 }
 
-export interface Decision { description: string; locked?: boolean; architecture?: boolean; seq?: number | null }
-export interface GoalCheckpoint { description: string; status?: "pending" | "in-progress" | "completed" }
-export interface Goal {
-  id: string;
-  description: string;
-  createdAt: string;
-  priority?: "high" | "medium" | "low";
-  status?: "active" | "completed" | "paused";
-  checkpoints?: GoalCheckpoint[];
-  decisions?: Decision[];
-  nextSteps?: string[];
+export interface SnapshotCreated {
+  sessionId: string;
+  snapshot: SnapshotInfo;
 }
-export interface GoalResult { sessionId: string; goal: Goal | null; tokens: number }
 
-export interface PinResult { sessionId: string; seq: number; pinned: boolean; pinnedTokens: number; seqs?: number[] }
+export interface SnapshotDeleteResult {
+  sessionId: string;
+  deleted: string[];
+}
+
+export interface SnapshotDeleted {
+  sessionId: string;
+  snapshotIds: string[];
+  reason: "age" | "request" | "rolling" | "session";
+}
+
+export interface SnapshotError {
+  sessionId: string;
+  operation: "create" | "delete" | "restore";
+  reason: string;
+}
 
 export interface SnapshotInfo {
   snapshotId: string;
@@ -244,8 +1032,26 @@ export interface SnapshotInfo {
   compressionRatio: number;
   label?: string | null;
   model?: string | null;
+  watermarkSeq?: number;
 }
-export interface SnapshotListResult { sessionId: string; snapshots: SnapshotInfo[] }
+
+export interface SnapshotListResult {
+  sessionId: string;
+  snapshots: SnapshotInfo[];
+}
+
+export interface SnapshotMessage {
+  seq: number;
+  message: Message;
+  tokens: number;
+  inContext: boolean;
+}
+
+export interface SnapshotRef {
+  sessionId: string;
+  snapshotId: string;
+}
+
 export interface SnapshotRestoreResult {
   sessionId: string;
   snapshotId: string;
@@ -255,135 +1061,151 @@ export interface SnapshotRestoreResult {
   contextTokens?: number;
 }
 
-export interface ExportResult {
-  sessionId: string;
-  format: ExportFormat;
-  mediaType: string;
-  filename: string;
-  document: string;
-  messageCount: number;
-}
-
-export interface SearchParams {
-  query: string;
-  sessionId?: string | null;
-  limit?: number;
-  role?: Role | null;
-  syntax?: "words" | "fts";
-}
-export interface SearchHit {
-  sessionId: string;
-  seq: number;
-  role: string;
-  snippet: string;
-  score: number;
-  createdAt: string;
-  title?: string | null;
-  message?: Message | null;
-  status?: string | null;
-}
-export interface SearchResult { query: string; hits: SearchHit[]; tookMs: number }
-
-export interface HistoryEntry {
-  seq: number;
-  createdAt: string;
-  tokens: number;
-  message: Message;
-  status: "compressed" | "context" | "kept" | "rolled_back";
-  pruned?: boolean;
-}
-export interface HistoryResult { sessionId: string; messages: HistoryEntry[]; nextSeq: number | null; messageCount: number }
-
-export interface DaemonStatusResult {
-  pid: number;
-  version: string;
-  dataDir: string;
-  database: string;
-  transports: string[];
-  connections: number;
-  sessions: number;
-}
-
-// --- notifications (server -> client) ---------------------------------------------------
-
-export interface SessionUpdated {
-  sessionId: string;
-  reason: "compressed" | "goal" | "pin" | "push" | "restored" | "updated" | "watermark";
-  lastSeq: number;
-  messageCount: number;
-  tokenCount: number;
-  contextTokens: number;
-  pushed?: number;
-}
-export interface SessionDeleted { sessionId: string; reason?: "max_age" | "max_sessions" | "request"; detail?: string | null }
-export interface CompressedNotification {
-  sessionId: string;
-  layers: CompressionLayer[];
-  beforeTokens: number;
-  afterTokens: number;
-  freedTokens: number;
-  ratio: number;
-  checkpointIds: string[];
-  durationMs: number;
-  compressionNumber: number;
-  summarizer?: string | null;
-  trigger?: "auto" | "prompt" | "request";
-}
-export interface CompressingNotification { sessionId: string; stage: string; percentage: number; message?: string | null }
-export interface CompressionFailedNotification { sessionId: string; reason: string; fallback?: string | null }
-export interface CompressionSkippedNotification { sessionId: string; reason: string; used: number; triggerAt: number }
-export interface OverflowNotification {
-  sessionId: string;
-  policy: "error" | "fold";
-  promptTokens: number;
-  maxPromptTokens: number;
-  systemTokens: number;
-  pinnedTokens: number;
-  checkpointTokens: number;
-  userTokens: number;
-  action: string;
-  /** user_share: the user's words passed their share (the prompt may fit); prompt: it did not fit. */
-  reason: "prompt" | "user_share";
-  recentTokens?: number;
-  foldedMessages?: number;
-  foldedSeqs?: number[];
-  excerptedSeqs?: number[];
-  checkpointId?: string | null;
-}
-export interface ReliabilityNotification { sessionId: string; reliability: Reliability; previousLevel?: ReliabilityLevel | null }
-export interface ThresholdNotification {
-  sessionId: string;
-  level: "warning" | "critical";
-  promptTokens: number;
-  maxPromptTokens: number;
-  used: number;
-  triggerAt: number;
-}
-export interface CheckpointCreatedNotification { sessionId: string; checkpoint: Checkpoint }
-export interface CheckpointMergedNotification { sessionId: string; mergedIds: string[]; intoId: string; tokens: number }
-export interface CheckpointAgedNotification {
-  sessionId: string;
-  checkpointId: string;
-  fromLevel: CheckpointLevel;
-  toLevel: CheckpointLevel;
-  beforeTokens: number;
-  afterTokens: number;
-}
-export interface SnapshotCreatedNotification { sessionId: string; snapshot: SnapshotInfo }
-export interface SnapshotDeletedNotification { sessionId: string; snapshotIds: string[]; reason: string }
-export interface SnapshotRestoredNotification {
+export interface SnapshotRestored {
   sessionId: string;
   snapshotId: string;
   backupSnapshotId: string;
   rolledBackFrom?: number | null;
   rolledBackTo?: number | null;
 }
-export interface SnapshotErrorNotification { sessionId: string; operation: "create" | "delete" | "restore"; reason: string }
+
+/**
+ * Receive this session's notifications on this connection (``"*"``: every session).
+ */
+export interface SubscribeParams {
+  sessionId: string;
+}
+
+export interface SubscribeResult {
+  subscriptions: string[];
+}
+
+/**
+ * Plain text.
+ */
+export interface TextBlock {
+  type: "text";
+  text: string;
+}
+
+/**
+ * Model reasoning. Kept in history and snapshots, never sent to providers that reject it.
+ */
+export interface ThinkingBlock {
+  type: "thinking";
+  thinking: string;
+  signature?: string | null;
+}
+
+/**
+ * ``context/threshold``: ``warning`` when the conversation passes the compression
+ * trigger, ``critical`` when the prompt passes 98% of what may be sent (both, in that
+ * order, when one push passes both).
+ */
+export interface ThresholdNotification {
+  sessionId: string;
+  level: "critical" | "warning";
+  promptTokens: number;
+  maxPromptTokens: number;
+  used: number;
+  triggerAt: number;
+}
+
+/**
+ * A tool call in OpenAI style (``toolCalls`` of an assistant message).
+ */
+export interface ToolCall {
+  id: string;
+  function: FunctionCall;
+  type?: "function";
+}
+
+/**
+ * The result of a tool call in Anthropic style (inside a user or tool message).
+ */
+export interface ToolResultBlock {
+  type: "tool_result";
+  toolUseId: string;
+  content?: string | TextBlock[];
+  isError?: boolean;
+}
+
+export interface ToolUse {
+  tool: string;
+  count: number;
+  notableUses?: string[];
+}
+
+/**
+ * A tool call in Anthropic style (inside an assistant message).
+ */
+export interface ToolUseBlock {
+  type: "tool_use";
+  id: string;
+  name: string;
+  input?: Record<string, unknown>;
+}
+
+/**
+ * Token usage the provider reported for the call that produced this message. A push
+ * refuses negative or absurd counts (``session/push`` checks them; the type stays open
+ * so messages stored by any version always read back).
+ */
+export interface Usage {
+  inputTokens?: number | null;
+  outputTokens?: number | null;
+  totalTokens?: number | null;
+  cacheReadTokens?: number | null;
+  cacheWriteTokens?: number | null;
+  reasoningTokens?: number | null;
+}
+
+/**
+ * Counted tokens against what providers reported, over messages that carried ``usage``.
+ *
+ * ``outputRatio`` = reported output tokens / ctxd's count of those assistant messages;
+ * ``inputRatio`` = reported input tokens / ctxd's count of the context before them.
+ * A ratio far from 1.0 means the session's encoding does not match the model's tokenizer.
+ */
+export interface UsageDrift {
+  messagesWithUsage?: number;
+  reportedOutputTokens?: number;
+  countedOutputTokens?: number;
+  outputRatio?: number | null;
+  reportedInputTokens?: number;
+  countedInputTokens?: number;
+  inputRatio?: number | null;
+  appliedRatio?: number;
+  appliedOverhead?: number;
+}
+
+/**
+ * Set the watermark at a tool call (``toolUseId``) or a message (``seq``); tool
+ * blocks before it stop being sent. The watermark only moves forward.
+ */
+export interface WatermarkParams {
+  sessionId: string;
+  toolUseId?: string | null;
+  seq?: number | null;
+}
+
+export interface WatermarkResult {
+  sessionId: string;
+  changed: boolean;
+  watermarkSeq: number;
+  toolUseId?: string | null;
+  reason?: string | null;
+  blocksRemoved?: number;
+  tokensFreed?: number;
+}
+
+// --- notifications (server -> client) ---
 
 /** Every session notification ctxd sends, by method. */
 export interface NotificationMap {
-  "session/updated": SessionUpdated;
-  "session/deleted": SessionDeleted;
+  "checkpoint/aged": CheckpointAgedNotification;
+  "checkpoint/created": CheckpointCreatedNotification;
+  "checkpoint/merged": CheckpointMergedNotification;
   "context/compressed": CompressedNotification;
   "context/compressing": CompressingNotification;
   "context/compressionFailed": CompressionFailedNotification;
@@ -391,36 +1213,102 @@ export interface NotificationMap {
   "context/overflow": OverflowNotification;
   "context/reliability": ReliabilityNotification;
   "context/threshold": ThresholdNotification;
-  "checkpoint/created": CheckpointCreatedNotification;
-  "checkpoint/merged": CheckpointMergedNotification;
-  "checkpoint/aged": CheckpointAgedNotification;
-  "snapshot/created": SnapshotCreatedNotification;
-  "snapshot/deleted": SnapshotDeletedNotification;
-  "snapshot/restored": SnapshotRestoredNotification;
-  "snapshot/error": SnapshotErrorNotification;
+  "session/deleted": SessionDeleted;
+  "session/updated": SessionUpdated;
+  "snapshot/created": SnapshotCreated;
+  "snapshot/deleted": SnapshotDeleted;
+  "snapshot/error": SnapshotError;
+  "snapshot/restored": SnapshotRestored;
 }
 export type NotificationMethod = keyof NotificationMap;
 export const NOTIFICATION_METHODS: readonly NotificationMethod[] = [
-  "session/updated", "session/deleted", "context/compressed", "context/compressing",
-  "context/compressionFailed", "context/compressionSkipped", "context/overflow", "context/reliability",
-  "context/threshold", "checkpoint/created", "checkpoint/merged", "checkpoint/aged", "snapshot/created",
-  "snapshot/deleted", "snapshot/restored", "snapshot/error",
+  "checkpoint/aged",
+  "checkpoint/created",
+  "checkpoint/merged",
+  "context/compressed",
+  "context/compressing",
+  "context/compressionFailed",
+  "context/compressionSkipped",
+  "context/overflow",
+  "context/reliability",
+  "context/threshold",
+  "session/deleted",
+  "session/updated",
+  "snapshot/created",
+  "snapshot/deleted",
+  "snapshot/error",
+  "snapshot/restored",
 ];
 
 /** A notification as delivered to listeners: method and params together, discriminated by method. */
-export type CtxdNotification = { [M in NotificationMethod]: { method: M; params: NotificationMap[M] } }[NotificationMethod];
+export type CtxdNotification = {
+  [M in NotificationMethod]: { method: M; params: NotificationMap[M] };
+}[NotificationMethod];
 
-export interface WorkDoneProgressBegin { kind: "begin"; title: string; cancellable?: boolean; message?: string | null; percentage?: number | null }
-export interface WorkDoneProgressReport { kind: "report"; message?: string | null; percentage?: number | null }
-export interface WorkDoneProgressEnd { kind: "end"; message?: string | null }
-export type WorkDoneProgress = WorkDoneProgressBegin | WorkDoneProgressReport | WorkDoneProgressEnd;
+// --- methods ---
 
-/** ctxd's error codes the extension reacts to (protocol/methods.md, Errors). */
+/** Every request's params and result, by method. */
+export interface MethodMap {
+  "checkpoint/expand": { params: CheckpointRef; result: ExpandResult };
+  "context/checkpoints": { params: SessionRef; result: CheckpointsResult };
+  "context/compress": { params: CompressParams; result: CompressResult };
+  "context/prompt": { params: PromptParams; result: OpenAIPrompt | AnthropicPrompt | OllamaPrompt };
+  "context/stats": { params: SessionRef; result: ContextStatsResult };
+  "context/watermark": { params: WatermarkParams; result: WatermarkResult };
+  "daemon/status": { params: Empty | undefined; result: DaemonStatusResult };
+  "daemon/stop": { params: Empty | undefined; result: null };
+  "goal/get": { params: SessionRef; result: GoalResult };
+  "goal/set": { params: GoalSetParams; result: GoalResult };
+  "goal/update": { params: GoalUpdateParams; result: GoalResult };
+  "history/search": { params: HistorySearchParams; result: SearchResult };
+  "initialize": { params: InitializeParams | undefined; result: InitializeResult };
+  "message/pin": { params: PinParams; result: PinResult };
+  "session/cleanup": { params: CleanupParams; result: DeletedSessions };
+  "session/clear": { params: ClearParams; result: DeletedSessions };
+  "session/create": { params: SessionCreateParams | undefined; result: SessionInfo };
+  "session/delete": { params: SessionRef; result: SessionDeleteResult };
+  "session/export": { params: ExportParams; result: ExportResult };
+  "session/get": { params: SessionRef; result: SessionInfo };
+  "session/history": { params: HistoryParams; result: HistoryResult };
+  "session/import": { params: ImportParams; result: ImportResult };
+  "session/list": { params: SessionListParams | undefined; result: SessionListResult };
+  "session/push": { params: SessionPushParams; result: PushResult };
+  "session/search": { params: SearchParams; result: SearchResult };
+  "session/subscribe": { params: SubscribeParams; result: SubscribeResult };
+  "session/unsubscribe": { params: SubscribeParams; result: SubscribeResult };
+  "session/update": { params: SessionUpdateParams; result: SessionInfo };
+  "shutdown": { params: Empty | undefined; result: null };
+  "snapshot/create": { params: SnapshotCreateParams; result: SnapshotInfo };
+  "snapshot/delete": { params: SnapshotRef; result: SnapshotDeleteResult };
+  "snapshot/get": { params: SnapshotRef; result: SnapshotContent };
+  "snapshot/list": { params: SessionRef; result: SnapshotListResult };
+  "snapshot/restore": { params: SnapshotRef; result: SnapshotRestoreResult };
+}
+export type Method = keyof MethodMap;
+
+/** ctxd's error codes (protocol/methods.md, Errors). */
 export const ErrorCodes = {
+  ParseError: -32700,
+  InvalidRequest: -32600,
+  MethodNotFound: -32601,
+  InvalidParams: -32602,
+  InternalError: -32603,
+  ServerNotInitialized: -32002,
+  UnknownErrorCode: -32001,
+  RequestCancelled: -32800,
   SessionNotFound: -33001,
+  SessionExists: -33002,
+  MessageTooLarge: -33003,
+  BatchTooLarge: -33004,
+  StorageError: -33005,
+  Unauthorized: -33006,
   ContextOverflow: -33010,
+  CompressionFailed: -33011,
   CompressionInProgress: -33012,
   CheckpointNotFound: -33013,
   MessageNotFound: -33014,
   SnapshotNotFound: -33020,
+  SnapshotFailed: -33021,
+  ImportFailed: -33030,
+  BackendUnavailable: -33040,
 } as const;
