@@ -26,7 +26,7 @@ import sys
 from typing import Any, TextIO
 
 from ctxd import __version__
-from ctxd.config import ConfigError, load_config, parse_assignment
+from ctxd.config import Config, ConfigError, load_config, parse_assignment
 from ctxd.ownership import foreign, owner
 
 
@@ -121,6 +121,32 @@ def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def config_of(args: argparse.Namespace) -> Config:
+    """The configuration the flags ``args`` (``build_parser()``'s) say: the file, then
+    ``--set`` and the other flags over it. Raises ConfigError."""
+    overrides: dict[str, Any] = {}
+
+    def put(section: str, key: str, value: Any) -> None:
+        overrides.setdefault(section, {})[key] = value
+
+    for assignment in args.set:
+        put(*parse_assignment(assignment))
+    if args.data_dir:
+        put("daemon", "data_dir", args.data_dir)
+    if args.socket:
+        put("daemon", "socket", args.socket)
+    if args.durability:
+        put("storage", "durability", args.durability)
+    if args.idle_exit is not None:
+        put("daemon", "idle_exit_seconds", args.idle_exit)
+    if args.log_file:
+        put("daemon", "log_file", args.log_file)
+    config = load_config(args.config, overrides=overrides)
+    if args.autostarted and args.idle_exit is None:
+        config.daemon.idle_exit_seconds = config.daemon.autostart_idle_exit_seconds
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     os.umask(PRIVATE_UMASK)
     argv = sys.argv[1:] if argv is None else argv
@@ -133,25 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return mcp_main(argv[1:])
     args = build_parser().parse_args(argv)
-    overrides: dict[str, Any] = {}
-
-    def put(section: str, key: str, value: Any) -> None:
-        overrides.setdefault(section, {})[key] = value
-
     try:
-        for assignment in args.set:
-            put(*parse_assignment(assignment))
-        if args.data_dir:
-            put("daemon", "data_dir", args.data_dir)
-        if args.socket:
-            put("daemon", "socket", args.socket)
-        if args.durability:
-            put("storage", "durability", args.durability)
-        if args.idle_exit is not None:
-            put("daemon", "idle_exit_seconds", args.idle_exit)
-        if args.log_file:
-            put("daemon", "log_file", args.log_file)
-        config = load_config(args.config, overrides=overrides)
+        config = config_of(args)
     except ConfigError as exc:
         print(f"ctxd: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -162,8 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.remote is not None:
         return _remote(args, config)
-    if args.autostarted and args.idle_exit is None:
-        config.daemon.idle_exit_seconds = config.daemon.autostart_idle_exit_seconds
 
     from ctxd.daemon import Daemon, StartupError
     from ctxd.server.transports import TransportError

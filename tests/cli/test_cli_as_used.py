@@ -42,8 +42,7 @@ def test_tables_fit_80_columns(cli: Cli) -> None:
     assert long_one not in listing  # ctxd's own ids: the unique prefix
     assert next(line for line in lines if line.startswith("short ")).split()[:2] == ["short", "hi"]
 
-    wide = subprocess.run([sys.executable, "-m", "ctxd.cli.main", "sessions", "list"], capture_output=True,
-                          text=True, env={**cli.env, "COLUMNS": "120"}, check=True).stdout
+    wide = cli("sessions", "list", env={"COLUMNS": "120"}).stdout
     assert 80 < max(map(len, wide.splitlines())) <= 120 and "multiply_numbers" in wide
 
     for args in (("history", long_one), ("checkpoints", long_one), ("stats", long_one), ("snapshot", "list", "short"),
@@ -188,6 +187,7 @@ def test_autostart_is_said(cli: Cli) -> None:
     assert "started" not in cli("sessions", "list").stderr  # one was running: nothing to say
 
 
+@pytest.mark.process("Ctrl-C to a watching ctxd-cli; the daemon restarted under it")
 def test_watch_carries_on_after_a_daemon_restart(cli: Cli) -> None:
     cli("push", "w", "--create", "--content", "before")
     watcher = cli.popen("watch", "w", "--json")
@@ -206,6 +206,7 @@ def test_watch_carries_on_after_a_daemon_restart(cli: Cli) -> None:
     assert watcher.wait(timeout=10) == 0
 
 
+@pytest.mark.process("ctxd-cli watch read while it runs, then Ctrl-C")
 def test_watch_plain_lines_show_the_prompt_against_the_max(cli: Cli) -> None:
     cli("push", "p", "--create", "--content", "before")
     watcher = cli.popen("watch", "p")
@@ -235,6 +236,7 @@ def start_tcp_daemon(cli: Cli) -> tuple[subprocess.Popen[bytes], int]:
     raise AssertionError(log.read_text())
 
 
+@pytest.mark.process("a TCP daemon process")
 def test_tcp(cli: Cli) -> None:
     token = cli.root / "state" / "tcp-token"
     cli.env["CTXD_DAEMON_TOKEN_FILE"] = str(token)
@@ -262,6 +264,7 @@ def test_tcp(cli: Cli) -> None:
             daemon.wait()
 
 
+@pytest.mark.process("the pid of the daemon ctxd-cli autostarts")
 def test_one_autostart_for_ctxd_cli_and_the_python_client(tmp_path: Path) -> None:
     from ctxd import client
     from ctxd.cli import main

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-from tests.cli.conftest import CLI, Cli
+from tests.cli.conftest import Cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "transcripts"
 
 
 def complete(cli: Cli, words: str) -> str:
-    env = {**cli.env, "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+    env = {"COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
            "_CTXD_CLI_COMPLETE": "bash_complete"}
-    return subprocess.run(CLI, check=False, env=env, capture_output=True, text=True, timeout=30).stdout
+    return cli(env=env, expect=None).stdout
 
 
 def test_snapshots_search_and_history(cli: Cli) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.cli.conftest import CLI, Cli
 
 
@@ -76,12 +78,11 @@ def test_help_and_completion(cli: Cli) -> None:
         assert "_CTXD_CLI_COMPLETE" in script, shell
     cli("completion", "tcsh", expect=2)
     cli("push", "completion-me", "--create", "--content", "x")
-    env = {**cli.env, "COMP_WORDS": "ctxd-cli sessions show compl", "COMP_CWORD": "3",
-           "_CTXD_CLI_COMPLETE": "bash_complete"}
-    proc = subprocess.run(CLI, check=False, env=env, capture_output=True, text=True, timeout=30)
-    assert "completion-me" in proc.stdout
+    env = {"COMP_WORDS": "ctxd-cli sessions show compl", "COMP_CWORD": "3", "_CTXD_CLI_COMPLETE": "bash_complete"}
+    assert "completion-me" in cli(env=env, expect=None).stdout
 
 
+@pytest.mark.process("ctxd-cli watch read while it runs, then Ctrl-C")
 def test_watch_prints_notifications(cli: Cli) -> None:
     cli("push", "w", "--create", "--content", "before")
     watcher = cli.popen("watch", "w", "--json")
@@ -108,6 +109,7 @@ def test_watch_prints_notifications(cli: Cli) -> None:
     assert "Traceback" not in everything.stderr.read()
 
 
+@pytest.mark.process("several ctxd-cli processes autostarting at once")
 def test_concurrent_autostarts_share_one_daemon(cli: Cli) -> None:
     procs = [subprocess.Popen([*CLI, "sessions", "list", "--json"], env=cli.env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for _ in range(4)]
@@ -135,6 +137,7 @@ os.execv(sys.executable, [sys.executable, "-m", "ctxd", "--socket", sock])
 """
 
 
+@pytest.mark.process("several ctxd-cli processes autostarting at once")
 def test_autostart_waits_for_the_daemon_that_won_the_race(cli: Cli) -> None:
     winner = subprocess.Popen([sys.executable, "-c", SLOW_WINNER, str(cli.socket), str(cli.log)], env=cli.env,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import Cli
 from tests.cli.test_watch_live import Lines
 
@@ -18,6 +20,7 @@ def code_blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", README, re.M | re.S)
 
 
+@pytest.mark.process("the README's snippet, run as a script")
 def test_the_python_snippet_runs_as_written(cli: Cli) -> None:
     (snippet,) = code_blocks("python")
     script = cli.root / "snippet.py"
@@ -29,6 +32,7 @@ def test_the_python_snippet_runs_as_written(cli: Cli) -> None:
     assert cli.daemon_pid() is not None  # it started the daemon, as ctxd-cli would have
 
 
+@pytest.mark.process("ctxd-cli watch read while it runs, then Ctrl-C")
 def test_the_commands_the_readme_suggests(cli: Cli) -> None:
     replayed = cli("replay", "--example").stdout
     shown = re.search(r"^```\n(  pushed .*?)^```", README, re.M | re.S)
@@ -57,6 +61,7 @@ def test_the_commands_the_readme_suggests(cli: Cli) -> None:
     assert cli.daemon_pid() is None  # the last one stopped it
 
 
+@pytest.mark.process("the example agent loop, which spawns ctxd over stdio")
 def test_agent_loop_cleans_up_and_says_where_ctxd_comes_from(tmp_path: Path) -> None:
     script = ROOT / "clients" / "python" / "agent_loop.py"
     doc = script.read_text()

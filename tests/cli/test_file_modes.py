@@ -8,6 +8,8 @@ import os
 import stat
 import subprocess
 
+import pytest
+
 from tests.cli.conftest import CLI, Cli
 
 
@@ -18,6 +20,7 @@ def run_with_umask(cli: Cli, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.process("the umask ctxd-cli and its daemon start with")
 def test_new_files_are_private_under_a_permissive_umask(cli: Cli) -> None:
     export = cli.root / "exports"
     export.mkdir(mode=0o755)

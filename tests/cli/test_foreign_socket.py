@@ -46,6 +46,7 @@ while True:
 """.format(uid=NOBODY)
 
 
+@pytest.mark.process("ctxd --remote and a listener as processes")
 def test_a_socket_served_by_another_user_gets_nothing(cli: Cli) -> None:
     shared = short_dir()
     try:

@@ -5,18 +5,20 @@ character a terminal acts on (the C1 controls: U+009B is CSI, U+009D OSC)."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 
-from tests.cli.conftest import Cli
+from tests.cli.conftest import Cli, Result
 
 ROOT = "proxy-openai-0123456789abcdef"
 OTHER = "proxy-openai-0123ffffffffffff"  # shares "proxy-openai-0123" with ROOT
 FORK = ROOT + "~2"
 
 
-def narrow(cli: Cli) -> Cli:
+def narrow(cli: Cli) -> Callable[..., Result]:
     """The same ctxd-cli, its output through a pipe 80 columns wide."""
-    return Cli(root=cli.root, env={**cli.env, "COLUMNS": "80"})
+    return functools.partial(cli, env={"COLUMNS": "80"})
 
 
 def rows_by_id(text: str) -> dict[str, str]:

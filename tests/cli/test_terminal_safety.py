@@ -109,6 +109,7 @@ def run_on_a_terminal(cli: Cli, *args: str, timeout: float = 60) -> str:
     return out.decode("utf-8", "replace")
 
 
+@pytest.mark.process("ctxd-cli on a pseudo-terminal")
 def test_human_output_on_a_terminal_is_inert(hostile: Cli) -> None:
     for args, shown in COMMANDS[:3]:
         text = run_on_a_terminal(hostile, *args)

@@ -10,6 +10,8 @@ import socket
 import threading
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import Cli
 from tests.e2e.helpers import run_ctxd
 
@@ -90,6 +92,7 @@ def test_cli_refuses_a_token_file_others_can_read(cli: Cli, tmp_path: Path) -> N
     assert b"a" * 64 not in received
 
 
+@pytest.mark.process("ctxd's exit code and stderr when it cannot start")
 def test_daemon_does_not_take_its_token_through_a_link(tmp_path: Path) -> None:
     secret = _private_file(tmp_path / "id_ed25519")
     state = tmp_path / "state"

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+import pytest
 from rich.console import Console
 
 from ctxd.cli import render
@@ -43,6 +44,7 @@ class Lines:
                 return lines
 
 
+@pytest.mark.process("ctxd-cli watch read while it runs, then Ctrl-C")
 def test_plain_watch_shows_compression_events(cli: Cli) -> None:
     cli("replay", str(FIXTURES / "mini_swe_agent.traj.json"), "--session", "w")
     plain = cli.popen("watch", "w")  # stdout is a pipe: one line per event, no live view

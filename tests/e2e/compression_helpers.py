@@ -1,9 +1,11 @@
 """Helpers of the compression end-to-end tests (tests/e2e/test_compression*.py).
 
-Everything talks to a real ``python -m ctxd --socket`` subprocess through
+Everything talks to a real ctxd daemon over its Unix socket through
 :class:`ctxd.client.Client`; nothing is mocked. Here:
 
-* :class:`CtxdProc`, a daemon in a subprocess (start, SIGKILL, restart on the same data);
+* :class:`CtxdProc`, a socket daemon (start, stop, restart on the same data), run in the
+  test process (``tests/inprocess.py``) unless the test needs a process (SIGKILL, an
+  environment of its own): ``CtxdProc(..., process=True)``;
 * :class:`Conn`, an initialized client that records every notification it receives;
 * :func:`agent_session`, a deterministic generator of a realistic agent session
   (user instructions, assistant turns with OpenAI- and Anthropic-style tool calls,
@@ -29,14 +31,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
 from ctxd.client import Client
 from tests.e2e.helpers import storage_args
+from tests.inprocess import InProcessDaemon
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0
@@ -54,14 +58,16 @@ def daemon_environ(**extra: str) -> dict[str, str]:
 
 
 class CtxdProc:
-    """``python -m ctxd --socket PATH --data-dir DIR --set ...`` in a subprocess.
+    """``python -m ctxd --socket PATH --data-dir DIR --set ...``: in this process
+    (:class:`tests.inprocess.InProcessDaemon`) unless ``process`` (a subprocess, which a
+    test that SIGKILLs it needs; the default when ``env`` is given, the daemon's own).
 
-    ``root`` is a short directory (socket paths are limited to 107 bytes). ``stderr``
-    goes to a file, readable with :meth:`stderr_text` (all runs, appended).
+    ``root`` is a short directory (socket paths are limited to 107 bytes). What the daemon
+    logs goes to a file, readable with :meth:`stderr_text` (all runs, appended).
     """
 
     def __init__(self, root: Path, sets: list[str] | None = None, env: dict[str, str] | None = None,
-                 name: str = "d") -> None:
+                 name: str = "d", *, process: bool | None = None) -> None:
         self.root = root
         self.data_dir = root / f"{name}-data"
         self.socket_path = root / f"{name}.sock"
@@ -69,8 +75,10 @@ class CtxdProc:
         self.config_path = root / f"{name}-empty.toml"
         self.config_path.write_text("")
         self.sets = list(sets or [])
+        self.process = env is not None if process is None else process
         self.env = env if env is not None else daemon_environ()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.inproc: InProcessDaemon | None = None
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "ctxd", "--config", str(self.config_path), "--socket", str(self.socket_path),
@@ -79,7 +87,17 @@ class CtxdProc:
             cmd += ["--set", assignment]
         return cmd
 
-    def start(self) -> "CtxdProc":
+    @property
+    def returncode(self) -> int | None:
+        """The exit code of the last run (None while it runs)."""
+        if self.inproc is not None:
+            return self.inproc.returncode
+        return self.proc.returncode if self.proc is not None else None
+
+    def start(self) -> CtxdProc:
+        if not self.process:  # (the flags as they are now: a test may change ``sets`` between runs)
+            self.inproc = InProcessDaemon(self.command()[3:], log_path=self.log_path).start(START_TIMEOUT)
+            return self
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=log, env=self.env, close_fds=True)
@@ -106,13 +124,18 @@ class CtxdProc:
             sock.close()
 
     def kill(self) -> None:
-        """SIGKILL this daemon (by its pid) and reap it."""
+        """SIGKILL this daemon (by its pid) and reap it (``process=True`` only)."""
+        if self.inproc is not None:
+            self.inproc.kill()  # raises: say process=True
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(START_TIMEOUT)
 
     def stop(self) -> None:
+        if self.inproc is not None:
+            self.inproc.stop(START_TIMEOUT)
+            return
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -129,7 +152,7 @@ class CtxdProc:
         except FileNotFoundError:
             return ""
 
-    async def connect(self) -> "Conn":
+    async def connect(self) -> Conn:
         client = await Client.connect_unix(self.socket_path)
         await client.initialize(client_name="e2e-compression")
         return Conn(client)
@@ -183,7 +206,7 @@ class Conn:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def close(self) -> None:
@@ -550,7 +573,7 @@ class Driver:
         self.last_after_used = stats["budget"]["used"]
         self.pruned_through = stats["prunedThroughSeq"]
 
-    async def push_until(self, turns: list[Turn], done: Callable[["Driver"], bool]) -> int:
+    async def push_until(self, turns: list[Turn], done: Callable[[Driver], bool]) -> int:
         """Push turns until ``done(self)``; how many were pushed."""
         for n, turn in enumerate(turns, start=1):
             await self.push(turn)

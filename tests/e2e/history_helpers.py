@@ -1,6 +1,6 @@
 """Helpers of the history end-to-end tests (tests/e2e/test_{snapshots,history,transfer,retention}.py).
 
-Everything talks to real ``python -m ctxd --socket`` subprocesses (see
+Everything talks to real ctxd daemons over their sockets (run in the test process: see
 :class:`tests.e2e.compression_helpers.CtxdProc`) and reads real SQLite files;
 nothing is mocked. Here:
 
@@ -65,7 +65,7 @@ class Running:
     async def stop(self) -> None:
         await self.close_all()
         self.proc.stop()
-        assert self.proc.proc is not None and self.proc.proc.returncode == 0, self.proc.stderr_text()
+        assert self.proc.returncode == 0, self.proc.stderr_text()
 
 
 @asynccontextmanager

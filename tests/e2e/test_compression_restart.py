@@ -43,7 +43,7 @@ async def snapshot(drive: Driver) -> dict:
 ])
 async def test_sigkill_after_compressions_then_same_prompt_and_compression_goes_on(extras):
     root = short_root()
-    daemon = CtxdProc(root).start()
+    daemon = CtxdProc(root, process=True).start()  # SIGKILLed below
     try:
         conn = await daemon.connect()
         await conn.call("session/create", {"sessionId": "s", "model": "llama3.1:70b", "contextWindow": WINDOW,
