@@ -128,7 +128,7 @@ class Client:
             sys.executable, "-m", "ctxd", *(args or []), stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, env=env, limit=1 << 24)
         assert process.stdout is not None and process.stdin is not None
-        return cls(process.stdout, process.stdin, process)  # type: ignore[arg-type]
+        return cls(process.stdout, process.stdin, process)
 
     async def initialize(self, *, token: str | None = None, client_name: str = "ctxd-client",
                          process_id: int | None = None) -> dict[str, Any]:
@@ -240,7 +240,7 @@ class Client:
                     for queue in self._queues:
                         queue.put_nowait(item)
                     continue
-                future = self._pending.get(message.get("id"))  # type: ignore[arg-type]
+                future = self._pending.get(message.get("id"))
                 if future is None or future.done():
                     if message.get("id") is None and "error" in message:
                         err = message["error"]

@@ -51,7 +51,7 @@ class Daemon:
         self.tcp_port = tcp_port
         self.hub = Hub()
         self.app = App(config, self.hub, control=self)
-        self.service: Service = None  # type: ignore[assignment]  (set in run)
+        self.service: Service = None  # type: ignore[assignment]  # (set in run)
         self.tcp_token = ""
         self.started_at = now_iso()
         self._stop = asyncio.Event()

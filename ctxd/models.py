@@ -57,7 +57,7 @@ class ModelFacts:
     source: str
 
 
-def _match(table: dict[str, int] | tuple, name: str):  # type: ignore[type-arg]
+def _match(table: dict[str, int] | tuple, name: str):
     best = None
     items = table.items() if isinstance(table, dict) else ((row[0], row[1:]) for row in table)
     for prefix, value in items:

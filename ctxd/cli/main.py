@@ -182,7 +182,7 @@ def settings_of(ctx: click.Context) -> Settings:
     obj = ctx.find_root().obj
     if obj is None:
         obj = ctx.find_root().obj = Settings()
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def _set_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:

@@ -52,9 +52,9 @@ def _figures(method: str, p: dict[str, Any], limits: tuple[int, int] | None = No
         return [render.Styled(reason, "cyan"), f"seq {_n(p.get('lastSeq'))}", f"messages {_n(p.get('messageCount'))}",
                 f"history {_n(p.get('tokenCount'))} tokens", _prompt_figure(p.get("contextTokens"), limits)]
     if method == "session/deleted":
-        reason = p.get("reason")
-        return [render.Styled("deleted", "red")] + ([f"by {reason}: {p.get('detail') or ''}".rstrip(": ")]
-                                                     if reason and reason != "request" else [])
+        why = p.get("reason")
+        return [render.Styled("deleted", "red")] + ([f"by {why}: {p.get('detail') or ''}".rstrip(": ")]
+                                                     if why and why != "request" else [])
     if method == "context/compressing":
         return [f"{p.get('stage')} {p.get('percentage', 0)}%", p.get("message") or ""]
     if method == "context/compressed":
@@ -406,7 +406,7 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain:
         stream = client.notifications()
         # Start the iterator before subscribing: it registers its queue when it first
         # runs, and a notification may follow the subscribe answer in the same read.
-        pending = asyncio.ensure_future(anext(stream))
+        pending: asyncio.Future[Any] = asyncio.ensure_future(anext(stream))
         await asyncio.sleep(0)
         try:
             await client.request("session/subscribe", {"sessionId": target})

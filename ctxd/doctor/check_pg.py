@@ -36,9 +36,10 @@ def check_postgres(url: str, password_file: str = "") -> Report:
     from ctxd.store.postgres import migrations
 
     report = Report(path=url, expected_schema_version=migrations()[-1][0])
+    unreachable: tuple[type[Exception], ...] = (StoreOpenError, *db_errors())
     try:
         raw = _connect(url, password_file)
-    except (StoreOpenError, *db_errors()) as exc:
+    except unreachable as exc:
         report.problem("file", f"cannot reach the PostgreSQL database: {str(exc).strip()}")
         report.checks["file"] = "failed"
         return report

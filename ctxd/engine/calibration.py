@@ -76,7 +76,7 @@ def fit(samples: Sequence[tuple[int, int]], window: int) -> Fit:
     figures; the pairs change only with a reply's usage)."""
     if not samples:
         return Fit()
-    return _fit(tuple(map(tuple, samples)), window)  # type: ignore[arg-type]
+    return _fit(tuple(map(tuple, samples)), window)
 
 
 @lru_cache(maxsize=256)

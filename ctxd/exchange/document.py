@@ -39,7 +39,7 @@ class _Entry(msgspec.Struct):
     createdAt: str = ""
 
 
-def from_header(head: dict[str, Any], messages: list[ExportedMessage]) -> SessionDocument:
+def from_header(head: Any, messages: list[ExportedMessage]) -> SessionDocument:
     if not isinstance(head, dict) or not isinstance(head.get("sessionId"), str):
         raise DocumentError("session.sessionId is missing")
     return SessionDocument(

@@ -34,7 +34,7 @@ def export_jsonl(doc: SessionDocument) -> str:
     session = header(doc)
     if not doc.messages:
         return json.dumps({"ctxd": {"session": session}}, ensure_ascii=False) + "\n"
-    out = []
+    out: list[str] = []
     for item in doc.messages:
         lines = openai.export_lines(item.message)
         for part, line in enumerate(lines):

@@ -46,7 +46,7 @@ from datetime import datetime
 from typing import Any
 
 from ctxd.formats.common import text_of
-from ctxd.protocol.message import ContentBlock, ImageBlock, Message, TextBlock
+from ctxd.protocol.message import ContentBlock, ImageBlock, Message, Role, TextBlock
 
 from ._base import Builder, Document, Transcript
 
@@ -126,6 +126,7 @@ def _sample(sample: dict[str, Any], index: int) -> Transcript:
                 b.warn(f"{where}: skipped, not a JSON object")
                 continue
             speaker = turn.get("speaker")
+            role: Role
             if speaker == speaker_a:
                 role = "user"
             elif speaker == speaker_b:
@@ -141,9 +142,9 @@ def _sample(sample: dict[str, Any], index: int) -> Transcript:
                 url = next((u for u in url if isinstance(u, str)), None)
             content: str | list[ContentBlock] = text
             image = isinstance(caption, str) and caption.strip()
-            if image:
-                content = ([TextBlock(text=text)] if text else []) + [
-                    ImageBlock(description=caption, url=url if isinstance(url, str) else None)]
+            if image and isinstance(caption, str):
+                blocks: list[ContentBlock] = [TextBlock(text=text)] if text else []
+                content = [*blocks, ImageBlock(description=caption, url=url if isinstance(url, str) else None)]
             meta: dict[str, Any] = {"dia_id": turn.get("dia_id"), "speaker": speaker,
                                     "session": number}
             if date_text is not None:

@@ -72,9 +72,12 @@ def parse(doc: Document) -> list[Transcript]:
             message.metadata = {**(message.metadata or {}), "exit_status": extra["exit_status"]}
         b.add(message, where)
 
-    info = value.get("info") if isinstance(value.get("info"), dict) else {}
-    config = info.get("config") if isinstance(info.get("config"), dict) else {}
-    model_config = config.get("model") if isinstance(config.get("model"), dict) else {}
+    info = value.get("info")
+    info = info if isinstance(info, dict) else {}
+    config = info.get("config")
+    config = config if isinstance(config, dict) else {}
+    model_config = config.get("model")
+    model_config = model_config if isinstance(model_config, dict) else {}
     model = model_config.get("model_name")
     if not isinstance(model, str):
         model = models[0] if models else None

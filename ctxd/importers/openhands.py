@@ -49,7 +49,7 @@ import msgspec
 from ctxd.formats import openai
 from ctxd.formats.common import IMAGE_PLACEHOLDER, epoch_to_iso, text_of
 from ctxd.formats.native import any_usage
-from ctxd.protocol.message import FunctionCall, Message, TextBlock, ToolCall
+from ctxd.protocol.message import FunctionCall, Message, Role, TextBlock, ToolCall
 
 from ._base import (
     Builder,
@@ -203,9 +203,9 @@ def parse_events(doc: Document) -> list[Transcript]:
             events = _event_list(record)
             if events is None:
                 continue
-            extra = {k: v for k, v in record.items()
-                     if k not in ("history", "events") and isinstance(v, (str, int, float))}
-            transcript = _events_transcript(events, None, extra, prefix=f"line {line}: ")
+            fields = {k: v for k, v in record.items()
+                      if k not in ("history", "events") and isinstance(v, (str, int, float))}
+            transcript = _events_transcript(events, None, fields, prefix=f"line {line}: ")
             transcript.metadata["line"] = line
             out.append(transcript)
         return out
@@ -240,7 +240,8 @@ def _events_transcript(events: list[Any], labels: list[str] | None, extra: dict[
             cause = None
         timestamp = event.get("timestamp") if isinstance(event.get("timestamp"), str) else None
         source = event.get("source")
-        args = event.get("args") if isinstance(event.get("args"), dict) else {}
+        args = event.get("args")
+        args = args if isinstance(args, dict) else {}
         tcm = event.get("tool_call_metadata")
         tcm = tcm if isinstance(tcm, dict) else {}
         base_meta: dict[str, Any] = {"id": event_id, "source": source}
@@ -252,7 +253,7 @@ def _events_transcript(events: list[Any], labels: list[str] | None, extra: dict[
                 skipped[f"{action} action"] += 1
                 continue
             if action in ("message", "system"):
-                role = "system" if action == "system" else (
+                role: Role = "system" if action == "system" else (
                     "assistant" if source == "agent" else "user")
                 content = args.get("content")
                 if not isinstance(content, str):
@@ -284,8 +285,8 @@ def _events_transcript(events: list[Any], labels: list[str] | None, extra: dict[
             name = tcm.get("function_name")
             if not isinstance(name, str) or not name:
                 name = action
-            response = tcm.get("model_response") if isinstance(
-                tcm.get("model_response"), dict) else {}
+            response = tcm.get("model_response")
+            response = response if isinstance(response, dict) else {}
             arguments = _original_arguments(response, call_id)
             if arguments is None:
                 arguments = msgspec.json.encode(

@@ -350,7 +350,7 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
         self._buffer += chunk
-        events = []
+        events: list[tuple[str | None, str]] = []
         while True:
             best: tuple[int, int] | None = None
             for sep in (b"\r\n\r\n", b"\n\n", b"\r\r"):

@@ -222,13 +222,13 @@ async def _link(config: Any, *, autostart: bool, config_file: str | None) -> Any
             else:
                 _daemon_tuning()
                 return link
-    link = DaemonLink(socket_path, connections=config.proxy.daemon_connections, autostart=autostart,
-                      data_dir=config.daemon.data_dir or None, config_file=config_file)
+    apart = DaemonLink(socket_path, connections=config.proxy.daemon_connections, autostart=autostart,
+                       data_dir=config.daemon.data_dir or None, config_file=config_file)
     try:
-        await link.start()
+        await apart.start()
     except DaemonUnavailable as exc:
         raise _LinkFailed(str(exc)) from None
-    return link
+    return apart
 
 
 def _daemon_tuning() -> None:

@@ -196,7 +196,7 @@ class PeerGate:
         """uvicorn's HTTP protocol class, recording each connection's uid as it is made."""
         gate = self
 
-        class CheckedProtocol(base):  # type: ignore[misc, valid-type]
+        class CheckedProtocol(base):
             def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)
                 gate.connected(self.client, self.server)

@@ -82,7 +82,7 @@ class CoalescingTransport:
 def coalescing(protocol: type[Any]) -> type[Any]:
     """uvicorn's HTTP protocol class, writing through a :class:`CoalescingTransport`."""
 
-    class Coalescing(protocol):  # type: ignore[misc, valid-type]
+    class Coalescing(protocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(CoalescingTransport(transport))
 

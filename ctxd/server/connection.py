@@ -35,7 +35,7 @@ import inspect
 import itertools
 import logging
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeGuard, cast
 
 import msgspec
 import pygls
@@ -257,7 +257,7 @@ class CtxdProtocol(JsonRPCProtocol):
 
     # --- outbound --------------------------------------------------------------------
 
-    def _send_handler_result(self, future: Future[Any], *, msg_id: Any) -> None:  # type: ignore[override]
+    def _send_handler_result(self, future: Future[Any], *, msg_id: Any) -> None:
         """(A pygls internal, overridden: the done-callback of every request's task.)"""
         self._request_futures.pop(msg_id, None)
         if self.connection is not None:
@@ -318,7 +318,7 @@ def cancel_request(future: Any) -> None:
         future.cancel()
 
 
-def _valid_id(value: Any) -> bool:
+def _valid_id(value: Any) -> TypeGuard[str | int]:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
@@ -363,7 +363,7 @@ class Connection:
         self.protocol.connection = self
         # Whatever pygls might still answer on its own (it has no path left that does)
         # goes out framed on this connection, not nowhere.
-        self.protocol.set_writer(writer)
+        self.protocol.set_writer(cast(Any, writer))  # (pygls calls write() and close(); it ignores write's bool)
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.transport} {self.client_name or ''}>"
@@ -407,7 +407,11 @@ class Connection:
         if before is None or before.done():
             done.set_result(None)
         else:
-            before.add_done_callback(lambda _: done.done() or done.set_result(None))
+            def follow(_: Any) -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            before.add_done_callback(follow)
 
     def initialize_finished(self) -> None:
         """The ``initialize`` request is over, however it ended: wake what waits for it; if
@@ -507,7 +511,8 @@ class Connection:
         # Every request not yet answered, including those just done whose answer is still
         # in a done-callback waiting to run (an ``exit`` behind ``shutdown`` ends the input
         # in the same instant; closing before those callbacks ran lost both answers).
-        pending = [f for f in self.protocol._request_futures.values() if isinstance(f, asyncio.Future)]
+        futures: list[Any] = list(self.protocol._request_futures.values())  # (typed concurrent.futures')
+        pending = [f for f in futures if isinstance(f, asyncio.Future)]
         if not pending:
             return
         log.debug("connection %s: input ended; finishing %d request(s)", self.id, len(pending))

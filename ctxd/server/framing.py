@@ -83,6 +83,13 @@ _skeleton_decode = msgspec.json.Decoder().decode
 
 _NESTING = re.compile(rb'[\[\]{}"]')
 _VALUE_START = re.compile(rb"[ \t\r\n]*")
+
+
+def _blank_end(data: Any, pos: int) -> int:
+    """Where the JSON whitespace at ``pos`` ends (``pos`` when there is none)."""
+    match = _VALUE_START.match(data, pos)
+    assert match is not None  # (the pattern matches the empty string)
+    return match.end()
 _SCALAR_END = re.compile(rb"[,\]}: \t\r\n]")
 _QUOTE, _BACKSLASH, _COMMA, _COLON = 0x22, 0x5C, 0x2C, 0x3A
 _OPENERS, _CLOSERS = (0x7B, 0x5B), (0x7D, 0x5D)
@@ -145,7 +152,7 @@ class _Pieces:
 
     def decode(self) -> object:
         data = self.data
-        start = _VALUE_START.match(data, 0).end()
+        start = _blank_end(data, 0)
         if start >= self.n or data[start] not in _OPENERS:
             raise _Unsplittable  # (a lone huge string or number: nothing to split)
         end = self._container(start, 1)
@@ -175,17 +182,17 @@ class _Pieces:
         """Split the container at ``i`` into pieces (its members, or theirs); its end."""
         data = self.data
         closer = 0x7D if data[i] == 0x7B else 0x5D
-        j = _VALUE_START.match(data, i + 1).end()
+        j = _blank_end(data, i + 1)
         if j < self.n and data[j] == closer:
             return j + 1
         while True:
             if closer == 0x7D:  # a key, then a colon
                 if j >= self.n or data[j] != _QUOTE:
                     raise _Unsplittable
-                j = _VALUE_START.match(data, _string_end(data, j, self._step)).end()
+                j = _blank_end(data, _string_end(data, j, self._step))
                 if j >= self.n or data[j] != _COLON:
                     raise _Unsplittable
-                j = _VALUE_START.match(data, j + 1).end()
+                j = _blank_end(data, j + 1)
             if j >= self.n:
                 raise _Unsplittable
             end = _value_end(data, j, self.n, self._step)
@@ -199,14 +206,14 @@ class _Pieces:
                 self.spans.append((j, end))
                 self.at = end
                 self._step(end - j)
-            j = _VALUE_START.match(data, end).end()
+            j = _blank_end(data, end)
             if j >= self.n:
                 raise _Unsplittable
             if data[j] == closer:
                 return j + 1
             if data[j] != _COMMA:
                 raise _Unsplittable
-            j = _VALUE_START.match(data, j + 1).end()
+            j = _blank_end(data, j + 1)
 
 
 ESCAPED_QUOTES_BY_FIND = 16
@@ -531,7 +538,7 @@ class FrameReader:
             del self._buf[:take]
             remaining -= take
 
-    def _recover_from(self, body: bytes) -> None:
+    def _recover_from(self, body: bytes | mmap.mmap) -> None:
         """After an unparsable body: put back any frame it swallowed, and skip the rest
         of a short frame's tail silently."""
         found = _FIND_HEADER.search(body, 1)

@@ -163,7 +163,7 @@ def claim_socket(path: Path) -> SocketLock:
     return lock
 
 
-async def serve_unix(path: Path, on_connection: OnConnection, lock: SocketLock) -> asyncio.AbstractServer:
+async def serve_unix(path: Path, on_connection: OnConnection, lock: SocketLock) -> asyncio.Server:
     """Listen on ``path``, whose ``lock`` the caller holds (see :func:`claim_socket`)."""
     try:
         st = path.lstat()
@@ -199,7 +199,7 @@ async def serve_unix(path: Path, on_connection: OnConnection, lock: SocketLock) 
     return server
 
 
-async def serve_tcp(port: int, on_connection: OnConnection) -> asyncio.AbstractServer:
+async def serve_tcp(port: int, on_connection: OnConnection) -> asyncio.Server:
     try:
         return await asyncio.start_server(
             lambda r, w: on_connection(r, Writer(w), "tcp"), host="127.0.0.1", port=port,

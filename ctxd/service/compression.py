@@ -415,7 +415,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
         text, summarizer = out
         if not text.strip():
             continue  # an empty re-summary says less than the checkpoint did: keep it
-        aged = msgspec.structs.replace(cp, level=step.to_level, summary=text, compressed_at=now_iso(),  # type: ignore[arg-type]
+        aged = msgspec.structs.replace(cp, level=step.to_level, summary=text, compressed_at=now_iso(),
                                        compression_count=cp.compression_count + 1, summarizer=summarizer)
         ckpts.measure(aged, count)
         if aged.tokens >= cp.tokens:
@@ -434,13 +434,13 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             ctx.checkpoints = merged_notices
             cache.refresh(state, system=True)
     while True:
-        step = ckpts.plan_merge(ctx.checkpoints, policy.max_checkpoints, budget.max_prompt_tokens,
+        merge = ckpts.plan_merge(ctx.checkpoints, policy.max_checkpoints, budget.max_prompt_tokens,
                                 policy.checkpoint_share)
-        if step is None:
+        if merge is None:
             break
-        first = next(c for c in ctx.checkpoints if c.id == step.checkpoint_ids[0])
-        second = next(c for c in ctx.checkpoints if c.id == step.checkpoint_ids[1])
-        out = await _resummarize(svc, state, run, [first.summary, second.summary], "ultra", step.target_tokens,
+        first = next(c for c in ctx.checkpoints if c.id == merge.checkpoint_ids[0])
+        second = next(c for c in ctx.checkpoints if c.id == merge.checkpoint_ids[1])
+        out = await _resummarize(svc, state, run, [first.summary, second.summary], "ultra", merge.target_tokens,
                                  ctx.goal_text)
         if out is None or not out[0].strip():
             break
@@ -451,7 +451,7 @@ async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, 
             break  # a merge that does not shrink would make the prompt bigger: keep both
         async with state.lock:
             index = ctx.checkpoints.index(first)
-            rest = [c for c in ctx.checkpoints if c.id not in step.checkpoint_ids]
+            rest = [c for c in ctx.checkpoints if c.id not in merge.checkpoint_ids]
             rest.insert(index, merged)
             ctx.checkpoints = rest
             cache.refresh(state, system=True)

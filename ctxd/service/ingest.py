@@ -367,9 +367,9 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
                 continue
             seen[key] = (last_seq + 1, tokens.total)
         last_seq += 1
-        clean = msgspec.structs.replace(message, idempotency_key=None) if key else message
+        unkeyed = msgspec.structs.replace(message, idempotency_key=None) if key else message
         to_insert.append((last_seq, NewMessage(message, body, tokens, key, now)))
-        stored.append(StoredMessage(last_seq, now, tokens, clean))
+        stored.append(StoredMessage(last_seq, now, tokens, unkeyed))
         counted.append((message, tokens))
         context = sent_tokens(message, tokens)
         if message.usage is not None:  # (what _add_stats does, the role and kind totals after the loop)

@@ -9,6 +9,8 @@ rendered (``engine.render.IncrementalRenderer``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ctxd.engine.context import ActiveContext
 from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.formats.anthropic import cache_breakpoints
@@ -61,7 +63,8 @@ def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
     try:
         if renderer is not None and cached is not None and _appended_to(cached[0], version, ctx):
             seen = cached[0][4]
-            out = renderer.append([e.view for e in ctx.recent[seen:] if e.view is not None], count)  # type: ignore[misc]
+            assert isinstance(seen, int)
+            out = renderer.append([e.view for e in ctx.recent[seen:] if e.view is not None], count)
         else:
             if renderer is None:
                 renderer = state.renderers[fmt] = IncrementalRenderer(fmt)
@@ -103,7 +106,7 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
         row = state.row
     tokens = budget.prompt_tokens + out.extra_tokens
     state.last_prompt_tokens = tokens
-    common = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,
+    common: dict[str, Any] = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,
                   last_seq=row.last_seq, message_count=row.message_count, budget=budget,
                   reliability=session_reliability(state, budget),
                   compression_count=ctx.state.compression_count, checkpoint_count=len(ctx.checkpoints))

@@ -251,8 +251,8 @@ async def enforce_retention(svc: Service, exclude: set[str] | None = None) -> li
         why = (f"not active for more than {cfg.max_age_days:g} days" if reason == "max_age"
                else f"more than {cfg.max_sessions} sessions, and among the least recently active")
         detail = f"{rule}: {why} (last activity {last}, {messages} message{'' if messages == 1 else 's'})"
-        record = {"at": now, "session_id": session_id, "reason": reason, "detail": rule, "title": title,
-                  "message_count": messages, "last_activity": last}
+        record: dict[str, object] = {"at": now, "session_id": session_id, "reason": reason, "detail": rule,
+                                     "title": title, "message_count": messages, "last_activity": last}
         try:
             await delete_session(svc, session_id, reason=reason, detail=detail, record=record)
         except CtxdError as exc:

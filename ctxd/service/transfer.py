@@ -111,7 +111,7 @@ def _parse(params: ImportParams, max_messages: int,
     from ctxd.importers import TranscriptError, load_transcripts_from_bytes
 
     text = params.document
-    fmt = params.format
+    fmt: str = params.format
     if fmt == "auto":
         stripped = text.lstrip()
         if stripped.startswith("{") and '"format": "ctxd.session"' in stripped[:200] or \

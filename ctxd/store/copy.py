@@ -132,9 +132,11 @@ def copy_job(conn: Any, sqlite_path: Path) -> CopyReport:
                          "(SELECT last_seq FROM sessions s WHERE s.id = messages.session_id))")
             elif table == "sessions" and staging:  # nor is the session of an unfinished import
                 where = f" WHERE id NOT IN (SELECT session_id FROM unfinished_pushes WHERE after_seq = {IMPORTING})"
+            def copied(names: str = names, table: str = table) -> Any:
+                return raw.execute(f"SELECT {names} FROM {table}")
+
             _copy_table(report, table, _chunks(src.execute(f"SELECT {names} FROM {table}{where} ORDER BY {order}")),
-                        put,
-                        lambda names=names, table=table: raw.execute(f"SELECT {names} FROM {table}"))
+                        put, copied)
         raw.execute("SELECT setval(pg_get_serial_sequence('messages', 'id'), "
                     "greatest((SELECT max(id) FROM messages), 1))")
     finally:
@@ -167,9 +169,14 @@ def copy_to_sqlite(pg: Any, path: Path) -> CopyReport:
                                                             f"{', '.join(missing)}; upgrade ctxd there first")
                 names = ", ".join(dst_cols)
                 insert = f"INSERT INTO {table} ({names}) VALUES ({', '.join(['?'] * len(dst_cols))})"
+                def put_back(chunk: list[tuple[Any, ...]], insert: str = insert) -> None:
+                    dst.executemany(insert, chunk)
+
+                def copied_back(names: str = names, table: str = table) -> Any:
+                    return dst.execute(f"SELECT {names} FROM {table}")
+
                 _copy_table(report, table, _chunks(pg.execute(f"SELECT {names} FROM {table} ORDER BY {order}")),
-                            lambda chunk, insert=insert: dst.executemany(insert, chunk),
-                            lambda names=names, table=table: dst.execute(f"SELECT {names} FROM {table}"))
+                            put_back, copied_back)
         dst.execute("COMMIT")
         return report
     except BaseException:

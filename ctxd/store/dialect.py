@@ -55,7 +55,7 @@ class PgConn:
         binary = types is not None
         sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN" + (" (FORMAT BINARY)" if binary else "")
         with self.raw.cursor().copy(sql) as copy:
-            if binary:
+            if types is not None:
                 copy.set_types(list(types))
             done = 0
             for row in rows:

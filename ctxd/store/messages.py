@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import msgspec
 
@@ -79,6 +79,7 @@ def find_keys(conn: sqlite3.Connection, session_id: str, keys: list[str],
     acknowledged, so their keys do not count); ``committed``: the same bound, read from the
     session row by the statement itself."""
     found: dict[str, tuple[int, int]] = {}
+    bound_args: tuple[Any, ...]
     if committed:
         bound, bound_args = _COMMITTED, (session_id,)
     else:
@@ -121,7 +122,7 @@ _COMMITTED = " AND seq <= (SELECT last_seq FROM sessions WHERE id = ?)"
 """The session's history ends at its committed ``last_seq`` (see "Staged pushes" above)."""
 
 
-def _stored(row: tuple) -> StoredMessage:  # type: ignore[type-arg]
+def _stored(row: tuple) -> StoredMessage:
     seq, created, total, overhead, text, call, result, thinking, body = row
     return StoredMessage(seq, created, MessageTokens(total, overhead, text, call, result, thinking),
                          _decoder.decode(body))

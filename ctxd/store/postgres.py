@@ -146,7 +146,7 @@ class PostgresDatabase(Database):
         kwargs = self.connect_kwargs()
         try:
             self._writer = SqliteThread("ctxd-pg-writer")
-            await self._writer.open(partial(self._connect, kwargs))
+            await self._writer.open(partial(self._connect_with, kwargs))
             await self._writer.call(self._migrate)
             self._lz4 = await self._writer.call(self._prefer_lz4)
             self._pool = psycopg_pool.ConnectionPool(
@@ -161,7 +161,7 @@ class PostgresDatabase(Database):
             raise StoreOpenError(f"{self.describe()}: cannot use the PostgreSQL database: {exc}") from None
         self._writer_task = asyncio.create_task(self._writer_loop(), name="ctxd-writer")
 
-    def _connect(self, kwargs: dict[str, Any]) -> PgConn:
+    def _connect_with(self, kwargs: dict[str, Any]) -> PgConn:
         return PgConn(self._writer_conn(kwargs))
 
     def _writer_conn(self, kwargs: dict[str, Any]) -> psycopg.Connection[Any]:
@@ -184,7 +184,7 @@ class PostgresDatabase(Database):
             return False
         return True
 
-    def _migrate(self, conn: PgConn) -> None:
+    def _migrate(self, conn: Any) -> None:  # (a PgConn: the thread's connection here)
         raw = conn.raw
         known = migrations()
         latest = known[-1][0]
@@ -351,7 +351,7 @@ class PostgresDatabase(Database):
             if self._apart is None:
                 apart = SqliteThread("ctxd-pg-writer-apart")
                 try:
-                    await apart.open(partial(self._connect, self.connect_kwargs()))
+                    await apart.open(partial(self._connect_with, self.connect_kwargs()))
                 except (psycopg.Error, StoreOpenError) as exc:
                     await apart.close()
                     raise CtxdError(ErrorCode.StorageError,

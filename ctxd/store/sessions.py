@@ -99,10 +99,10 @@ class SessionStats(msgspec.Struct):
             t_result += tokens.tool_result
             t_thinking += tokens.thinking
             t_framing += tokens.overhead
-        for role, (messages, role_tokens) in roles.items():
-            kept = self.by_role.get(role)
+        for name, (messages, role_tokens) in roles.items():
+            kept = self.by_role.get(name)
             if kept is None:
-                kept = self.by_role[role] = RoleTotals()
+                kept = self.by_role[name] = RoleTotals()
             kept.messages += messages
             kept.tokens += role_tokens
         by_kind = self.by_kind
@@ -113,9 +113,9 @@ class SessionStats(msgspec.Struct):
         for kind, blocks, kind_tokens in (("text", n_text, t_text), ("toolCall", n_call, t_call),
                                           ("toolResult", n_result, t_result),
                                           ("thinking", n_thinking, t_thinking), ("framing", n_framing, t_framing)):
-            totals = by_kind[kind]
-            totals.blocks += blocks
-            totals.tokens += kind_tokens
+            kind_totals = by_kind[kind]
+            kind_totals.blocks += blocks
+            kind_totals.tokens += kind_tokens
 
 
 _stats_decoder = msgspec.json.Decoder(SessionStats)

@@ -48,7 +48,7 @@ class SqliteThread:
         self._conn: sqlite3.Connection | None = None
         self._stopped = False
 
-    async def open(self, connect: Callable[[], sqlite3.Connection]) -> None:
+    async def open(self, connect: Callable[[], Any]) -> None:
         """Start the thread and open the connection on it with ``connect()``."""
         assert self._thread is None, "already opened"
         # A daemon thread: one the loop forgot to close must not keep the process alive

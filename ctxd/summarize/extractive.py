@@ -477,17 +477,17 @@ class ExtractiveSummarizer:
                 break
             line = lines[unit.turn]
             if unit.turn in opened:
-                cost = count(" … " + unit.text)
+                price = count(" … " + unit.text)
             else:
-                cost = count(line.prefix + unit.text + "\n")
+                price = count(line.prefix + unit.text + "\n")
                 if line.date and line.date not in dated:
-                    cost += count(f"[{line.date}]\n")
-            if used + cost > target:
+                    price += count(f"[{line.date}]\n")
+            if used + price > target:
                 misses += 1
                 if misses > 200 or used >= target:
                     break
                 continue
-            used += cost
+            used += price
             opened.add(unit.turn)
             if line.date:
                 dated.add(line.date)
@@ -495,10 +495,10 @@ class ExtractiveSummarizer:
         if not chosen:
             if whole:
                 return ""  # lines of older summaries are kept whole or not at all
-            best = ranked[0]
-            line = lines[best.turn]
-            prefix = (f"[{line.date}]\n" if line.date else "") + line.prefix + ("… " if best.part else "")
-            cut = self._clip_to(best.text, target, lambda t: prefix + t)
+            top = ranked[0]
+            line = lines[top.turn]
+            prefix = (f"[{line.date}]\n" if line.date else "") + line.prefix + ("… " if top.part else "")
+            cut = self._clip_to(top.text, target, lambda t: prefix + t)
             return prefix + cut if cut is not None else ""
         text = _render_units(chosen, lines)
         if count(text) <= target:
@@ -680,9 +680,9 @@ def compact_date(text: str) -> str:
     for pattern, day_group, month_group in ((_DAY_MONTH_YEAR, 1, 2), (_MONTH_DAY_YEAR, 2, 1)):
         found = pattern.search(text)
         if found:
-            month = _MONTH_BY_PREFIX.get(found.group(month_group)[:3].lower())
-            if month and found.group(month_group).lower() in (month.lower(), month[:3].lower(), "sept"):
-                return f"{int(found.group(day_group))} {month} {found.group(3)}"
+            name = _MONTH_BY_PREFIX.get(found.group(month_group)[:3].lower())
+            if name and found.group(month_group).lower() in (name.lower(), name[:3].lower(), "sept"):
+                return f"{int(found.group(day_group))} {name} {found.group(3)}"
     return text[:40]
 
 

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import psutil
 
+from tests.inprocess import InProcessDaemon
+
 CTXD = [sys.executable, "-m", "ctxd"]
 # The daemon under test is the ctxd of this checkout, whatever is installed.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -282,7 +284,9 @@ class RawClient:
 
 
 class Daemon:
-    """A ``ctxd --socket``/``--tcp`` daemon in a subprocess, stderr kept in a file.
+    """A ``ctxd --socket``/``--tcp`` daemon in a subprocess, stderr kept in a file; or,
+    with ``process=False``, run in the test process (``tests/inprocess.py``: a test of what
+    the daemon does rather than of its process; no pid, no signals).
 
     ``stop()`` is idempotent and always leaves no process behind.
     """
@@ -290,10 +294,12 @@ class Daemon:
     def __init__(self, data_dir: Path, *, socket_path: Path | None = None, tcp: bool = False,
                  args: list[str] | None = None, env: dict[str, str] | None = None,
                  token_file: Path | None = None, socket_flag_only: bool = False,
-                 umask: int | None = None) -> None:
+                 umask: int | None = None, process: bool = True) -> None:
         """``socket_flag_only``: pass a bare ``--socket`` and expect the daemon to pick
         ``socket_path`` itself (its default location). ``umask``: the process umask the
         daemon starts with (default: this process's)."""
+        if not process and (env is not None or socket_flag_only or umask is not None):
+            raise ValueError("an environment, a default socket path or a umask of its own needs a daemon process")
         self.data_dir = data_dir
         self.socket_path = socket_path
         self.socket_flag_only = socket_flag_only
@@ -303,12 +309,16 @@ class Daemon:
         self.umask = -1 if umask is None else umask
         self.env = env if env is not None else daemon_env()
         self.log_path = data_dir.with_name(data_dir.name + ".stderr.log")
+        self.process = process
         self.proc: subprocess.Popen[bytes] | None = None
+        self.inproc: InProcessDaemon | None = None
         self.port: int | None = None
         self._log_offset = 0
 
     @property
     def pid(self) -> int:
+        if not self.process:
+            raise TypeError("a daemon run in the test process has no pid of its own (Daemon(process=True))")
         assert self.proc is not None
         return self.proc.pid
 
@@ -337,6 +347,10 @@ class Daemon:
         """Start the process (again, after a stop or kill: same data dir, same socket)."""
         self.port = None
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        if not self.process:
+            self.inproc = InProcessDaemon(self.command()[len(CTXD):], log_path=self.log_path).start(START_TIMEOUT)
+            self.port = self.inproc.port
+            return self
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -365,6 +379,8 @@ class Daemon:
 
     def kill(self) -> None:
         """SIGKILL, and reap."""
+        if self.inproc is not None:
+            self.inproc.kill()  # raises: SIGKILL needs a process
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         if self.proc is not None:
@@ -372,6 +388,8 @@ class Daemon:
 
     def stop(self) -> int | None:
         """SIGTERM (then SIGKILL if it does not go); the exit code."""
+        if self.inproc is not None:
+            return self.inproc.stop(START_TIMEOUT)
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -384,6 +402,12 @@ class Daemon:
         return self.proc.returncode
 
     def wait(self, timeout: float = START_TIMEOUT) -> int:
+        if self.inproc is not None:
+            deadline = time.monotonic() + timeout
+            while self.inproc.running and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert self.inproc.returncode is not None, "the in-process daemon still runs"
+            return self.inproc.returncode
         assert self.proc is not None
         return self.proc.wait(timeout)
 

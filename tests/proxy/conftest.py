@@ -107,8 +107,9 @@ def proxy_mode(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def ctxd_daemon(base_dir: Path, proxy_mode: str) -> Iterator[Daemon]:
     """The daemon (in ``in-process`` mode not started: the proxy runs it; ``start()`` runs
-    one apart on the same data directory and socket, e.g. once the proxy is gone)."""
-    daemon = Daemon(base_dir / "data", socket_path=base_dir / "run" / "ctxd.sock")
+    one apart on the same data directory and socket, e.g. once the proxy is gone). It runs
+    in the test process (tests/inprocess.py): the proxy under test is the process."""
+    daemon = Daemon(base_dir / "data", socket_path=base_dir / "run" / "ctxd.sock", process=False)
     if proxy_mode == "socket":
         daemon.start()
     yield daemon
