@@ -1,14 +1,16 @@
 """Fixtures for every suite, and the suite's two parts.
 
 **The two parts.** ``pytest`` alone (README's test command) runs the *fast* part: every
-test that runs ctxd inside the test process (the engine, the service, the daemon on a
-real socket in a thread: ``tests/inprocess.py``, ``ctxd-cli`` through its ``main()``).
-The *process* part holds what needs real processes: lifecycle, signals and SIGKILL,
-stdio, transports, file modes, the proxy and MCP servers, the editors' clients, and the
-tests marked ``slow``. ``.ci/run`` runs both (``pytest --part process -n 3``).
+test that runs ctxd inside the test process on SQLite (the engine, the service, the
+daemon on a real socket in a thread: ``tests/inprocess.py``, ``ctxd-cli`` through its
+``main()``). The *process* part holds what needs other processes: lifecycle, signals
+and SIGKILL, stdio, transports, file modes, the proxy and MCP servers, the editors'
+clients, PostgreSQL, and the tests marked ``slow``. ``.ci/run`` runs both (``pytest
+--part process -n 3``).
 
 Which part a test is in follows from where it is and what it uses, never from a list
-of names: a test under one of ``PROCESS_DIRS``, or using one of ``PROCESS_FIXTURES``,
+of names: a test under one of ``PROCESS_DIRS``, using one of ``PROCESS_FIXTURES``,
+parametrized on PostgreSQL (``storage_backend``, ``module_backend``, ``storage_url``...)
 or marked ``slow`` or ``process``, is in the process part; every other one is fast. A
 fast test that starts a ctxd process anyway fails, saying so (``_no_ctxd_process``).
 Paths given on the command line run whatever they select (``--part`` narrows them).
@@ -26,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e import helpers as e2e_helpers
 from tests.pgserver import PgServer, find_binaries, missing_reason, start_server, stop_server
 
 TESTS = Path(__file__).resolve().parent
@@ -35,6 +38,7 @@ PROCESS_DIRS = ("e2e", "proxy", "mcp", "clients")
 editor as processes."""
 
 PROCESS_FIXTURES = frozenset({
+    "pg_server",        # a PostgreSQL server
     "cli_process",      # tests/cli: ctxd-cli as a subprocess (autostart, signals, the terminal)
     "daemon_factory",   # tests/e2e: socket/TCP daemons as processes
     "stdio_factory",    # tests/e2e: ctxd over stdio
@@ -62,6 +66,9 @@ def is_process_test(item: pytest.Item) -> bool:
     if parts[:1] and parts[0] in PROCESS_DIRS:
         return True
     if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "postgresql" in callspec.params.values():
         return True
     return item.get_closest_marker("process") is not None or item.get_closest_marker("slow") is not None
 
@@ -111,6 +118,55 @@ def _no_ctxd_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
         original(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+
+
+# --- the storage backend ----------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test once per backend: a module opts in with
+    ``pytestmark = pytest.mark.usefixtures("storage_backend")`` (its daemons must be
+    started by ``stdio_factory``/``daemon_factory``/``Daemon``/``CtxdProc``, which add
+    ``storage_args``, and it reads the database through ``helpers.db_query``); a test of the
+    SQLite file itself is marked ``@pytest.mark.sqlite_only("why")``.
+    On PostgreSQL every daemon of the test gets a fresh database of the session's server."""
+    if request.param == "sqlite":
+        yield "sqlite"
+        return
+    only = request.node.get_closest_marker("sqlite_only")
+    if only is not None:
+        pytest.skip(f"SQLite only: {only.args[0] if only.args else 'a test of the SQLite file'}")
+    e2e_helpers.PG_SERVER = request.getfixturevalue("pg_server")
+    try:
+        yield "postgresql"
+    finally:
+        e2e_helpers.PG_SERVER = None
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``storage_backend`` for a module whose daemon is shared by its tests (a module-scoped
+    fixture, which takes this one as an argument): the module's tests run once per backend,
+    grouped, and every daemon started meanwhile stores where the backend says. A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("module_backend")``."""
+    if request.param == "sqlite":
+        yield "sqlite"
+        return
+    e2e_helpers.PG_SERVER = request.getfixturevalue("pg_server")
+    try:
+        yield "postgresql"
+    finally:
+        e2e_helpers.PG_SERVER = None
+
+
+@pytest.fixture(autouse=True)
+def _sqlite_only(request: pytest.FixtureRequest) -> None:
+    """Skip a test marked ``sqlite_only`` in a module run on PostgreSQL by ``module_backend``."""
+    only = request.node.get_closest_marker("sqlite_only")
+    if only is not None and "module_backend" in request.fixturenames \
+            and request.getfixturevalue("module_backend") == "postgresql":
+        pytest.skip(f"SQLite only: {only.args[0] if only.args else 'a test of the SQLite file'}")
 
 
 @pytest.fixture(scope="session")

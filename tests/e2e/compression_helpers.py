@@ -1,4 +1,4 @@
-"""Helpers of the compression end-to-end tests (tests/e2e/test_compression*.py).
+"""Helpers of the compression end-to-end tests (tests/behaviour/test_compression*.py).
 
 Everything talks to a real ctxd daemon over its Unix socket through
 :class:`ctxd.client.Client`; nothing is mocked. Here:

@@ -11,58 +11,8 @@ import pytest
 import pytest_asyncio
 from pytest_lsp import ClientServerConfig, LanguageClient
 
-from tests.e2e import helpers
 from tests.e2e.helpers import CTXD, Daemon, daemon_env, short_dir, storage_args
 from tests.e2e.lsp import finish_client, initialize, make_client
-
-# --- the storage backend ----------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def storage_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run the test once per backend: a module opts in with
-    ``pytestmark = pytest.mark.usefixtures("storage_backend")`` (its daemons must be
-    started by ``stdio_factory``/``daemon_factory``/``Daemon``/``CtxdProc``, which add
-    ``storage_args``, and it reads the database through ``helpers.db_query``); a test of the
-    SQLite file itself is marked ``@pytest.mark.sqlite_only("why")``.
-    On PostgreSQL every daemon of the test gets a fresh database of the session's server."""
-    if request.param == "sqlite":
-        yield "sqlite"
-        return
-    only = request.node.get_closest_marker("sqlite_only")
-    if only is not None:
-        pytest.skip(f"SQLite only: {only.args[0] if only.args else 'a test of the SQLite file'}")
-    helpers.PG_SERVER = request.getfixturevalue("pg_server")
-    try:
-        yield "postgresql"
-    finally:
-        helpers.PG_SERVER = None
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def module_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """``storage_backend`` for a module whose daemon is shared by its tests (a module-scoped
-    fixture, which takes this one as an argument): the module's tests run once per backend,
-    grouped, and every daemon started meanwhile stores where the backend says. A module
-    opts in with ``pytestmark = pytest.mark.usefixtures("module_backend")``."""
-    if request.param == "sqlite":
-        yield "sqlite"
-        return
-    helpers.PG_SERVER = request.getfixturevalue("pg_server")
-    try:
-        yield "postgresql"
-    finally:
-        helpers.PG_SERVER = None
-
-
-@pytest.fixture(autouse=True)
-def _sqlite_only(request: pytest.FixtureRequest) -> None:
-    """Skip a test marked ``sqlite_only`` in a module run on PostgreSQL by ``module_backend``."""
-    only = request.node.get_closest_marker("sqlite_only")
-    if only is not None and "module_backend" in request.fixturenames \
-            and request.getfixturevalue("module_backend") == "postgresql":
-        pytest.skip(f"SQLite only: {only.args[0] if only.args else 'a test of the SQLite file'}")
-
 
 # --- pytest-lsp over stdio ------------------------------------------------------------
 

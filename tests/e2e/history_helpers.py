@@ -1,4 +1,4 @@
-"""Helpers of the history end-to-end tests (tests/e2e/test_{snapshots,history,transfer,retention}.py).
+"""Helpers of the history end-to-end tests (tests/behaviour/test_{snapshots,history,transfer,retention}.py).
 
 Everything talks to real ctxd daemons over their sockets (run in the test process: see
 :class:`tests.e2e.compression_helpers.CtxdProc`) and reads real SQLite files;

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,7 +27,6 @@ from tests.e2e.compression_helpers import (
     Driver,
     agent_session,
     check_prompt,
-    daemon_environ,
     remove_root,
     short_root,
 )
@@ -44,7 +44,16 @@ def daemon_for(root, server: FakeLLMServer, kind: str, *extra: str, base_url: st
     sets = [f"summarizer.backend={kind}", f"summarizer.base_url={base_url or server.base_url(kind)}",
             f"summarizer.model={MODEL}", "daemon.log_level=debug",
             f"summarizer.api_key_env={'none' if kind == 'ollama' else KEY_ENV}", *extra]
-    return CtxdProc(root, sets=sets, env=daemon_environ(**{KEY_ENV: KEY}), name=kind).start()
+    return CtxdProc(root, sets=sets, name=kind).start()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summarizer_key() -> Iterator[None]:
+    """The key, where ``summarizer.api_key_env`` says the daemon (in this process) finds it
+    (module-wide: a module's daemon reads it when it starts)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(KEY_ENV, KEY)
+        yield
 
 
 async def new_session(conn: Conn, session_id: str, **extra: Any) -> Driver:
@@ -218,8 +227,7 @@ async def test_summarizer_server_down_falls_back_to_extractive():
     root = short_root()
     daemon = CtxdProc(root, sets=["summarizer.backend=openai", f"summarizer.base_url={dead_url()}",
                                   f"summarizer.model={MODEL}", f"summarizer.api_key_env={KEY_ENV}",
-                                  "summarizer.max_retries=0"],
-                      env=daemon_environ(**{KEY_ENV: KEY})).start()
+                                  "summarizer.max_retries=0"]).start()
     try:
         conn = await daemon.connect()
         reason = await check_fallback(conn, "s", "backend_error", 9, None)

@@ -224,6 +224,7 @@ async def test_auto_off_for_one_session_is_honoured(daemon):
         await other.close()
 
 
+@pytest.mark.process("ctxd over stdio, spawned by the client library")
 async def test_compress_over_stdio_reports_progress(tmp_path):
     """The same through a daemon spawned on stdio (how editors and agents run it)."""
     from ctxd.client import Client

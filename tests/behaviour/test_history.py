@@ -364,6 +364,7 @@ async def test_deleted_sessions_are_not_searched():
 
 
 @pytest.mark.sqlite_only("damages the SQLite file itself")
+@pytest.mark.process("ctxd's exit code and stderr when it refuses a database")
 async def test_corrupt_database_is_refused_and_left_as_it_was(tmp_path):
     async with running() as d:
         conn = await d.connect()
