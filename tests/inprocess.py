@@ -47,20 +47,29 @@ _ROUTE = _Route()
 _ROUTE.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
 
 
+_SAVED_LEVEL: list[int] = []
+"""The root logger's level before the first live daemon lowered it."""
+
+
 def _levels_changed() -> None:
-    """The root logger lets through what the most verbose live daemon logs (and only
-    then: other tests' logging stays as pytest set it)."""
+    """The root logger lets through what the most verbose live daemon logs, and only
+    while one runs: other tests' logging stays as pytest set it."""
     root = logging.getLogger()
     with _LIVE_LOCK:
         levels = [d.log_level for d in _LIVE]
-    if levels:
-        if _ROUTE not in root.handlers:
-            root.addHandler(_ROUTE)
-        if root.level > min(levels):
-            root.setLevel(min(levels))
-        # As ``setup_logging`` does: pygls logs whole bodies at INFO, httpx every request.
-        logging.getLogger("pygls").setLevel(logging.WARNING)
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        if levels:
+            if _ROUTE not in root.handlers:
+                root.addHandler(_ROUTE)
+                _SAVED_LEVEL[:] = [root.level]
+            if root.level > min(levels):
+                root.setLevel(min(levels))
+            # As ``setup_logging`` does: pygls logs whole bodies at INFO, httpx every request.
+            logging.getLogger("pygls").setLevel(logging.WARNING)
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+        elif _ROUTE in root.handlers:
+            root.removeHandler(_ROUTE)
+            if _SAVED_LEVEL:
+                root.setLevel(_SAVED_LEVEL.pop())
 
 
 def _log_level(level: str, verbose: int) -> int:
@@ -168,6 +177,7 @@ class InProcessDaemon:
                 self._loop = None
                 with _LIVE_LOCK:
                     _LIVE.discard(self)
+                _levels_changed()
                 ready.set()
 
     async def _serve(self, config: Any, args: Any, ready: threading.Event) -> int:
