@@ -194,7 +194,7 @@ def is_observation(message: Message) -> bool:
     command results back as user messages (SWE-agent, mini-swe-agent's text protocol) mark
     them ``metadata.observation: true`` (ctxd's importers do). They are compressed like
     tool output instead of being kept verbatim."""
-    return bool(message.metadata) and message.metadata.get("observation") is True  # type: ignore[union-attr]
+    return message.metadata is not None and message.metadata.get("observation") is True
 
 
 def is_demonstration(message: Message) -> bool:
@@ -203,7 +203,7 @@ def is_demonstration(message: Message) -> bool:
     ``metadata.demonstration: true``), 4-5k tokens. Kept verbatim as the user's words, it
     took the task's place as "the session's first user message" and, past the user's
     share, the real task was folded first."""
-    return bool(message.metadata) and message.metadata.get("demonstration") is True  # type: ignore[union-attr]
+    return message.metadata is not None and message.metadata.get("demonstration") is True
 
 
 def never_compressed(entry: "Entry") -> bool:
@@ -218,7 +218,7 @@ def is_session_marker(entry: "Entry") -> bool:
     message = entry.message
     metadata = message.metadata
     content = message.content
-    return (message.role == "system" and bool(metadata) and metadata.get("sessionStart") is True  # type: ignore[union-attr]
+    return (message.role == "system" and metadata is not None and metadata.get("sessionStart") is True
             and isinstance(content, str) and len(content) <= 120
             and content.startswith("[Session ") and content.endswith("]"))
 

@@ -52,8 +52,8 @@ def after_change(svc: Service, state: SessionState, budget: Budget) -> None:
                 session_id=state.id, reliability=rel, previous_level=previous))  # type: ignore[arg-type]
 
 
-def updated(svc: Service, state: SessionState, reason: str, pushed: int = 0) -> None:
+def updated(svc: Service, state: SessionState, reason: notifications.UpdateReason, pushed: int = 0) -> None:
     row = state.row
     svc.events.emit(state.id, notifications.SessionUpdated(
-        session_id=state.id, reason=reason, last_seq=row.last_seq, message_count=row.message_count,  # type: ignore[arg-type]
+        session_id=state.id, reason=reason, last_seq=row.last_seq, message_count=row.message_count,
         token_count=row.token_count, context_tokens=row.context_tokens, pushed=pushed))
