@@ -33,9 +33,9 @@ from tests.pgserver import PgServer, find_binaries, missing_reason, start_server
 
 TESTS = Path(__file__).resolve().parent
 
-PROCESS_DIRS = ("e2e", "proxy", "mcp", "clients")
-"""``tests/<dir>/``: tests that start ``ctxd`` (stdio, socket, TCP, proxy, MCP) or an
-editor as processes."""
+PROCESS_DIRS = ("e2e", "proxy", "mcp", "clients", "agents")
+"""``tests/<dir>/``: tests that start ``ctxd`` (stdio, socket, TCP, proxy, MCP), an editor
+or an agent CLI as processes."""
 
 PROCESS_FIXTURES = frozenset({
     "pg_server",        # a PostgreSQL server
