@@ -29,7 +29,6 @@ from ctxd import __version__
 from ctxd.config import Config, ConfigError, load_config, parse_assignment
 from ctxd.ownership import foreign, owner
 
-
 GC_THRESHOLDS = (10_000, 10, 10)
 """The cyclic garbage collector's thresholds in the daemon (Python's are 700, 10, 10). A
 push allocates thousands of objects, most freed by their reference counts within the

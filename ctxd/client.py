@@ -19,8 +19,9 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -103,7 +104,7 @@ class Client:
     # --- connecting -----------------------------------------------------------------
 
     @classmethod
-    async def connect_unix(cls, path: str | Path) -> "Client":
+    async def connect_unix(cls, path: str | Path) -> Client:
         try:
             reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 24)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
@@ -113,7 +114,7 @@ class Client:
         return cls(reader, writer)
 
     @classmethod
-    async def connect_tcp(cls, port: int, host: str = "127.0.0.1") -> "Client":
+    async def connect_tcp(cls, port: int, host: str = "127.0.0.1") -> Client:
         try:
             reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
         except OSError as exc:
@@ -122,7 +123,7 @@ class Client:
         return cls(reader, writer)
 
     @classmethod
-    async def spawn_stdio(cls, args: list[str] | None = None, env: dict[str, str] | None = None) -> "Client":
+    async def spawn_stdio(cls, args: list[str] | None = None, env: dict[str, str] | None = None) -> Client:
         """Start ``python -m ctxd`` (plus ``args``) as a child speaking stdio."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ctxd", *(args or []), stdin=asyncio.subprocess.PIPE,
@@ -161,7 +162,7 @@ class Client:
             # Shielded: cancelling the caller must leave the future pending, so the
             # daemon is told to stop (a cancelled future would look answered).
             raw = await asyncio.wait_for(asyncio.shield(future), timeout)
-        except (asyncio.CancelledError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.CancelledError):
             if not future.done():
                 future.cancel()
                 if not self._closed:
@@ -269,7 +270,7 @@ class Client:
             try:
                 await self.request("shutdown", timeout=10)
                 self.notify("exit")
-            except (RpcError, DaemonUnavailable, asyncio.TimeoutError):
+            except (TimeoutError, RpcError, DaemonUnavailable):
                 pass
         try:
             self._writer.close()
@@ -278,12 +279,12 @@ class Client:
         if self.process is not None:
             try:
                 await asyncio.wait_for(self.process.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
         self._reader_task.cancel()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

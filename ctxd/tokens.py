@@ -21,8 +21,8 @@ import os
 import re
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import msgspec
 
@@ -205,11 +205,11 @@ class TokenCounter:
             self._encode = encoder
 
     @classmethod
-    def for_model(cls, model: str | None) -> "TokenCounter":
+    def for_model(cls, model: str | None) -> TokenCounter:
         return cls(*encoding_for_model(model))
 
     @classmethod
-    def for_encoding(cls, encoding: str, estimated: bool = False) -> "TokenCounter":
+    def for_encoding(cls, encoding: str, estimated: bool = False) -> TokenCounter:
         return cls(encoding, estimated)
 
     def count(self, text: str) -> int:

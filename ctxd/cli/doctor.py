@@ -10,10 +10,9 @@ file is never changed. PostgreSQL keeps its own pages, so it has no ``--recover`
 from __future__ import annotations
 
 import asyncio
-
 import shutil
 import socket as socketlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +220,6 @@ def doctor(ctx: click.Context, data_dir: str | None, url: str | None, database: 
     2 no database there / bad options.
     """
     from ctxd import doctor as store_doctor
-
     from ctxd.store.backend import is_postgres_url
 
     settings = settings_of(ctx)
@@ -263,7 +261,7 @@ def doctor(ctx: click.Context, data_dir: str | None, url: str | None, database: 
             running = daemon_uses(settings.socket_path, path)
         except Exception:  # a bad socket setting must not stop a check that does not need it
             running = False
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     steps = store_doctor.switch_steps(path, Path(result.path), now) if result is not None else []
 
     sizes = disk_use(path)

@@ -97,7 +97,7 @@ def search(ctx: click.Context, query: str, session_id: str | None, limit: int, r
 sessions.alias("search", search)  # seed 003 says ``sessions search``
 
 
-def _marker(record: dict[str, Any]) -> "render.Rule":
+def _marker(record: dict[str, Any]) -> render.Rule:
     layers = "+".join(record.get("layers") or [])
     checkpoints = record.get("checkpointIds") or []
     text = (f"-- compression #{record.get('number')} ({record.get('trigger')}): "
@@ -107,7 +107,7 @@ def _marker(record: dict[str, Any]) -> "render.Rule":
     return render.Rule(f"{text} {render.ago(record.get('at'))}", "bold yellow")
 
 
-def _event_marker(event: dict[str, Any]) -> "render.Rule":
+def _event_marker(event: dict[str, Any]) -> render.Rule:
     detail = event.get("detail") or {}
     kind = str(event.get("kind"))
     if kind == "restore":

@@ -25,9 +25,10 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Awaitable, Callable, TypeVar
+from typing import IO, Any, TypeVar
 
 import click
 
@@ -544,8 +545,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _register() -> None:
-    from ctxd.cli import (context, daemon, doctor, history, info, migrate, prompt, push, replay, sessions, snapshots,
-                          stats, transfer, watch)
+    from ctxd.cli import (
+        context,
+        daemon,
+        doctor,
+        history,
+        info,
+        migrate,
+        prompt,
+        push,
+        replay,
+        sessions,
+        snapshots,
+        stats,
+        transfer,
+        watch,
+    )
 
     for command in (sessions.sessions, push.push, prompt.prompt, stats.stats, history.history, history.search,
                     context.compress, context.checkpoints, context.expand, context.pin, context.goal,

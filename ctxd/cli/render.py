@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -40,7 +41,7 @@ _SEQUENCE = re.compile(
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _picture(match: "re.Match[str]") -> str:
+def _picture(match: re.Match[str]) -> str:
     code = ord(match.group())
     if code < 0x20:
         return chr(0x2400 + code)  # the control pictures: ␛ for ESC, ␇ for BEL, ␍ for CR...
@@ -85,7 +86,7 @@ class Marked:
 MARK = re.compile(r"(?<![^\W_])\[([^\[\]\n]+)\]")
 
 
-def rich_cell(cell: "str | Styled | Marked") -> "Text":
+def rich_cell(cell: str | Styled | Marked) -> Text:
     """A cell as rich Text: styled, highlighted, or plain."""
     from rich.text import Text
 
@@ -135,14 +136,14 @@ def is_terminal() -> bool:
 
 
 @lru_cache(maxsize=1)
-def console() -> "Console":
+def console() -> Console:
     from rich.console import Console
 
     return Console(highlight=False, soft_wrap=False)
 
 
 @lru_cache(maxsize=1)
-def plain_console() -> "Console":
+def plain_console() -> Console:
     """Tables through a pipe: 80 columns (or ``$COLUMNS``), no colour, no terminal codes."""
     from rich.console import Console
 
@@ -150,7 +151,7 @@ def plain_console() -> "Console":
                    soft_wrap=False, emoji=False, markup=False)
 
 
-def _console_of_width(terminal: bool, width: int) -> "Console":
+def _console_of_width(terminal: bool, width: int) -> Console:
     """:func:`console` (or :func:`plain_console`), ``width`` columns wide."""
     from rich.console import Console
 
@@ -161,7 +162,7 @@ def _console_of_width(terminal: bool, width: int) -> "Console":
 
 
 @lru_cache(maxsize=1)
-def err_console() -> "Console":
+def err_console() -> Console:
     from rich.console import Console
 
     return Console(stderr=True, highlight=False)
@@ -189,7 +190,7 @@ def print_json(value: Any, *, compact: bool = False) -> None:
     click.echo(json_text(value, compact=compact))
 
 
-def line(*parts: "str | Styled | Marked", sep: str = " ") -> None:
+def line(*parts: str | Styled | Marked, sep: str = " ") -> None:
     """One line on stdout; styled parts are coloured on a terminal."""
     if is_terminal():
         from rich.text import Text
@@ -214,7 +215,7 @@ def note(message: str, *, style: str = "dim") -> None:
         click.echo(safe(message), err=True)
 
 
-def _cell(cell: "str | Styled | Marked", terminal: bool) -> "Text":
+def _cell(cell: str | Styled | Marked, terminal: bool) -> Text:
     if terminal:
         return rich_cell(cell)
     from rich.text import Text
@@ -222,7 +223,7 @@ def _cell(cell: "str | Styled | Marked", terminal: bool) -> "Text":
     return Text(safe(str(cell)))  # plain: no styles; search markers stay as [brackets]
 
 
-def table(columns: Sequence[Column], rows: Iterable["Sequence[str | Styled | Marked] | Rule"], *,
+def table(columns: Sequence[Column], rows: Iterable[Sequence[str | Styled | Marked] | Rule], *,
           title: str | None = None) -> None:
     """Rows under a header, as wide as the output: the terminal's width, or 80 columns
     (``$COLUMNS``) through a pipe. Only flex columns give way (ellipsis or wrapping);
@@ -239,7 +240,7 @@ def table(columns: Sequence[Column], rows: Iterable["Sequence[str | Styled | Mar
     cells = {id(r): [_cell(c, terminal) for c in r] for r in plain_rows}
     gap = 3 if terminal else 2  # padding on both sides, plus the (blank) divider on a terminal
 
-    def longest(text: "Text") -> int:
+    def longest(text: Text) -> int:
         return max((Text(line).cell_len for line in text.plain.split("\n")), default=0)
 
     natural = [max([Text(col.header).cell_len] + [longest(cells[id(r)][i]) for r in plain_rows])
@@ -266,7 +267,7 @@ def table(columns: Sequence[Column], rows: Iterable["Sequence[str | Styled | Mar
                          no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
         return t
 
-    def row_cells(row: list[Any]) -> list["Text"]:
+    def row_cells(row: list[Any]) -> list[Text]:
         out_cells = cells[id(row)]
         for j, col in enumerate(columns):
             cell = out_cells[j]
@@ -311,7 +312,7 @@ def table(columns: Sequence[Column], rows: Iterable["Sequence[str | Styled | Mar
         emit(current)
 
 
-def fields(pairs: Sequence[tuple[str, "str | Styled | Marked"]], *, title: str | None = None) -> None:
+def fields(pairs: Sequence[tuple[str, str | Styled | Marked]], *, title: str | None = None) -> None:
     """A key/value block (``sessions show``, ``daemon status``, summaries)."""
     if is_terminal():
         from rich.table import Table
@@ -360,7 +361,7 @@ def ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def prompt_use(prompt_tokens: int | None, max_prompt: int | None, window: int | None = None) -> "str | Styled":
+def prompt_use(prompt_tokens: int | None, max_prompt: int | None, window: int | None = None) -> str | Styled:
     """The one denominator: the prompt against the largest prompt that may be sent
     (``maxPromptTokens``), with the window beside it: ``2,914 / 4,311 (68%), window 8,192``;
     red when the prompt does not fit."""
@@ -370,7 +371,7 @@ def prompt_use(prompt_tokens: int | None, max_prompt: int | None, window: int | 
     return Styled(text, "bold red") if max_prompt and (prompt_tokens or 0) > max_prompt else text
 
 
-def budget_use(budget: dict[str, Any] | None, prompt_tokens: int | None = None) -> "str | Styled":
+def budget_use(budget: dict[str, Any] | None, prompt_tokens: int | None = None) -> str | Styled:
     """:func:`prompt_use` from a Budget (``prompt_tokens`` when known better, e.g. a push result's)."""
     budget = budget or {}
     prompt = budget.get("promptTokens") if prompt_tokens is None else prompt_tokens
@@ -382,7 +383,7 @@ def parse_time(iso: str) -> datetime | None:
         moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
     except (ValueError, AttributeError):
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def ago(iso: str | None, now: datetime | None = None) -> str:
@@ -390,7 +391,7 @@ def ago(iso: str | None, now: datetime | None = None) -> str:
     moment = parse_time(iso or "")
     if moment is None:
         return iso or "-"
-    seconds = ((now or datetime.now(timezone.utc)) - moment).total_seconds()
+    seconds = ((now or datetime.now(UTC)) - moment).total_seconds()
     if seconds < 0:
         return "just now" if seconds > -60 else moment.strftime("%Y-%m-%d %H:%M")
     if seconds < 10:
@@ -420,7 +421,7 @@ def duration(seconds: float) -> str:
     return f"{hours // 24} days {hours % 24} h"
 
 
-def budget_pairs(budget: dict[str, Any]) -> list[tuple[str, "str | Styled"]]:
+def budget_pairs(budget: dict[str, Any]) -> list[tuple[str, str | Styled]]:
     """The budget figures everyone asks about, in the order they are derived. ``prompt``
     is everything sent (system part, pinned messages, checkpoints and the conversation),
     against ``max prompt``; ``used`` is the conversation alone, which compression
@@ -428,10 +429,10 @@ def budget_pairs(budget: dict[str, Any]) -> list[tuple[str, "str | Styled"]]:
     free = budget.get("free", 0)
     used = budget.get("used", 0)
     trigger = budget.get("triggerAt", 0)
-    free_cell: "str | Styled" = num(free)
+    free_cell: str | Styled = num(free)
     if free < 0:
         free_cell = Styled(f"{num(free)} (over budget)", "bold red")
-    used_cell: "str | Styled" = f"{num(used)} / trigger {num(trigger)}"
+    used_cell: str | Styled = f"{num(used)} / trigger {num(trigger)}"
     if trigger and used > trigger:
         used_cell = Styled(f"{num(used)} / trigger {num(trigger)} (past it: compression is due)", "yellow")
     room = f"usable {num(budget.get('usable'))} - reserved output {num(budget.get('reservedOutput'))}"
@@ -468,7 +469,7 @@ RELIABILITY_STYLES = {"high": "green", "medium": "yellow", "low": "dark_orange",
 STATUS_STYLES = {"context": "green", "kept": "cyan", "compressed": "magenta", "rolled_back": "red"}
 
 
-def reliability(rel: dict[str, Any] | None) -> "str | Styled":
+def reliability(rel: dict[str, Any] | None) -> str | Styled:
     """``medium (score 0.63)`` in the level's colour."""
     if not rel:
         return "-"

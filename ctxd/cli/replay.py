@@ -16,11 +16,13 @@ import hashlib
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 import click
 import msgspec
@@ -275,7 +277,8 @@ def compression_text(summary: dict[str, Any], budget: dict[str, Any]) -> Any:
         text = "; ".join(parts)
         return render.Styled(text, "yellow") if set(summary) & {"failed", "skipped", "overflow"} else text
     if budget and budget.get("used", 0) <= budget.get("triggerAt", 0):
-        return f"not needed (conversation {render.num(budget.get('used'))} of trigger {render.num(budget.get('triggerAt'))})"
+        used, trigger = render.num(budget.get("used")), render.num(budget.get("triggerAt"))
+        return f"not needed (conversation {used} of trigger {trigger})"
     return "none"
 
 
@@ -292,7 +295,8 @@ def summarize(outcome: Outcome, source: str) -> None:
         ("model", outcome.target.model or "-"),
         ("pushed", stored),
         ("compression", compression_text(outcome.compression, budget)),
-        ("history", f"{render.count(result.get('messageCount'), 'message')}, {render.count(result.get('tokenCount'), 'token')}"
+        ("history", f"{render.count(result.get('messageCount'), 'message')}, "
+                    f"{render.count(result.get('tokenCount'), 'token')}"
                     + (" (estimated)" if result.get("tokensEstimated") else "")),
     ]
     pairs += render.budget_pairs(budget)

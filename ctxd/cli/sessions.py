@@ -9,18 +9,18 @@ from typing import Any
 import click
 
 from ctxd.cli import render
+from ctxd.cli.ids import short_ids
 from ctxd.cli.main import (
     AliasGroup,
     Settings,
-    resolve_session_callback,
     confirm,
     json_option,
-    require_terminal,
     request,
+    require_terminal,
+    resolve_session_callback,
     run,
     settings_of,
 )
-from ctxd.cli.ids import short_ids
 from ctxd.client import Client
 
 

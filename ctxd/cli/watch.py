@@ -13,13 +13,13 @@ import asyncio
 import json
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from ctxd.cli import render
-from ctxd.cli.main import resolve_session_callback, initialize_client, json_option, run, settings_of, try_connect
+from ctxd.cli.main import initialize_client, json_option, resolve_session_callback, run, settings_of, try_connect
 from ctxd.cli.sessions import complete_session_id
 from ctxd.client import Client, DaemonUnavailable, RpcError
 
@@ -261,7 +261,7 @@ def context_line(state: LiveState) -> str:
     return f"Prompt: {render.prompt_use(state.prompt_tokens, state.max_prompt_tokens, state.context_window)}"
 
 
-def render_live(state: LiveState) -> "RenderableType":
+def render_live(state: LiveState) -> RenderableType:
     """The live view of one session, as a rich renderable (tests render it to text)."""
     from rich.console import Group
     from rich.panel import Panel
@@ -314,7 +314,7 @@ class ConnectionLost(Exception):
 
 
 async def next_notification(stream: Any,
-                            pending: "asyncio.Future[Any]") -> tuple[tuple[str, Any], "asyncio.Future[Any]"]:
+                            pending: asyncio.Future[Any]) -> tuple[tuple[str, Any], asyncio.Future[Any]]:
     """The next notification, and the future of the one after it."""
     try:
         item = await pending
@@ -323,7 +323,7 @@ async def next_notification(stream: Any,
     return item, asyncio.ensure_future(anext(stream))
 
 
-async def live_view(client: Client, state: LiveState, stream: Any, pending: "asyncio.Future[Any]") -> None:
+async def live_view(client: Client, state: LiveState, stream: Any, pending: asyncio.Future[Any]) -> None:
     """Run the live view until Ctrl-C, the session's deletion, or the connection's end
     (ConnectionLost; ``state`` is kept for the next connection)."""
     from rich.live import Live
@@ -345,7 +345,7 @@ async def live_view(client: Client, state: LiveState, stream: Any, pending: "asy
                   transient=False, redirect_stdout=False, redirect_stderr=False):
             while not state.deleted:
                 (method, params), pending = await next_notification(stream, pending)
-                now = datetime.now(timezone.utc).astimezone().strftime("%H:%M:%S")
+                now = datetime.now(UTC).astimezone().strftime("%H:%M:%S")
                 try:
                     changed = state.apply(method, params, now)
                 except Exception:  # a notification this version does not understand never ends the view
@@ -414,7 +414,7 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain:
                 reconnecting.clear()
                 render.note(f"reconnected to the daemon on {settings.endpoint}; watching again")
                 if state is not None:
-                    state.add(datetime.now(timezone.utc).astimezone().strftime("%H:%M:%S"), "daemon", "reconnected",
+                    state.add(datetime.now(UTC).astimezone().strftime("%H:%M:%S"), "daemon", "reconnected",
                               "green")
             elif state is None and not announced:
                 announced.append(True)
@@ -444,7 +444,7 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain:
         render.note(f"the daemon on {settings.endpoint} closed the connection; waiting for it to come back "
                     "(Ctrl-C to stop)")
         if state is not None:
-            state.add(datetime.now(timezone.utc).astimezone().strftime("%H:%M:%S"), "daemon",
+            state.add(datetime.now(UTC).astimezone().strftime("%H:%M:%S"), "daemon",
                       "connection lost; waiting for the daemon", "yellow")
         while True:
             await asyncio.sleep(RECONNECT_POLL_SECONDS)
@@ -473,7 +473,7 @@ def watch(ctx: click.Context, session_id: str | None, all_sessions: bool, plain:
             client = await reconnect()
 
     def show(method: str, params: Any) -> None:
-        now = datetime.now(timezone.utc).astimezone()
+        now = datetime.now(UTC).astimezone()
         if settings.json:
             render.print_json({"time": now.isoformat(timespec="milliseconds"), "method": method, "params": params},
                               compact=True)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ctxd.store.dialect import is_postgres
 from ctxd.store.payloads import decodes, payload_decoders

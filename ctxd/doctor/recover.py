@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
@@ -85,7 +86,7 @@ class RecoveryResult:
 
 def recovered_name(directory: Path, now: datetime | None = None) -> Path:
     """``ctxd.recovered-<UTC time>.db`` in ``directory``, not taken yet."""
-    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     candidate = directory / f"ctxd.recovered-{stamp}.db"
     n = 1
     while candidate.exists():
@@ -518,7 +519,7 @@ def _repair_sessions(out: sqlite3.Connection, result: RecoveryResult) -> None:
 
 def damaged_name(database: Path, now: datetime | None = None) -> str:
     """The name the old file is kept under after switching: ``ctxd.damaged-<UTC time>.db``."""
-    stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{database.stem}.damaged-{stamp}{database.suffix}"
 
 

@@ -18,9 +18,9 @@ less the overhead, divided by the ratio (``Budget.tokenRatio``, ``tokenOverhead`
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 SAMPLES = 8
 """Pairs kept: the newest few follow a change of model or client within a few turns."""

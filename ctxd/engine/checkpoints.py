@@ -12,11 +12,11 @@ checkpoints hold the user's words or a notice, not summaries: they never age.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ctxd.engine.policy import LEVELS, lower, target_tokens
-from ctxd.protocol.compression import Checkpoint, merge_ranges, ToolUse
+from ctxd.protocol.compression import Checkpoint, ToolUse, merge_ranges
 
 SECTION_HEADER = (
     "## Earlier conversation, compressed by ctxd\n"

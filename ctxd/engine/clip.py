@@ -9,7 +9,8 @@ is sent as its head and tail with a line saying what was left out, within a toke
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 

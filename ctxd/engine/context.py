@@ -17,9 +17,9 @@ and is what gets stored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Union
 
 import msgspec
 
@@ -67,14 +67,14 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     kept_seqs: list[int] = []
     pinned: list[int] = []
     watermark_seq: int = 0
-    watermark_tool_use_id: Union[str, None] = None
+    watermark_tool_use_id: str | None = None
     prunes: list[PruneEvent] = []
     compression_count: int = 0
-    last_after_used: Union[int, None] = None
+    last_after_used: int | None = None
     lossy: bool = False
     """Something was truncated or folded (lowers reliability's context confidence)."""
-    reliability_level: Union[str, None] = None
-    threshold_level: Union[str, None] = None
+    reliability_level: str | None = None
+    threshold_level: str | None = None
     snapshot_armed: bool = True
     """The next rise above the snapshot threshold takes an automatic snapshot."""
     snapshot_seq: int = 0
@@ -139,7 +139,7 @@ class Entry:
     the Anthropic shape sends back: ``render.signed_thinking``), beyond ``tokens.context``."""
 
     @classmethod
-    def of(cls, seq: int, message: Message, tokens: MessageTokens) -> "Entry":
+    def of(cls, seq: int, message: Message, tokens: MessageTokens) -> Entry:
         calls: list[str] = []
         names: list[str] = []
         results: list[str] = []
@@ -206,12 +206,12 @@ def is_demonstration(message: Message) -> bool:
     return message.metadata is not None and message.metadata.get("demonstration") is True
 
 
-def never_compressed(entry: "Entry") -> bool:
+def never_compressed(entry: Entry) -> bool:
     """System messages and the user's words are sent verbatim whatever compression does."""
     return entry.has_user_text or entry.message.role == "system"
 
 
-def is_session_marker(entry: "Entry") -> bool:
+def is_session_marker(entry: Entry) -> bool:
     """A system message that only opens a session of a multi-session chat (``[Session 3:
     8 May 2023]``, ``metadata.sessionStart``, as the LoCoMo importer writes): a date for
     the messages after it, not an instruction (a longer text marked so stays: it may be one)."""
@@ -223,7 +223,7 @@ def is_session_marker(entry: "Entry") -> bool:
             and content.startswith("[Session ") and content.endswith("]"))
 
 
-def retire_markers(ctx: "ActiveContext") -> None:
+def retire_markers(ctx: ActiveContext) -> None:
     """Take out of the kept messages the session markers that date nothing any more: no
     verbatim message of their session (other than system messages) is left in the prompt
     (the summaries quote its turns with their date, ``[8 May 2023] Caroline: ...``). They

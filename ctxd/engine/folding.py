@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from ctxd.engine.checkpoints import measure, new_id
 from ctxd.engine.clip import WORDS_CUT, WORDS_ELIDED, excerpt

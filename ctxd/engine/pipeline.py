@@ -20,8 +20,8 @@ when even what may never be compressed no longer fits (the overflow policy) is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ctxd.engine.checkpoints import measure, new_id, truncation_notice
 from ctxd.engine.context import ActiveContext, ClipEvent, Entry, never_compressed, retire_markers

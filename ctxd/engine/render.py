@@ -26,8 +26,9 @@ as a neutral turn (``formats.common.turn_of``) and the paired turns are written 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ctxd.formats import anthropic, ollama, openai
 from ctxd.formats.common import Result, Turn, join, turn_of

@@ -7,7 +7,7 @@ function returns the list of problems found (empty: valid).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import msgspec
 
@@ -50,7 +50,7 @@ def validate_openai(messages: list[OpenAIMessage]) -> list[str]:
     return problems
 
 
-def validate_anthropic(system: "str | list[AnthropicText] | None", messages: list[AnthropicMessage],
+def validate_anthropic(system: str | list[AnthropicText] | None, messages: list[AnthropicMessage],
                        history: Sequence[Message] | None = None) -> list[str]:
     """``history``: the messages pushed (oldest first), to check the thinking of the turn in
     progress against (:func:`validate_turn_thinking`)."""
@@ -147,8 +147,9 @@ def validate_turn_thinking(history: Sequence[Message], messages: list[AnthropicM
     message does not start with its thinking blocks, as the model wrote them (signature
     included). ctxd's rule, stricter: every assistant message of the turn in progress
     that is sent opens with the signed thinking blocks ``history`` holds for the message
-    that made its tool calls, unchanged (after those of a message merged into it), and the newest of them (the step the last results
-    answer) is sent whenever ``history`` itself ends in such a loop."""
+    that made its tool calls, unchanged (after those of a message merged into it), and the
+    newest of them (the step the last results answer) is sent whenever ``history`` itself
+    ends in such a loop."""
     problems: list[str] = []
     turn = turn_in_progress(messages)
     made: dict[str, list[Message]] = {}  # a call id -> the history messages that made it, oldest first
@@ -165,13 +166,13 @@ def validate_turn_thinking(history: Sequence[Message], messages: list[AnthropicM
         if not sources:
             continue  # (a call ctxd made up: none of ctxd's, but not about thinking)
         source = sources.pop()
-        want = [(b.thinking, b.signature) for b in source.content or ()  # type: ignore[union-attr]
+        want = [(b.thinking, b.signature) for b in source.content or ()
                 if isinstance(b, ThinkingBlock) and b.signature]
-        content = messages[i].content
+        sent = messages[i].content
         lead = 0
-        while lead < len(content) and isinstance(content[lead], AnthropicThinking):
+        while lead < len(sent) and isinstance(sent[lead], AnthropicThinking):
             lead += 1
-        have = [(b.thinking, b.signature) for b in content[:lead]]  # type: ignore[union-attr]
+        have = [(b.thinking, b.signature) for b in sent[:lead] if isinstance(b, AnthropicThinking)]
         # (Merged with an assistant message before it, whose thinking then comes first.)
         if want and not any(have[k:k + len(want)] == want for k in range(lead - len(want) + 1)):
             problems.append(f"[{i}] the turn in progress: the assistant message of calls {calls} must start with "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -128,7 +129,7 @@ def _outline_in_slices(text: str, between: Callable[[], object]) -> Outline | No
             between()
         if at == start:
             return None
-        mark = '"ctxd-sliced:%s"' % os.urandom(8).hex()
+        mark = f'"ctxd-sliced:{os.urandom(8).hex()}"'
         outline = _outline_decoder.decode(text[:start] + mark + "," + text[at:])
         if not outline.messages or bytes(outline.messages[0]) != mark.encode():
             return None  # (another "messages" key, however spelled, came later and won)

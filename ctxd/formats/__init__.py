@@ -33,29 +33,29 @@ def to_ctxd(api: Api, message: dict[str, Any], *, call_ids: dict[int, list[str]]
             position: int = 0) -> dict[str, Any] | None:
     """The ctxd Message (as JSON) for one raw client message; None when it holds nothing
     ctxd can store. ``call_ids``/``position``: see ``openai.to_ctxd`` (Ollama's calls)."""
-    return MODULES[api].to_ctxd(message, call_ids=call_ids, position=position)  # type: ignore[no-any-return]
+    return MODULES[api].to_ctxd(message, call_ids=call_ids, position=position)
 
 
 def projection(api: Api, message: dict[str, Any]) -> list[Any]:
     """The message as ctxd models it: equal projections, same message to ctxd."""
-    return MODULES[api].projection(message)  # type: ignore[no-any-return]
+    return MODULES[api].projection(message)
 
 
 def chain_part(api: Api, message: dict[str, Any]) -> list[Any] | None:
     """What the proxy's hash chain is built from for this message (None: not part of it)."""
-    return MODULES[api].chain_part(message)  # type: ignore[no-any-return]
+    return MODULES[api].chain_part(message)
 
 
 def ids_of(api: Api, message: Any) -> list[Ref]:
     """The provider ids a raw client message carries, in order: the tool calls it makes
     (``("call", id)``), the calls it answers (``("result", id)``), its own id
     (``("item", id)``, Responses API items)."""
-    return MODULES[api].ids_of(message)  # type: ignore[no-any-return]
+    return MODULES[api].ids_of(message)
 
 
 def usage(api: Api, raw: Any) -> dict[str, int]:
     """A provider's usage object (for Ollama: the reply itself) as ctxd's Usage (JSON)."""
-    return MODULES[api].usage(raw)  # type: ignore[no-any-return]
+    return MODULES[api].usage(raw)
 
 
 __all__ = ["Api", "MODULES", "Ref", "chain_part", "ids_of", "projection", "to_ctxd", "usage"]

@@ -12,7 +12,8 @@ client's own (:func:`place_breakpoints`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import msgspec
 

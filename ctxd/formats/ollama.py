@@ -6,7 +6,8 @@ top of a reply rather than in a usage object."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ctxd.formats import openai
 from ctxd.formats.common import Ref, Turn, UsageField, join, read_usage

@@ -17,7 +17,8 @@ the importers and the JSONL import (:func:`to_message`), the JSONL export
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any, cast
 
 import msgspec
 
@@ -38,7 +39,7 @@ from ctxd.formats.common import (
     text_of,
     turn_of,
 )
-from ctxd.protocol.message import FunctionCall, Message, TextBlock, ThinkingBlock, ToolCall
+from ctxd.protocol.message import FunctionCall, Message, Role, TextBlock, ThinkingBlock, ToolCall
 from ctxd.protocol.providers import OpenAIFunction, OpenAIMessage, OpenAIToolCall
 
 ROLES = ("system", "user", "assistant", "tool")  # (a tuple: a role may be any JSON value)
@@ -371,7 +372,7 @@ def to_message(raw: Any, where: str, warn: Warn, *, index: int = 0, ignore: Iter
     if not isinstance(timestamp, str):
         timestamp = epoch_to_iso(timestamp)
     return Message(
-        role=role,
+        role=cast(Role, role),
         content=content,
         name=name if isinstance(name, str) else None,
         tool_call_id=tool_call_id if isinstance(tool_call_id, str) else None,

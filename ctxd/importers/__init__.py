@@ -22,8 +22,9 @@ that format maps onto :class:`~ctxd.protocol.message.Message`. Shared rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import aider, claude_code, locomo, mini_swe_agent, openai_chat, openhands, swe_agent
 from ._base import Document, Transcript, TranscriptError, decode_document

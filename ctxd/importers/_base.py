@@ -75,8 +75,8 @@ class Document:
             first = next((line for line in self.text.splitlines() if line.strip()), "")
             return f"text starting {first[:40]!r}"
         if self.records is not None:
-            first = self.records[0][1] if self.records else None
-            return f"JSONL with {len(self.records)} records, the first {_shape(first)}"
+            record = self.records[0][1] if self.records else None
+            return f"JSONL with {len(self.records)} records, the first {_shape(record)}"
         return _shape(self.value)
 
 

@@ -10,9 +10,10 @@ where it continues.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from ctxd.tokens import TokenCounter
 

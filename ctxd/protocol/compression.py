@@ -23,7 +23,7 @@ class ToolUse(msgspec.Struct, rename="camel"):
     notable_uses: list[str] = []
 
 
-def seq_ranges(seqs: "list[int] | set[int]") -> list[tuple[int, int]]:
+def seq_ranges(seqs: list[int] | set[int]) -> list[tuple[int, int]]:
     """Sequence numbers as inclusive runs: [1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
     out: list[tuple[int, int]] = []
     for seq in sorted(set(seqs)):
@@ -34,7 +34,7 @@ def seq_ranges(seqs: "list[int] | set[int]") -> list[tuple[int, int]]:
     return out
 
 
-def merge_ranges(*groups: "list[tuple[int, int]]") -> list[tuple[int, int]]:
+def merge_ranges(*groups: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The union of runs of sequence numbers, as runs (without expanding them)."""
     out: list[tuple[int, int]] = []
     for low, high in sorted(r for group in groups for r in group):
@@ -65,7 +65,7 @@ class Checkpoint(msgspec.Struct, rename="camel", omit_defaults=True):
     created_at: str
     compression_number: int
     summarizer: str
-    compressed_at: Union[str, None] = None
+    compressed_at: str | None = None
     compression_count: int = 1
     merged_from: list[str] = []
     key_decisions: list[str] = []
@@ -89,12 +89,12 @@ class SessionSettings(msgspec.Struct, rename="camel", omit_defaults=True):
     """Per-session overrides of the ``[compression]`` and ``[budget]`` configuration
     (absent: use config)."""
 
-    auto_compress: Union[bool, None] = None
-    strategy: Union[Literal["summarize", "truncate"], None] = None
-    overflow_policy: Union[Literal["fold", "error"], None] = None
-    keep_recent: Union[int, None] = None
-    trigger_fraction: Union[float, None] = None
-    output_tokens: Union[WindowSize, None] = None
+    auto_compress: bool | None = None
+    strategy: Literal["summarize", "truncate"] | None = None
+    overflow_policy: Literal["fold", "error"] | None = None
+    keep_recent: int | None = None
+    trigger_fraction: float | None = None
+    output_tokens: WindowSize | None = None
     """Tokens reserved for the reply (the client's own ``max_tokens``): the budget's
     ``reservedOutput`` in place of the model's output limit or the default share, held to a
     quarter of the window so a prompt keeps room (``ctxd proxy`` sets it from each request)."""
@@ -104,8 +104,8 @@ class CompressParams(msgspec.Struct, rename="camel", omit_defaults=True):
     """Compress now, whatever the budget says (like ``/compact``); ``focus`` steers the summary."""
 
     session_id: str
-    focus: Union[str, None] = None
-    work_done_token: Union[ProgressToken, None] = None
+    focus: str | None = None
+    work_done_token: ProgressToken | None = None
 
 
 class CompressResult(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -115,8 +115,8 @@ class CompressResult(msgspec.Struct, rename="camel", omit_defaults=True):
     before_tokens: int
     after_tokens: int
     checkpoint_ids: list[str] = []
-    summarizer: Union[str, None] = None
-    reason: Union[str, None] = None
+    summarizer: str | None = None
+    reason: str | None = None
     duration_ms: float = 0.0
 
 
@@ -151,16 +151,16 @@ class WatermarkParams(msgspec.Struct, rename="camel", omit_defaults=True):
     blocks before it stop being sent. The watermark only moves forward."""
 
     session_id: str
-    tool_use_id: Union[str, None] = None
-    seq: Union[Seq, None] = None
+    tool_use_id: str | None = None
+    seq: Seq | None = None
 
 
 class WatermarkResult(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: str
     changed: bool
     watermark_seq: int
-    tool_use_id: Union[str, None] = None
-    reason: Union[str, None] = None
+    tool_use_id: str | None = None
+    reason: str | None = None
     blocks_removed: int = 0
     tokens_freed: int = 0
 
@@ -191,7 +191,7 @@ class Reliability(msgspec.Struct, rename="camel"):
     compression_penalty: float
     context_confidence: float
     compression_count: int
-    model_size_billions: Union[float, None]
+    model_size_billions: float | None
     recommendations: list[str] = []
 
 
@@ -205,7 +205,7 @@ class CompressingNotification(msgspec.Struct, rename="camel", omit_defaults=True
     stage: Literal["identification", "preparation", "summarization", "checkpoint", "update",
                    "validation", "aging"]
     percentage: int
-    message: Union[str, None] = None
+    message: str | None = None
 
 
 class CompressedNotification(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -218,7 +218,7 @@ class CompressedNotification(msgspec.Struct, rename="camel", omit_defaults=True)
     checkpoint_ids: list[str]
     duration_ms: float
     compression_number: int
-    summarizer: Union[str, None] = None
+    summarizer: str | None = None
     trigger: Literal["auto", "request", "prompt"] = "auto"
 
 
@@ -232,7 +232,7 @@ class CompressionSkippedNotification(msgspec.Struct, rename="camel"):
 class CompressionFailedNotification(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: str
     reason: str
-    fallback: Union[str, None] = None
+    fallback: str | None = None
 
 
 class CheckpointCreatedNotification(msgspec.Struct, rename="camel"):
@@ -302,7 +302,7 @@ class OverflowNotification(msgspec.Struct, rename="camel", omit_defaults=True):
     """The messages folded now: out of the conversation, into the folded checkpoint."""
     excerpted_seqs: list[int] = []
     """User messages sent as excerpts (head and tail, with a notice) from now on."""
-    checkpoint_id: Union[str, None] = None
+    checkpoint_id: str | None = None
     """The folded checkpoint: ``checkpoint/expand`` returns its messages whole;
     ``message/pin`` sends one of them verbatim again."""
 
@@ -310,27 +310,27 @@ class OverflowNotification(msgspec.Struct, rename="camel", omit_defaults=True):
 class ReliabilityNotification(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: str
     reliability: Reliability
-    previous_level: Union[ReliabilityLevel, None] = None
+    previous_level: ReliabilityLevel | None = None
 
 
 class ProgressBegin(msgspec.Struct, tag="begin", tag_field="kind", omit_defaults=True):
     title: str
     cancellable: bool = False
-    message: Union[str, None] = None
-    percentage: Union[int, None] = None
+    message: str | None = None
+    percentage: int | None = None
 
 
 class ProgressReport(msgspec.Struct, tag="report", tag_field="kind", omit_defaults=True):
-    message: Union[str, None] = None
-    percentage: Union[int, None] = None
+    message: str | None = None
+    percentage: int | None = None
 
 
 class ProgressEnd(msgspec.Struct, tag="end", tag_field="kind", omit_defaults=True):
-    message: Union[str, None] = None
+    message: str | None = None
 
 
 class ProgressParams(msgspec.Struct):
     """LSP ``$/progress`` for a request that carried a ``workDoneToken``."""
 
     token: ProgressToken
-    value: Union[ProgressBegin, ProgressReport, ProgressEnd]
+    value: ProgressBegin | ProgressReport | ProgressEnd

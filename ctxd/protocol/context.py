@@ -63,7 +63,7 @@ class PromptParams(msgspec.Struct, rename="camel"):
     session_id: str
     format: PromptFormat = "openai"
     cache_control: bool = True
-    push: Union[list[Message], None] = None
+    push: list[Message] | None = None
 
 
 class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=True):
@@ -94,7 +94,7 @@ class AnthropicPrompt(_PromptBase, tag="anthropic"):
     with a ``cache_control`` breakpoint, as the last message's last block has; without,
     ``system`` is a string."""
 
-    system: Union[str, list[AnthropicText], None]
+    system: str | list[AnthropicText] | None
     messages: list[AnthropicMessage]
 
 
@@ -130,10 +130,10 @@ class UsageDrift(msgspec.Struct, rename="camel"):
     messages_with_usage: int = 0
     reported_output_tokens: int = 0
     counted_output_tokens: int = 0
-    output_ratio: Union[float, None] = None
+    output_ratio: float | None = None
     reported_input_tokens: int = 0
     counted_input_tokens: int = 0
-    input_ratio: Union[float, None] = None
+    input_ratio: float | None = None
     applied_ratio: float = 1.0
     """The ratio the budget applies (``budget.tokenRatio``): fitted over the newest reports,
     each paired with ctxd's count of what was sent (the prompt ctxd handed out, or the
@@ -154,7 +154,7 @@ class PromptCacheStats(msgspec.Struct, rename="camel"):
     """Prompts after the first of their format (each compared with the one before)."""
     prefix_kept: int = 0
     """Of those, the ones that started with the previous prompt of their format."""
-    prefix_kept_share: Union[float, None] = None
+    prefix_kept_share: float | None = None
     """``prefixKept`` / ``compared``; null before there is any."""
 
 

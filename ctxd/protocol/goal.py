@@ -9,7 +9,7 @@ set with ``goal/set``/``goal/update`` or by markers in assistant output
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -30,13 +30,13 @@ class Decision(msgspec.Struct, rename="camel", omit_defaults=True):
     description: str
     locked: bool = False
     architecture: bool = False
-    seq: Union[int, None] = None
+    seq: int | None = None
 
 
 class Artifact(msgspec.Struct, rename="camel", omit_defaults=True):
     path: str
     action: ArtifactAction = "modified"
-    seq: Union[int, None] = None
+    seq: int | None = None
 
 
 class Goal(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -45,7 +45,7 @@ class Goal(msgspec.Struct, rename="camel", omit_defaults=True):
     created_at: str
     priority: Priority = "medium"
     status: GoalStatus = "active"
-    completed_at: Union[str, None] = None
+    completed_at: str | None = None
     checkpoints: list[GoalCheckpoint] = []
     decisions: list[Decision] = []
     artifacts: list[Artifact] = []
@@ -70,16 +70,16 @@ class GoalUpdateParams(msgspec.Struct, rename="camel", omit_defaults=True):
     """
 
     session_id: str
-    description: Union[str, None] = None
-    priority: Union[Priority, None] = None
-    status: Union[GoalStatus, None] = None
+    description: str | None = None
+    priority: Priority | None = None
+    status: GoalStatus | None = None
     checkpoints: list[GoalCheckpoint] = []
     decisions: list[Decision] = []
     artifacts: list[Artifact] = []
-    next_steps: Union[list[str], None] = None
+    next_steps: list[str] | None = None
 
 
 class GoalResult(msgspec.Struct, rename="camel"):
     session_id: str
-    goal: Union[Goal, None]
+    goal: Goal | None
     tokens: int

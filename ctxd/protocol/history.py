@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -46,8 +46,8 @@ class CompressionRecord(msgspec.Struct, rename="camel", omit_defaults=True):
     after_tokens: int
     checkpoint_ids: list[str]
     duration_ms: float
-    summarizer: Union[str, None] = None
-    detail: Union[dict[str, Any], None] = None
+    summarizer: str | None = None
+    detail: dict[str, Any] | None = None
 
 
 class SessionEvent(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -56,17 +56,17 @@ class SessionEvent(msgspec.Struct, rename="camel", omit_defaults=True):
     at: str
     kind: str
     last_seq: int
-    detail: Union[dict[str, Any], None] = None
+    detail: dict[str, Any] | None = None
 
 
 class HistoryResult(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: str
     messages: list[HistoryEntry]
-    next_seq: Union[int, None]
+    next_seq: int | None
     """Pass as ``from`` for the next page; null at the end."""
     message_count: int
-    model: Union[str, None] = None
-    provider: Union[str, None] = None
+    model: str | None = None
+    provider: str | None = None
     compressions: list[CompressionRecord] = []
     events: list[SessionEvent] = []
 
@@ -76,9 +76,9 @@ class SearchParams(msgspec.Struct, rename="camel", omit_defaults=True):
     must appear); ``syntax: "fts"`` passes the query to FTS5 as is (phrases, OR, NEAR, prefix*)."""
 
     query: str
-    session_id: Union[str, None] = None
+    session_id: str | None = None
     limit: int = 20
-    role: Union[Literal["system", "user", "assistant", "tool"], None] = None
+    role: Literal["system", "user", "assistant", "tool"] | None = None
     syntax: Literal["words", "fts"] = "words"
 
 
@@ -89,9 +89,9 @@ class SearchHit(msgspec.Struct, rename="camel", omit_defaults=True):
     snippet: str
     score: float
     created_at: str
-    title: Union[str, None] = None
-    message: Union[Message, None] = None
-    status: Union[str, None] = None
+    title: str | None = None
+    message: Message | None = None
+    status: str | None = None
 
 
 class SearchResult(msgspec.Struct, rename="camel"):
@@ -130,8 +130,8 @@ class ImportParams(msgspec.Struct, rename="camel", omit_defaults=True):
 
     document: str
     format: ImportFormat = "auto"
-    session_id: Union[str, None] = None
-    title: Union[str, None] = None
+    session_id: str | None = None
+    title: str | None = None
 
 
 class ImportResult(msgspec.Struct, rename="camel", omit_defaults=True):

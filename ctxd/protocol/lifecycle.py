@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
 
 class ClientInfo(msgspec.Struct, rename="camel", omit_defaults=True):
     name: str
-    version: Union[str, None] = None
+    version: str | None = None
 
 
 class InitializationOptions(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -18,7 +18,7 @@ class InitializationOptions(msgspec.Struct, rename="camel", omit_defaults=True):
     ``token`` is required on TCP connections (read it from the daemon's token file).
     """
 
-    token: Union[str, None] = None
+    token: str | None = None
 
 
 class InitializeParams(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -28,10 +28,10 @@ class InitializeParams(msgspec.Struct, rename="camel", omit_defaults=True):
     editor's stock LSP client can talk to ctxd unchanged.
     """
 
-    process_id: Union[int, None] = None
-    client_info: Union[ClientInfo, None] = None
-    initialization_options: Union[InitializationOptions, None] = None
-    capabilities: Union[dict[str, Any], None] = None
+    process_id: int | None = None
+    client_info: ClientInfo | None = None
+    initialization_options: InitializationOptions | None = None
+    capabilities: dict[str, Any] | None = None
 
 
 class ServerInfo(msgspec.Struct):

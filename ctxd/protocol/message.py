@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 import msgspec
 
-
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -43,7 +42,7 @@ class ToolResultBlock(_Block, tag="tool_result"):
     """The result of a tool call in Anthropic style (inside a user or tool message)."""
 
     tool_use_id: str
-    content: Union[str, list[TextBlock]] = ""
+    content: str | list[TextBlock] = ""
     is_error: bool = False
 
 
@@ -51,7 +50,7 @@ class ThinkingBlock(_Block, tag="thinking"):
     """Model reasoning. Kept in history and snapshots, never sent to providers that reject it."""
 
     thinking: str
-    signature: Union[str, None] = None
+    signature: str | None = None
 
 
 class ImageBlock(_Block, tag="image"):
@@ -63,7 +62,7 @@ class ImageBlock(_Block, tag="image"):
     it, a summary quotes it only when there is room); history keeps it."""
 
     description: str = ""
-    url: Union[str, None] = None
+    url: str | None = None
 
 
 ContentBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | ImageBlock
@@ -89,12 +88,12 @@ class Usage(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_f
     refuses negative or absurd counts (``session/push`` checks them; the type stays open
     so messages stored by any version always read back)."""
 
-    input_tokens: Union[int, None] = None
-    output_tokens: Union[int, None] = None
-    total_tokens: Union[int, None] = None
-    cache_read_tokens: Union[int, None] = None
-    cache_write_tokens: Union[int, None] = None
-    reasoning_tokens: Union[int, None] = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
 
 
 class Message(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):
@@ -112,14 +111,14 @@ class Message(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown
     """
 
     role: Role
-    content: Union[str, list[ContentBlock], None] = None
-    name: Union[str, None] = None
-    tool_call_id: Union[str, None] = None
-    tool_calls: Union[list[ToolCall], None] = None
-    usage: Union[Usage, None] = None
-    metadata: Union[dict[str, Any], None] = None
-    timestamp: Union[str, None] = None
-    idempotency_key: Union[str, None] = None
+    content: str | list[ContentBlock] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    usage: Usage | None = None
+    metadata: dict[str, Any] | None = None
+    timestamp: str | None = None
+    idempotency_key: str | None = None
 
 
 def blocks_of(message: Message) -> list[ContentBlock]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -34,4 +34,4 @@ class SessionDeleted(msgspec.Struct, rename="camel"):
 
     session_id: str
     reason: DeleteReason = "request"
-    detail: Union[str, None] = None
+    detail: str | None = None

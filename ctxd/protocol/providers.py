@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 import msgspec
 
-
 # --- OpenAI chat completions -------------------------------------------------------
 
 
@@ -27,10 +26,10 @@ class OpenAIToolCall(msgspec.Struct):
 
 class OpenAIMessage(msgspec.Struct, omit_defaults=True):
     role: Literal["system", "user", "assistant", "tool"]
-    content: Union[str, None] = None
-    name: Union[str, None] = None
-    tool_calls: Union[list[OpenAIToolCall], None] = None
-    tool_call_id: Union[str, None] = None
+    content: str | None = None
+    name: str | None = None
+    tool_calls: list[OpenAIToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 # --- Anthropic messages ------------------------------------------------------------
@@ -44,21 +43,21 @@ class CacheControl(msgspec.Struct):
 
 class AnthropicText(msgspec.Struct, tag="text", tag_field="type", omit_defaults=True):
     text: str
-    cache_control: Union[CacheControl, None] = None
+    cache_control: CacheControl | None = None
 
 
 class AnthropicToolUse(msgspec.Struct, tag="tool_use", tag_field="type", omit_defaults=True):
     id: str
     name: str
     input: dict[str, Any]
-    cache_control: Union[CacheControl, None] = None
+    cache_control: CacheControl | None = None
 
 
 class AnthropicToolResult(msgspec.Struct, tag="tool_result", tag_field="type", omit_defaults=True):
     tool_use_id: str
     content: str
     is_error: bool = False
-    cache_control: Union[CacheControl, None] = None
+    cache_control: CacheControl | None = None
 
 
 class AnthropicThinking(msgspec.Struct, tag="thinking", tag_field="type"):
@@ -89,6 +88,6 @@ class OllamaToolCall(msgspec.Struct):
 class OllamaMessage(msgspec.Struct, omit_defaults=True):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
-    thinking: Union[str, None] = None
-    tool_calls: Union[list[OllamaToolCall], None] = None
-    tool_name: Union[str, None] = None
+    thinking: str | None = None
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None

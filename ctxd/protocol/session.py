@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -19,15 +19,15 @@ class SessionCreateParams(msgspec.Struct, rename="camel", omit_defaults=True):
     is never compressed and counts against every prompt's budget.
     """
 
-    session_id: Union[str, None] = None
-    model: Union[str, None] = None
-    provider: Union[str, None] = None
-    context_window: Union[WindowSize, None] = None
-    system_prompt: Union[str, None] = None
-    title: Union[str, None] = None
-    tags: Union[list[str], None] = None
-    metadata: Union[dict[str, Any], None] = None
-    settings: Union[SessionSettings, None] = None
+    session_id: str | None = None
+    model: str | None = None
+    provider: str | None = None
+    context_window: WindowSize | None = None
+    system_prompt: str | None = None
+    title: str | None = None
+    tags: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    settings: SessionSettings | None = None
 
 
 class SessionUpdateParams(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -35,12 +35,12 @@ class SessionUpdateParams(msgspec.Struct, rename="camel", omit_defaults=True):
     (``settings`` is merged field by field). ``title: null`` clears the title."""
 
     session_id: str
-    title: Union[str, None, msgspec.UnsetType] = msgspec.UNSET
-    tags: Union[list[str], None] = None
-    metadata: Union[dict[str, Any], None] = None
-    settings: Union[SessionSettings, None] = None
-    context_window: Union[WindowSize, None] = None
-    system_prompt: Union[str, None] = None
+    title: str | None | msgspec.UnsetType = msgspec.UNSET
+    tags: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    settings: SessionSettings | None = None
+    context_window: WindowSize | None = None
+    system_prompt: str | None = None
 
 
 class SessionInfo(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -58,11 +58,11 @@ class SessionInfo(msgspec.Struct, rename="camel", omit_defaults=True):
     last_seq: int
     compression_count: int = 0
     checkpoint_count: int = 0
-    model: Union[str, None] = None
-    provider: Union[str, None] = None
-    title: Union[str, None] = None
+    model: str | None = None
+    provider: str | None = None
+    title: str | None = None
     tags: list[str] = []
-    system_prompt: Union[str, None] = None
+    system_prompt: str | None = None
     system_prompt_tokens: int = 0
     metadata: dict[str, Any] = {}
     settings: SessionSettings = msgspec.field(default_factory=SessionSettings)
@@ -72,8 +72,8 @@ class SessionInfo(msgspec.Struct, rename="camel", omit_defaults=True):
 class SessionListParams(msgspec.Struct, rename="camel", omit_defaults=True):
     """List sessions, most recently active first."""
 
-    limit: Union[int, None] = None
-    tag: Union[str, None] = None
+    limit: int | None = None
+    tag: str | None = None
 
 
 class RetentionSummary(msgspec.Struct, rename="camel"):
@@ -85,7 +85,7 @@ class RetentionSummary(msgspec.Struct, rename="camel"):
 
     removed: int = 0
     by_reason: dict[str, int] = {}
-    last_removed_at: Union[str, None] = None
+    last_removed_at: str | None = None
     max_sessions: int = 0
     max_age_days: float = 0
 

@@ -7,7 +7,7 @@ snapshot's content (``snapshot/get``) is exact however long ago it was taken.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -33,14 +33,14 @@ class SnapshotInfo(msgspec.Struct, rename="camel", omit_defaults=True):
     context_window: int
     compression_ratio: float
     """Tokens sent / tokens in history at that point."""
-    label: Union[str, None] = None
-    model: Union[str, None] = None
+    label: str | None = None
+    model: str | None = None
     watermark_seq: int = 0
 
 
 class SnapshotCreateParams(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: str
-    label: Union[str, None] = None
+    label: str | None = None
 
 
 class SnapshotRef(msgspec.Struct, rename="camel"):
@@ -71,7 +71,7 @@ class SnapshotContent(msgspec.Struct, rename="camel", omit_defaults=True):
     user_messages: list[SnapshotMessage]
     messages: list[SnapshotMessage]
     checkpoints: list[Checkpoint]
-    goal: Union[Goal, None] = None
+    goal: Goal | None = None
     watermark_seq: int = 0
     pinned: list[int] = []
     thinking_tokens: int = 0
@@ -81,8 +81,8 @@ class SnapshotRestoreResult(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: str
     snapshot_id: str
     backup_snapshot_id: str
-    rolled_back_from: Union[int, None] = None
-    rolled_back_to: Union[int, None] = None
+    rolled_back_from: int | None = None
+    rolled_back_to: int | None = None
     context_tokens: int = 0
 
 
@@ -100,8 +100,8 @@ class SnapshotRestored(msgspec.Struct, rename="camel", omit_defaults=True):
     session_id: str
     snapshot_id: str
     backup_snapshot_id: str
-    rolled_back_from: Union[int, None] = None
-    rolled_back_to: Union[int, None] = None
+    rolled_back_from: int | None = None
+    rolled_back_to: int | None = None
 
 
 class SnapshotDeleted(msgspec.Struct, rename="camel"):

@@ -92,7 +92,7 @@ class InProcessLink:
         """The last prompt per session and format: its message objects and their plain data."""
 
     @classmethod
-    async def open(cls, config: Config) -> "InProcessLink":
+    async def open(cls, config: Config) -> InProcessLink:
         """Start the daemon (its socket and storage). Raises ``TransportError`` when the
         socket is taken (another daemon runs: connect to it instead), ``StoreOpenError``
         or ``StartupError`` as the daemon would exit with."""

@@ -18,8 +18,9 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ctxd.config import ConfigError, load_config, parse_assignment
 from ctxd.proxy import peers, wire

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpcore
 import httpx

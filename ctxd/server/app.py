@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from functools import cache, partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -23,8 +24,8 @@ from ctxd.server.connection import Connection
 from ctxd.server.handlers import HANDLERS
 
 if TYPE_CHECKING:
-    from ctxd.service.core import Service
     from ctxd.server.subscriptions import Hub
+    from ctxd.service.core import Service
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")
 _MISSING = re.compile(r"^Object missing required field `([^`]+)`")
@@ -58,8 +59,8 @@ class Request:
     daemon handlers use."""
 
     conn: Connection
-    service: "Service"
-    hub: "Hub"
+    service: Service
+    hub: Hub
     config: Config
     control: DaemonControl
     msg_id: Any = None
@@ -72,7 +73,7 @@ LSP_PARAMS = frozenset({"workDoneToken", "partialResultToken"})
 """Fields LSP lets any request carry; accepted (and ignored where unused) everywhere."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _param_names(params: type) -> frozenset[str]:
     return frozenset(f.encode_name for f in msgspec.structs.fields(params))
 
@@ -126,11 +127,11 @@ def damaged_storage(config: Config, session_id: str | None, exc: BaseException) 
 class App:
     """Dispatches a connection's requests to the handlers, with what they need."""
 
-    def __init__(self, config: Config, hub: "Hub", control: DaemonControl) -> None:
+    def __init__(self, config: Config, hub: Hub, control: DaemonControl) -> None:
         self.config = config
         self.hub = hub
         self.control = control
-        self.service: "Service | None" = None
+        self.service: Service | None = None
         """Set once storage is open (before any connection is accepted)."""
         missing = set(METHODS) - set(HANDLERS)
         if missing:

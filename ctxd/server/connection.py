@@ -34,8 +34,9 @@ import asyncio
 import inspect
 import itertools
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, TypeGuard, cast
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import msgspec
 import pygls
@@ -325,9 +326,9 @@ def _valid_id(value: Any) -> TypeGuard[str | int]:
 class Connection:
     """A client: lifecycle flags, subscriptions, and the loop that reads its frames."""
 
-    def __init__(self, app: "App", reader: asyncio.StreamReader, writer: Writer, *, transport: str,
+    def __init__(self, app: App, reader: asyncio.StreamReader, writer: Writer, *, transport: str,
                  requires_token: bool = False, guarded: bool = False,
-                 on_initialized: Callable[["Connection"], None] | None = None) -> None:
+                 on_initialized: Callable[[Connection], None] | None = None) -> None:
         self.app = app
         self.id = next(_ids)
         self.transport = transport
@@ -522,7 +523,7 @@ class Connection:
         left = max(1.0, DRAIN_SECONDS - (asyncio.get_running_loop().time() - started))
         try:
             await asyncio.wait_for(self.writer.drain(), left)  # a client that stopped reading
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.info("connection %s: the client is not reading its answers; closing", self.id)
 
     async def serve(self) -> None:

@@ -39,8 +39,9 @@ import asyncio
 import mmap
 import os
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Union
+from typing import Any
 
 import msgspec
 
@@ -75,7 +76,7 @@ class FrameError:
     reason: str
 
 
-Event = Union[Frame, FrameError]
+Event = Frame | FrameError
 
 _json_decode = msgspec.json.Decoder().decode
 _skeleton_decode = msgspec.json.Decoder().decode
@@ -383,7 +384,7 @@ class FrameReader:
                 chunk = await self._reader.read(size)
             else:
                 chunk = await asyncio.wait_for(self._reader.read(size), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return b""
         except (ConnectionError, OSError):
             chunk = b""

@@ -14,8 +14,9 @@ import secrets
 import socket
 import stat
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from ctxd.ownership import (
     LockError,

@@ -43,16 +43,15 @@ from ctxd.engine.pipeline import (
     identify,
     make_checkpoint,
     plan_clips,
-    plan_word_excerpts,
     plan_excerpts,
+    plan_word_excerpts,
     prepare,
     summary_rejection,
     truncation_checkpoint,
 )
-from ctxd.engine.trigger import decide
 from ctxd.engine.policy import MIN_TARGET, CompressionPolicy
-from ctxd.protocol.context import Budget
 from ctxd.engine.prune import apply_prune, plan_prune
+from ctxd.engine.trigger import decide
 from ctxd.protocol.compression import (
     Checkpoint,
     CheckpointAgedNotification,
@@ -65,9 +64,9 @@ from ctxd.protocol.compression import (
     CompressResult,
     OverflowNotification,
 )
+from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.message import Message
-from ctxd.tokens import PROMPT_PRIMING
 from ctxd.service import notify, snapshots
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
@@ -76,6 +75,7 @@ from ctxd.service.state import SessionState
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import sessions as session_store
 from ctxd.store.state import decode_stored
+from ctxd.tokens import PROMPT_PRIMING
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ class Service:
         self.version = __version__
 
     @classmethod
-    async def open(cls, config: Config, events: EventSink | None = None) -> "Service":
+    async def open(cls, config: Config, events: EventSink | None = None) -> Service:
         s = config.storage
         db = open_storage(s.url, sqlite_path=config.database_path, durability=s.durability,
                           busy_timeout_ms=s.busy_timeout_ms, password_file=s.password_file, pool_size=s.pool_size)

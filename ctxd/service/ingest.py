@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import anyio
 import msgspec
@@ -35,15 +35,15 @@ from ctxd.engine import calibration
 from ctxd.engine.context import Entry, is_demonstration, is_observation, sent_tokens
 from ctxd.engine.goals import apply_markers, parse_markers
 from ctxd.engine.watermark import find_checkpoint_call
-from ctxd.protocol.compression import CompressedNotification
-from ctxd.protocol.goal import Goal
 from ctxd.protocol.common import MAX_COUNT
+from ctxd.protocol.compression import CompressedNotification
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params, session_not_found
+from ctxd.protocol.goal import Goal
 from ctxd.protocol.message import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
+from ctxd.service import compression, notify, snapshots, turns
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
-from ctxd.service import compression, notify, snapshots, turns
 from ctxd.service.state import SessionState, StaleSession, context_moved
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -79,11 +79,11 @@ class RelayedEvents:
         self.local.emit(envelope.s, notification=notification)
 
 
-async def catch_up_after_gap(svc: "Service", since: float) -> None:
+async def catch_up_after_gap(svc: Service, since: float) -> None:
     """After notifications from other daemons may have been lost (since ``since``, a
     ``time.time()``): reload each cached session whose stored state moved on, and send this
     daemon's subscribers one ``session/updated`` for each session that did or was active."""
-    started = datetime.fromtimestamp(since, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    started = datetime.fromtimestamp(since, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     changed: dict[str, Any] = {}
     for state in svc.cache.states():
         before = (state.row.last_seq, state.row.goal, state.stored.compression)
@@ -102,7 +102,7 @@ async def catch_up_after_gap(svc: "Service", since: float) -> None:
             token_count=row.token_count, context_tokens=row.context_tokens))
 
 
-def resync_later(svc: "Service") -> Any:
+def resync_later(svc: Service) -> Any:
     """The ``resync`` callback for ``Storage.subscribe``: :func:`catch_up_after_gap` as a
     task of the service (cancelled when it closes)."""
 

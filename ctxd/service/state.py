@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 import msgspec
 
@@ -23,8 +23,8 @@ from ctxd.engine.budget import BudgetPolicy, budget_for
 from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, sent_tokens
 from ctxd.engine.goals import render_goal
-from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.engine.policy import CompressionPolicy
+from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.models import model_facts
 from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import session_not_found
@@ -177,7 +177,7 @@ def _prompt_shape(c: CompressionState) -> tuple[object, ...]:
             c.compression_count, c.rolled_back, c.clips)
 
 
-def context_moved(state: "SessionState", stored: CompressionState, goal: Goal | None) -> bool:
+def context_moved(state: SessionState, stored: CompressionState, goal: Goal | None) -> bool:
     """Whether the stored context (another daemon's change) differs from memory's in what
     the prompt is made of: the views and the goal."""
     return _prompt_shape(stored) != _prompt_shape(state.cstate) or goal != state.row.goal

@@ -17,7 +17,8 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import msgspec
@@ -31,8 +32,16 @@ from ctxd.protocol.history import ExportParams, ExportResult, ImportParams, Impo
 from ctxd.service import compression, turns
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
-from ctxd.service.ingest import (PIPELINE_BYTES, PIPELINE_MESSAGES, THREAD_COUNT_BYTES, _add_stats, _title_of,
-                                 check_message, stage_chunks, write_stages)
+from ctxd.service.ingest import (
+    PIPELINE_BYTES,
+    PIPELINE_MESSAGES,
+    THREAD_COUNT_BYTES,
+    _add_stats,
+    _title_of,
+    check_message,
+    stage_chunks,
+    write_stages,
+)
 from ctxd.service.sessions import MIN_WINDOW, enforce_retention
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store

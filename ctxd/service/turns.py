@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from typing import Hashable
+from collections.abc import Hashable
 
 YOUNG_SECONDS = 0.05
 """How long a running request is waited for; a small request takes a few ms."""

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.store.messages import IMPORTING

@@ -29,12 +29,13 @@ import logging
 import os
 import sqlite3
 import stat
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, TypeVar
 
 from ctxd.ownership import foreign, me, owner, writable_dir
 from ctxd.protocol.errors import CtxdError, ErrorCode

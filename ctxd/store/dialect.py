@@ -8,7 +8,8 @@ installs do not need it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 

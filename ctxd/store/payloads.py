@@ -8,7 +8,8 @@ keeps only the rows that decode. The Structs come from ``protocol/`` and ``store
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 

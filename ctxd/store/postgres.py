@@ -37,11 +37,12 @@ import queue
 import stat
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, nullcontext
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import psycopg

@@ -7,8 +7,9 @@ Functions here take a ``sqlite3.Connection`` and run on the database thread
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import msgspec
 

@@ -18,7 +18,8 @@ import asyncio
 import queue
 import sqlite3
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

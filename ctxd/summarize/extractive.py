@@ -825,7 +825,7 @@ class _Analysis:
         self.weak = weak
 
     @classmethod
-    def of(cls, request: SummaryRequest, *, chat: bool = False) -> "_Analysis":
+    def of(cls, request: SummaryRequest, *, chat: bool = False) -> _Analysis:
         strong = frozenset(_words(" ".join(t for t in (request.goal, request.focus) if t)))
         weak: set[str] = set()
         if request.kind != "checkpoint_merge":

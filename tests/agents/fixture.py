@@ -547,7 +547,7 @@ def _test_report() -> str:
         units = sum(r[4] for r in rows)
         body += (f"\n    def test_{warehouse}_units(self):\n"
                  f"        self.assertEqual(per_warehouse(self.items, self.warehouses)[{warehouse!r}][0], {units})\n")
-    for sku, _name, _category, price, quantity, _w in items[:120]:
+    for sku, _name, _category, _price, quantity, _w in items[:120]:
         body += (f"\n    def test_{sku.replace('-', '_').lower()}_in_stock(self):\n"
                  f"        self.assertEqual(total_quantity(self.warehouses, {sku!r}), {quantity})\n")
     total = sum(r[3] * r[4] for r in items)

@@ -28,6 +28,7 @@ from typing import Any
 from tests.agents import fixture, pricing, script, wire
 from tests.agents.upstream import escaped
 
+
 def _text(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, str):

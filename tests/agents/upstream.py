@@ -26,9 +26,10 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import uvicorn
@@ -122,7 +123,7 @@ class ScriptedUpstream:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def __enter__(self) -> "ScriptedUpstream":
+    def __enter__(self) -> ScriptedUpstream:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)

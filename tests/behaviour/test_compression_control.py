@@ -10,14 +10,12 @@ daemon's configuration or per session (always honoured: ContextOverflow instead)
 from __future__ import annotations
 
 import json
-
 import os
 
 import pytest
 
 from ctxd.client import RpcError
 from tests.e2e.compression_helpers import (
-    seqs_of,
     FORMATS,
     Conn,
     CtxdProc,
@@ -26,6 +24,7 @@ from tests.e2e.compression_helpers import (
     check_prompt,
     predict_compression,
     remove_root,
+    seqs_of,
     short_root,
     system_text,
     tool_ids_in,
@@ -228,7 +227,6 @@ async def test_auto_off_for_one_session_is_honoured(daemon):
 async def test_compress_over_stdio_reports_progress(tmp_path):
     """The same through a daemon spawned on stdio (how editors and agents run it)."""
     from ctxd.client import Client
-
     from tests.e2e.compression_helpers import daemon_environ
 
     client = await Client.spawn_stdio(["--data-dir", str(tmp_path / "data")], env=daemon_environ())

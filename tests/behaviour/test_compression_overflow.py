@@ -19,7 +19,6 @@ import pytest
 from ctxd.client import RpcError
 from ctxd.tokens import PROMPT_PRIMING
 from tests.e2e.compression_helpers import (
-    seqs_of,
     FORMATS,
     Conn,
     CtxdProc,
@@ -30,6 +29,7 @@ from tests.e2e.compression_helpers import (
     check_prompt,
     long_chat,
     remove_root,
+    seqs_of,
     short_root,
     system_text,
     user_texts,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tests.e2e.compression_helpers import (
     FORMATS,
     GOAL,
@@ -28,7 +30,6 @@ from tests.e2e.compression_helpers import (
     tool_ids_in,
     user_texts,
 )
-import pytest
 
 # Every test here runs on SQLite and on PostgreSQL (tests/e2e/conftest.py).
 pytestmark = pytest.mark.usefixtures("storage_backend")

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from tests.e2e.compression_helpers import CtxdProc, Driver, is_auto_pass, remove_root, short_root
 from tests.e2e.history_helpers import (
     canonical,
@@ -32,7 +34,6 @@ from tests.e2e.history_helpers import (
     rpc_error,
     running,
 )
-import pytest
 
 # Every test here runs on SQLite and on PostgreSQL (tests/e2e/conftest.py).
 pytestmark = pytest.mark.usefixtures("storage_backend")

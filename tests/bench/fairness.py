@@ -52,9 +52,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
@@ -322,7 +323,7 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def measure(lab: "Lab", scenario: str, heavy_name: str, heavy: Callable[[SocketClient], str],
+def measure(lab: Lab, scenario: str, heavy_name: str, heavy: Callable[[SocketClient], str],
             sets: list[str] | None = None, prepare: Callable[[SocketClient], None] | None = None,
             helpers: tuple[int, ...] = ()) -> Row:
     """``helpers``: pids of this benchmark's own servers (not counted as other load)."""
@@ -384,7 +385,7 @@ def slow_requests(lights: list[Light], started: float, ended: float, most: int =
     return out[:most]
 
 
-def scenario_idle(lab: "Lab", plan: Plan) -> list[Row]:
+def scenario_idle(lab: Lab, plan: Plan) -> list[Row]:
     def heavy(_: SocketClient) -> str:
         time.sleep(3)
         return "-"
@@ -397,7 +398,7 @@ def send_prepared(client: SocketClient, holder: dict[str, Any]) -> dict[str, Any
     return client.wait(holder["id"])
 
 
-def scenario_push(lab: "Lab", plan: Plan) -> list[Row]:
+def scenario_push(lab: Lab, plan: Plan) -> list[Row]:
     rng = random.Random(7)
     size = 4 * 1024 * 1024 - 2048  # each message's JSON just under limits.max_message_bytes
     messages = [{"role": "tool" if i % 2 else "user", "content": prose(rng, size),
@@ -451,7 +452,7 @@ def import_request(document: str) -> tuple[Callable[[SocketClient], None], Calla
     return prepare, heavy
 
 
-def scenario_import(lab: "Lab", plan: Plan) -> list[Row]:
+def scenario_import(lab: Lab, plan: Plan) -> list[Row]:
     rows = []
     for n in (plan.import_refused, plan.import_legal):
         document = import_document(n)
@@ -461,7 +462,7 @@ def scenario_import(lab: "Lab", plan: Plan) -> list[Row]:
     return rows
 
 
-def scenario_import_large(lab: "Lab", plan: Plan) -> list[Row]:
+def scenario_import_large(lab: Lab, plan: Plan) -> list[Row]:
     """(Not in the default set.) A legal import near the frame limit: ``push_messages``
     messages of just under ``limits.max_message_bytes``, as the push's, in a ctxd export."""
     rng = random.Random(11)
@@ -521,7 +522,7 @@ def serve_llm(model: str, huge_bytes: int) -> int:
     return 0
 
 
-def scenario_llm(lab: "Lab", plan: Plan) -> list[Row]:
+def scenario_llm(lab: Lab, plan: Plan) -> list[Row]:
     server = LLMServerProcess(lab.env, "fair-llm", plan.llm_reply_bytes)
     try:
         sets = ["summarizer.backend=ollama", f"summarizer.base_url={server.url}", "summarizer.model=fair-llm",
@@ -557,10 +558,10 @@ def scenario_llm(lab: "Lab", plan: Plan) -> list[Row]:
         server.stop()
 
 
-SCENARIOS: dict[str, Callable[["Lab", Plan], list[Row]]] = {
+SCENARIOS: dict[str, Callable[[Lab, Plan], list[Row]]] = {
     "idle": scenario_idle, "push": scenario_push, "import": scenario_import, "llm": scenario_llm,
 }
-EXTRA: dict[str, Callable[["Lab", Plan], list[Row]]] = {"import-large": scenario_import_large}
+EXTRA: dict[str, Callable[[Lab, Plan], list[Row]]] = {"import-large": scenario_import_large}
 """Scenarios run only when ``--only`` names them."""
 
 

@@ -44,7 +44,7 @@ import httpx
 import psutil
 
 from ctxd.tokens import TokenCounter
-from tests.bench.spine import Result, fmt, machine, percentile, table
+from tests.bench.spine import Result, machine, percentile, table
 from tests.e2e.helpers import Daemon, short_dir
 from tests.proxy.conftest import ProxyProcess
 from tests.proxy.upstream import MODEL, FakeUpstream

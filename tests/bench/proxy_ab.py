@@ -32,7 +32,6 @@ from tests.e2e.helpers import Daemon, short_dir
 from tests.proxy.conftest import ProxyProcess
 from tests.proxy.upstream import MODEL, FakeUpstream
 
-
 WINDOW = "200000"
 """The window of the benchmark's sessions: no compression due in its 300 turns (the
 issue's latency target is for requests with none due; at the default 8K window passes

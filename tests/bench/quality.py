@@ -1359,7 +1359,7 @@ async def _prompt_time(lab: Lab, plan: Plan, log: Log) -> list[Result]:
         cpu_enc: list[float] = []
         clock = time.perf_counter
         cpu = time.thread_time   # the event loop's thread: less moved by other processes than wall time
-        for r in range(plan.prompt_rounds):
+        for _ in range(plan.prompt_rounds):
             extra = [work.corpus.user(40, 120)]
             await ingest.push(svc, msgspec.convert({"sessionId": sid, "messages": extra}, SessionPushParams))
             with Quiet():

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +21,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith
 
 NOBODY = 65534
 
-LISTENER = """
+LISTENER = f"""
 import os, socket, sys
 path, out = sys.argv[1], sys.argv[2]
-os.setgid({uid}); os.setuid({uid})
+os.setgid({NOBODY}); os.setuid({NOBODY})
 s = socket.socket(socket.AF_UNIX)
 s.bind(path)
 s.listen()
@@ -43,7 +42,7 @@ while True:
                 f.flush()
         except OSError:
             pass
-""".format(uid=NOBODY)
+"""
 
 
 @pytest.mark.process("ctxd --remote and a listener as processes")

@@ -43,7 +43,7 @@ class Listener:
                 while not self._stop.is_set():
                     try:
                         chunk = conn.recv(65536)
-                    except socket.timeout:
+                    except TimeoutError:
                         continue
                     except OSError:
                         break

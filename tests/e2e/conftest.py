@@ -4,8 +4,9 @@ daemons that are always stopped (and their directories removed) after the test."
 from __future__ import annotations
 
 import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio

@@ -20,8 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -177,12 +178,12 @@ class RawClient:
         self._ids = 1000
 
     @classmethod
-    async def unix(cls, path: str | Path) -> "RawClient":
+    async def unix(cls, path: str | Path) -> RawClient:
         reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 26)
         return cls(reader, writer)
 
     @classmethod
-    async def tcp(cls, port: int) -> "RawClient":
+    async def tcp(cls, port: int) -> RawClient:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 26)
         return cls(reader, writer)
 
@@ -264,7 +265,7 @@ class RawClient:
         while time.monotonic() < deadline:
             try:
                 chunk = await asyncio.wait_for(self.reader.read(1 << 16), max(0.1, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
             except (ConnectionError, OSError):
                 return True
@@ -276,7 +277,7 @@ class RawClient:
         try:
             self.writer.close()
             await asyncio.wait_for(self.writer.wait_closed(), 5)
-        except (ConnectionError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError, OSError):
             pass
 
 
@@ -343,7 +344,7 @@ class Daemon:
         except FileNotFoundError:
             return ""
 
-    def start(self, *, wait: bool = True) -> "Daemon":
+    def start(self, *, wait: bool = True) -> Daemon:
         """Start the process (again, after a stop or kill: same data dir, same socket)."""
         self.port = None
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -481,7 +482,7 @@ def count_now(db: str, sql: str, args: tuple[Any, ...] = ()) -> int:
         conn.close()
 
 
-async def kill_while_staged(daemon: Any, client: Any, request: "asyncio.Task[Any]", staged: Callable[[], int],
+async def kill_while_staged(daemon: Any, client: Any, request: asyncio.Task[Any], staged: Callable[[], int],
                             what: str, meanwhile: Callable[[], Any] | None = None) -> None:
     """SIGKILL ``daemon`` once ``staged()`` sees rows of ``request`` (a large push or import,
     written in several transactions) in its database (after awaiting ``meanwhile()``, if

@@ -15,8 +15,8 @@ import fcntl
 import os
 import sqlite3
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -28,15 +28,15 @@ import pytest
 
 from tests.e2e.helpers import (
     CTXD,
-    REPO_ROOT,
     REPLY_TIMEOUT,
+    REPO_ROOT,
     Daemon,
     RawClient,
     daemon_env,
     frame,
+    one_line,
     parse_frames,
     request_frame,
-    one_line,
     run_ctxd,
     short_dir,
     user,
@@ -223,7 +223,7 @@ def test_uninitialized_client_that_does_not_read_its_errors_is_dropped(base_dir,
                 chunk = sock.recv(1 << 16)
             except ConnectionResetError:
                 break
-            except socket.timeout:
+            except TimeoutError:
                 pytest.fail(f"the daemon kept the connection (and its answers) after {received} bytes")
             if not chunk:
                 break

@@ -6,11 +6,11 @@ holds, read with psycopg, besides what the daemons answer."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 import msgspec
-import pytest
 
 from ctxd.client import Client, DaemonUnavailable, RpcError
 from tests.pgserver import PgServer

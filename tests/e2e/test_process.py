@@ -20,14 +20,13 @@ from tests.e2e.helpers import (
     START_TIMEOUT,
     daemon_env,
     frame,
+    one_line,
     parse_frames,
     process_gone,
     request_frame,
-    one_line,
     run_ctxd,
     wait_for,
 )
-
 
 # --- startup failures ---------------------------------------------------------------------
 

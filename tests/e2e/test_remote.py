@@ -10,14 +10,24 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from tests.e2e.helpers import (CTXD, REPLY_TIMEOUT, START_TIMEOUT, Daemon, RawClient, async_wait_for, daemon_env,
-                               frame, process_gone)
+from tests.e2e.helpers import (
+    CTXD,
+    REPLY_TIMEOUT,
+    START_TIMEOUT,
+    Daemon,
+    RawClient,
+    async_wait_for,
+    daemon_env,
+    frame,
+    process_gone,
+)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("storage_backend")]
 
@@ -31,7 +41,7 @@ class Forwarder(RawClient):
         self.process = process
 
     @classmethod
-    async def start(cls, *args: str) -> "Forwarder":
+    async def start(cls, *args: str) -> Forwarder:
         process = await asyncio.create_subprocess_exec(
             *CTXD, "--remote", *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=daemon_env(), limit=1 << 26)

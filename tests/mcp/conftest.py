@@ -14,10 +14,11 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from mcp import ClientSession
@@ -99,7 +100,7 @@ async def _stop_daemon(path: Path) -> None:
     try:
         await client.initialize(client_name="tests-mcp")
         await client.request("daemon/stop", timeout=10)
-    except (RpcError, DaemonUnavailable, asyncio.TimeoutError):
+    except (TimeoutError, RpcError, DaemonUnavailable):
         pass
     finally:
         await client.close(shutdown=False)

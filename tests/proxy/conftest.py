@@ -11,14 +11,14 @@ says otherwise)."""
 from __future__ import annotations
 
 import asyncio
-
 import os
 import select
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -40,7 +40,7 @@ class ProxyProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
-    def start(self) -> "ProxyProcess":
+    def start(self) -> ProxyProcess:
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,

@@ -12,8 +12,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -25,7 +26,7 @@ from ctxd.proxy.apis import split
 from ctxd.proxy.inproc import InProcessLink
 from ctxd.proxy.sessions import Sessions
 from tests.e2e.helpers import daemon_env
-from tests.proxy.conftest import ProxyProcess, both_modes, ctxd_client, history, sessions
+from tests.proxy.conftest import ProxyProcess, both_modes, ctxd_client, history
 from tests.proxy.upstream import MODEL
 
 

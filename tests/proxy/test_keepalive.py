@@ -26,7 +26,7 @@ class DroppingRelay:
         self.server: asyncio.Server | None = None
         self.url = ""
 
-    async def start(self) -> "DroppingRelay":
+    async def start(self) -> DroppingRelay:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self

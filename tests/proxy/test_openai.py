@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
 import openai
-import pytest
 
 from tests.proxy.conftest import both_modes, history, sessions
 from tests.proxy.upstream import MODEL

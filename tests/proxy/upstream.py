@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import socket
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -104,7 +104,7 @@ class FakeUpstream:
 
     # --- lifecycle -------------------------------------------------------------------
 
-    def __enter__(self) -> "FakeUpstream":
+    def __enter__(self) -> FakeUpstream:
         # proto IPPROTO_TCP: asyncio then turns Nagle off on each connection (ctxd/proxy/main.py)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))

@@ -4,7 +4,8 @@ entries counted with a real (exact, offline) token counter, and active contexts.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ctxd.engine.budget import BudgetPolicy, budget_for, compute_budget
 from ctxd.engine.checkpoints import render_section

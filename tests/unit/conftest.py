@@ -4,8 +4,8 @@ with a collecting event sink, no daemon process and no transport (see
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 import pytest_asyncio

@@ -328,7 +328,7 @@ def test_random_sessions_keep_every_invariant():
     policy = CompressionPolicy(keep_recent=4)
     operations = 0
     done: Counter[str] = Counter()
-    for case in range(CASES):
+    for _case in range(CASES):
         history = random_session(rng, rng.randint(5, 60))
         pristine = copy.deepcopy(history)
         pinned = [s for s in range(1, len(history) + 1) if rng.random() < 0.05]

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from ctxd.engine.goals import SHOW_ARTIFACTS, SHOW_UNLOCKED, Markers, apply_markers, new_goal, parse_markers, render_goal
+from ctxd.engine.goals import (
+    SHOW_ARTIFACTS,
+    SHOW_UNLOCKED,
+    Markers,
+    apply_markers,
+    new_goal,
+    parse_markers,
+    render_goal,
+)
 from ctxd.protocol.goal import Artifact, Decision, Goal, GoalCheckpoint
 from ctxd.protocol.message import Message, TextBlock, ToolUseBlock
 

@@ -5,10 +5,9 @@ the user's words on overflow (``engine/folding.py``)."""
 from __future__ import annotations
 
 import copy
-
-import msgspec
 import math
 
+import msgspec
 import pytest
 
 from ctxd.engine.checkpoints import render_checkpoint, render_section
@@ -25,10 +24,10 @@ from ctxd.engine.pipeline import (
     summary_rejection,
     truncation_checkpoint,
 )
-from ctxd.engine.trigger import decide
 from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.render import render_anthropic, render_ollama, render_openai
+from ctxd.engine.trigger import decide
 from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
 from ctxd.protocol.message import Message, TextBlock
 
@@ -919,7 +918,7 @@ def test_a_long_system_message_marked_as_a_session_start_stays():
 
 def test_folded_lines_date_each_day_once_and_leave_out_attached_images():
     from ctxd.engine.folding import unfold
-    from ctxd.protocol.message import ImageBlock, TextBlock
+    from ctxd.protocol.message import ImageBlock
     from ctxd.summarize.extractive import session_date_of
 
     messages = dated_sessions_chat()

@@ -54,7 +54,8 @@ def test_blocks_ctxd_does_not_model_are_named():
         {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}},
         {"type": "redacted_thinking", "data": "..."}]}
     assert formats.to_ctxd("anthropic", message) == {
-        "role": "assistant", "content": [{"type": "text", "text": "[redacted_thinking, server_tool_use not kept by ctxd]"}],
+        "role": "assistant",
+        "content": [{"type": "text", "text": "[redacted_thinking, server_tool_use not kept by ctxd]"}],
         "metadata": {"ctxdProxyUnkept": ["redacted_thinking", "server_tool_use"]}}
     assert formats.chain_part("anthropic", message) == [
         "assistant", [("x", "server_tool_use", "srvtoolu_1"), ("x", "redacted_thinking", None)]]
@@ -66,7 +67,8 @@ def test_ids_of_a_raw_message():
     assert formats.ids_of("anthropic", CONVERSATION[1]) == [("call", "toolu_1"), ("call", "toolu_2")]
     assert formats.ids_of("anthropic", CONVERSATION[2]) == [("result", "toolu_1"), ("result", "toolu_2")]
     server = {"role": "assistant", "content": [
-        {"type": "server_tool_use", "id": "srvtoolu_1"}, {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1"}]}
+        {"type": "server_tool_use", "id": "srvtoolu_1"},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1"}]}
     assert formats.ids_of("anthropic", server) == [("call", "srvtoolu_1"), ("result", "srvtoolu_1")]
     assert formats.ids_of("anthropic", {"role": "user", "content": "x"}) == []
 
@@ -82,7 +84,8 @@ def test_system_text_and_merge():
     client = [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]
     assert anthropic.merge_system("be brief", "be brief", client) == (client, False)
     merged, added = anthropic.merge_system("be brief\n\n## Checkpoints", "be brief", client)
-    assert added and merged == client + [{"type": "text", "text": "## Checkpoints", "cache_control": {"type": "ephemeral"}}]
+    checkpoints = {"type": "text", "text": "## Checkpoints", "cache_control": {"type": "ephemeral"}}
+    assert added and merged == client + [checkpoints]
     assert anthropic.merge_system("", "", None) == (None, False)
 
 

@@ -4,8 +4,9 @@ writer with them), and a search still gets everything indexed first."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

@@ -37,7 +37,7 @@ class Trace:
         self.path = path
         self.lines: list[str] = []
 
-    async def __aenter__(self) -> "Trace":
+    async def __aenter__(self) -> Trace:
         self.file = open(self.path, "w")  # noqa: SIM115
         fd = self.file.fileno()
 

@@ -8,8 +8,15 @@ import random
 
 import msgspec
 
-from ctxd.protocol.message import (FunctionCall, Message, TextBlock, ThinkingBlock, ToolCall, ToolResultBlock,
-                                   ToolUseBlock)
+from ctxd.protocol.message import (
+    FunctionCall,
+    Message,
+    TextBlock,
+    ThinkingBlock,
+    ToolCall,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from ctxd.service import ingest, sessions
 from ctxd.service.core import Service
 from ctxd.store.sessions import SessionStats

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Awaitable
+from typing import Any
 
 import msgspec
 import pytest

@@ -34,7 +34,8 @@ def _step(n: int, output_words: int) -> list[dict[str, Any]]:
             {"type": "tool_use", "id": f"toolu_{n:02d}", "name": "Bash", "input": {"command": f"python3 step{n}.py"}}]},
         {"role": "user", "content": [
             {"type": "tool_result", "toolUseId": f"toolu_{n:02d}",
-             "content": "\n".join(f"line {k} of the output of step {n}: value {k * n}" for k in range(output_words // 12))}]},
+             "content": "\n".join(f"line {k} of the output of step {n}: value {k * n}"
+                                  for k in range(output_words // 12))}]},
     ]
 
 
@@ -50,7 +51,8 @@ async def test_a_long_thinking_tool_loop_keeps_the_thinking_of_its_turn(service:
     await sessions.create_session(service, params("session/create", sessionId=SID, model="claude-sonnet-4-6",
                                                   provider="anthropic", contextWindow=WINDOW,
                                                   systemPrompt="You are a coding agent."))
-    pushed: list[dict[str, Any]] = [{"role": "user", "content": "Fix the rounding bug in pricing.py, then run the tests."}]
+    task = "Fix the rounding bug in pricing.py, then run the tests."
+    pushed: list[dict[str, Any]] = [{"role": "user", "content": task}]
     result = await _prompt(service, "anthropic", pushed)
     # Outputs of every size: small ones, some the pruning horizon clears, and one bigger
     # than any prompt the window allows (sent as an excerpt: it is the newest).

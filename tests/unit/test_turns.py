@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Any, Hashable
+from typing import Any
 
 import msgspec
 import pytest

@@ -26,26 +26,26 @@ if TYPE_CHECKING:
 
 
 @handles("context/compress")
-async def compress(req: "Request", params: CompressParams) -> CompressResult:
+async def compress(req: Request, params: CompressParams) -> CompressResult:
     progress = WorkDoneProgress(req.conn, params.work_done_token) if params.work_done_token is not None else None
     return await controls.compress(req.service, params, progress)
 
 
 @handles("context/checkpoints")
-async def checkpoints(req: "Request", params: SessionRef) -> CheckpointsResult:
+async def checkpoints(req: Request, params: SessionRef) -> CheckpointsResult:
     return await controls.checkpoints(req.service, params.session_id)
 
 
 @handles("checkpoint/expand")
-async def expand(req: "Request", params: CheckpointRef) -> ExpandResult:
+async def expand(req: Request, params: CheckpointRef) -> ExpandResult:
     return await controls.expand(req.service, params)
 
 
 @handles("context/watermark")
-async def watermark(req: "Request", params: WatermarkParams) -> WatermarkResult:
+async def watermark(req: Request, params: WatermarkParams) -> WatermarkResult:
     return await controls.watermark(req.service, params)
 
 
 @handles("message/pin")
-async def pin(req: "Request", params: PinParams) -> PinResult:
+async def pin(req: Request, params: PinParams) -> PinResult:
     return await controls.pin(req.service, params)

@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 
 
 @handles("context/prompt")
-async def prompt(req: "Request", params: PromptParams) -> PromptResult:
+async def prompt(req: Request, params: PromptParams) -> PromptResult:
     return await prompt_service.prompt(req.service, params)
 
 
 @handles("context/stats")
-async def stats(req: "Request", params: SessionRef) -> ContextStatsResult:
+async def stats(req: Request, params: SessionRef) -> ContextStatsResult:
     return await stats_service.stats(req.service, params.session_id)

@@ -14,15 +14,15 @@ if TYPE_CHECKING:
 
 
 @handles("goal/set")
-async def set_goal(req: "Request", params: GoalSetParams) -> GoalResult:
+async def set_goal(req: Request, params: GoalSetParams) -> GoalResult:
     return await goals.set_goal(req.service, params)
 
 
 @handles("goal/update")
-async def update_goal(req: "Request", params: GoalUpdateParams) -> GoalResult:
+async def update_goal(req: Request, params: GoalUpdateParams) -> GoalResult:
     return await goals.update_goal(req.service, params)
 
 
 @handles("goal/get")
-async def get_goal(req: "Request", params: SessionRef) -> GoalResult:
+async def get_goal(req: Request, params: SessionRef) -> GoalResult:
     return await goals.get_goal(req.service, params.session_id)

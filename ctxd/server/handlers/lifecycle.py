@@ -28,7 +28,7 @@ PROTOCOL_VERSION = "1"
 
 
 @handles("initialize")
-async def initialize(req: "Request", params: InitializeParams) -> InitializeResult:
+async def initialize(req: Request, params: InitializeParams) -> InitializeResult:
     conn = req.conn
     if conn.requires_token:
         given = (params.initialization_options.token if params.initialization_options else None) or ""
@@ -54,13 +54,13 @@ async def initialize(req: "Request", params: InitializeParams) -> InitializeResu
 
 
 @handles("shutdown")
-async def shutdown(req: "Request", params: Empty) -> None:
+async def shutdown(req: Request, params: Empty) -> None:
     req.conn.shutdown_requested = True
     return None
 
 
 @handles("daemon/status")
-async def status(req: "Request", params: Empty) -> DaemonStatusResult:
+async def status(req: Request, params: Empty) -> DaemonStatusResult:
     svc, config, control = req.service, req.config, req.control
     return DaemonStatusResult(
         pid=os.getpid(), version=__version__, started_at=control.started_at,
@@ -72,7 +72,7 @@ async def status(req: "Request", params: Empty) -> DaemonStatusResult:
 
 
 @handles("daemon/stop")
-async def stop(req: "Request", params: Empty) -> None:
+async def stop(req: Request, params: Empty) -> None:
     req.control.stop_later()
     return None
 

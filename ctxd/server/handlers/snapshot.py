@@ -22,25 +22,25 @@ if TYPE_CHECKING:
 
 
 @handles("snapshot/create")
-async def create(req: "Request", params: SnapshotCreateParams) -> SnapshotInfo:
+async def create(req: Request, params: SnapshotCreateParams) -> SnapshotInfo:
     return await snapshots.create(req.service, params)
 
 
 @handles("snapshot/list")
-async def list_(req: "Request", params: SessionRef) -> SnapshotListResult:
+async def list_(req: Request, params: SessionRef) -> SnapshotListResult:
     return await snapshots.list_snapshots(req.service, params.session_id)
 
 
 @handles("snapshot/get")
-async def get(req: "Request", params: SnapshotRef) -> SnapshotContent:
+async def get(req: Request, params: SnapshotRef) -> SnapshotContent:
     return await snapshots.get(req.service, params)
 
 
 @handles("snapshot/restore")
-async def restore(req: "Request", params: SnapshotRef) -> SnapshotRestoreResult:
+async def restore(req: Request, params: SnapshotRef) -> SnapshotRestoreResult:
     return await snapshots.restore(req.service, params)
 
 
 @handles("snapshot/delete")
-async def delete(req: "Request", params: SnapshotRef) -> SnapshotDeleteResult:
+async def delete(req: Request, params: SnapshotRef) -> SnapshotDeleteResult:
     return await snapshots.delete(req.service, params)
