@@ -47,14 +47,26 @@ def dump(data: Path) -> list[str]:
         conn.close()
 
 
+def _indexed(data: Path) -> bool:
+    """Whether the search index holds every message (the indexer runs in the background,
+    and on a loaded machine it may not have started half a second after the push)."""
+    conn = sqlite3.connect(f"file:{data / 'ctxd.db'}?mode=ro", uri=True, timeout=30)
+    try:
+        messages = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+        indexed = conn.execute("SELECT count(*) FROM messages_fts").fetchone()[0]
+        return bool(indexed >= messages)
+    finally:
+        conn.close()
+
+
 async def settled(data: Path) -> list[str]:
     """The database once the running daemon's background work (the search index) is done:
-    the same dump twice, half a second apart."""
+    every message indexed, then the same dump twice, half a second apart."""
     last = dump(data)
-    for _ in range(60):
+    for _ in range(120):
         await asyncio.sleep(0.5)
         now = dump(data)
-        if now == last:
+        if now == last and _indexed(data):
             return now
         last = now
     raise AssertionError("the database kept changing")
