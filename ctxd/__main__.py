@@ -120,9 +120,10 @@ def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def config_of(args: argparse.Namespace) -> Config:
+def config_of(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:
     """The configuration the flags ``args`` (``build_parser()``'s) say: the file, then
-    ``--set`` and the other flags over it. Raises ConfigError."""
+    ``--set`` and the other flags over it. ``environ``: the environment whose ``CTXD_*``
+    apply (this process's by default). Raises ConfigError."""
     overrides: dict[str, Any] = {}
 
     def put(section: str, key: str, value: Any) -> None:
@@ -140,7 +141,7 @@ def config_of(args: argparse.Namespace) -> Config:
         put("daemon", "idle_exit_seconds", args.idle_exit)
     if args.log_file:
         put("daemon", "log_file", args.log_file)
-    config = load_config(args.config, overrides=overrides)
+    config = load_config(args.config, overrides=overrides, environ=environ)
     if args.autostarted and args.idle_exit is None:
         config.daemon.idle_exit_seconds = config.daemon.autostart_idle_exit_seconds
     return config

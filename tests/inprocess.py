@@ -90,9 +90,16 @@ class InProcessDaemon:
     socket, same data directory). It cannot be SIGKILLed: a test of that needs a process.
     """
 
-    def __init__(self, argv: list[str], *, log_path: Path | None = None) -> None:
+    def __init__(self, argv: list[str], *, log_path: Path | None = None,
+                 environ: dict[str, str] | None = None) -> None:
+        """``environ``: the environment the process would have been started with, which
+        its configuration reads (``CTXD_*``, ``CTXD_CONFIG``, ``XDG_CONFIG_HOME``); by
+        default this process's without ``CTXD_*``, as ``daemon_env()`` gives a process:
+        whatever the developer running the suite set must not reach a test's daemon."""
         self.argv = list(argv)
         self.log_path = log_path
+        self.environ = dict(environ) if environ is not None else \
+            {k: v for k, v in os.environ.items() if not k.startswith("CTXD_")}
         self.log_level = logging.WARNING
         self.daemon: Any = None
         self.returncode: int | None = None
@@ -131,7 +138,9 @@ class InProcessDaemon:
         args = build_parser().parse_args(self.argv)
         if args.remote is not None or args.stdio or (args.socket is None and args.tcp is None):
             raise ValueError(f"an in-process daemon serves a socket or TCP, not {self.argv}")
-        config = config_of(args)
+        if args.config is None and not self.environ.get("CTXD_CONFIG"):
+            args.config = self._default_config_file()
+        config = config_of(args, self.environ)
         self.log_level = _log_level(config.daemon.log_level, args.verbose)
         self.returncode = None
         ready = threading.Event()
@@ -150,6 +159,14 @@ class InProcessDaemon:
                 return self
             raise AssertionError(f"ctxd exited with {self.returncode} before it was ready:\n{self.log_text()}")
         return self
+
+    def _default_config_file(self) -> str:
+        """The configuration file the process would read by default: its environment's
+        ``$XDG_CONFIG_HOME/ctxd/config.toml`` (platformdirs' rule on Linux, where these
+        tests run), not this process's; none there reads as an empty one."""
+        base = self.environ.get("XDG_CONFIG_HOME") or os.path.join(self.environ.get("HOME", "~"), ".config")
+        path = Path(base).expanduser() / "ctxd" / "config.toml"
+        return str(path) if path.exists() else os.devnull
 
     def _run(self, config: Any, args: Any, ready: threading.Event) -> None:
         _OWNER.set(self)

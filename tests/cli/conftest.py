@@ -184,7 +184,8 @@ class InProcessCli(Cli):
             argv += ["--config", config_file]
         stderr_path = socket_path.with_name("daemon.log") if log_path is None else log_path
         stderr_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        daemon = InProcessDaemon(argv, log_path=stderr_path).start(check=False)
+        # (Its environment is the CLI's, as a spawned process inherits it: ``CTXD_DAEMON_*`` included.)
+        daemon = InProcessDaemon(argv, log_path=stderr_path, environ=dict(os.environ)).start(check=False)
         self.daemons.append(daemon)
         return _Started(daemon)
 

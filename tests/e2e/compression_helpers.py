@@ -96,7 +96,8 @@ class CtxdProc:
 
     def start(self) -> CtxdProc:
         if not self.process:  # (the flags as they are now: a test may change ``sets`` between runs)
-            self.inproc = InProcessDaemon(self.command()[3:], log_path=self.log_path).start(START_TIMEOUT)
+            self.inproc = InProcessDaemon(self.command()[3:], log_path=self.log_path,
+                                         environ=self.env).start(START_TIMEOUT)
             return self
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

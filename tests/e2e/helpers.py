@@ -349,7 +349,8 @@ class Daemon:
         self.port = None
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         if not self.process:
-            self.inproc = InProcessDaemon(self.command()[len(CTXD):], log_path=self.log_path).start(START_TIMEOUT)
+            self.inproc = InProcessDaemon(self.command()[len(CTXD):], log_path=self.log_path,
+                                         environ=self.env).start(START_TIMEOUT)
             self.port = self.inproc.port
             return self
         log = open(self.log_path, "ab")
