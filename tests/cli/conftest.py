@@ -136,8 +136,13 @@ class InProcessCli(Cli):
 
     def __call__(self, *args: str, input: str | None = None, timeout: float = 60, expect: int | None = 0,
                  env: dict[str, str] | None = None) -> Result:
+        from ctxd.cli import render
         from ctxd.cli.main import main
 
+        # A process starts without the consoles an earlier run made (each reads $COLUMNS
+        # once, when made): the in-process run must too.
+        for made in (render.console, render.plain_console, render.err_console):
+            made.cache_clear()
         # The subprocess's environment exactly: ours, less what it did not have.
         environ: dict[str, str | None] = {k: None for k in os.environ if k not in self.env}
         environ.update(self.env)

@@ -78,3 +78,13 @@ def test_json_output_never_carries_a_raw_c1_control(cli: Cli) -> None:
     refused = cli("--json", "history", "no\u009d0;title\u009c", expect=1)
     assert not any("\x7f" <= c <= "\x9f" for c in refused.stdout), refused.stdout
     assert json.loads(refused.stdout)["error"]["data"]["sessionId"] == "no\u009d0;title\u009c"
+
+
+def test_each_run_takes_the_width_its_own_environment_says(cli: Cli) -> None:
+    """``$COLUMNS`` is read by each ctxd-cli run (each is a process of its own for a user):
+    a narrower run before does not make a later one narrow too."""
+    cli("push", "wide", "--create", "--content", "a title long enough to be cut at sixty columns " * 3)
+    narrow_out = cli("sessions", "list", env={"COLUMNS": "60"}).stdout
+    wide_out = cli("sessions", "list", env={"COLUMNS": "160"}).stdout
+    assert max(map(len, narrow_out.splitlines())) <= 60, narrow_out
+    assert max(map(len, wide_out.splitlines())) > 80, wide_out
