@@ -242,9 +242,11 @@ def emit(turns: Iterable[Turn]) -> list[OpenAIMessage]:
 
 
 def is_plain(m: Message) -> bool:
-    """Whether a Chat Completions message holds all of ``m`` (:func:`plain_line`)."""
+    """Whether a Chat Completions message holds all of ``m`` (:func:`plain_line`), read back
+    equal by :func:`to_message`: not an empty ``tool_calls`` (read as none) nor a call
+    without an id (which it refuses to guess at), both of which a push accepts."""
     return (isinstance(m.content, str) or m.content is None) and m.usage is None and m.metadata is None \
-        and m.timestamp is None
+        and m.timestamp is None and (m.tool_calls is None or (bool(m.tool_calls) and all(c.id for c in m.tool_calls)))
 
 
 def plain_line(m: Message) -> dict[str, Any]:

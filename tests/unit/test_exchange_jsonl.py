@@ -107,3 +107,20 @@ def test_a_line_that_is_no_chat_message_is_refused_naming_it() -> None:
         assert str(exc).startswith("line 2: tool call 0 has no id")
     else:
         raise AssertionError("imported a tool call without its id")
+
+
+def test_what_a_push_accepts_comes_back_equal() -> None:
+    """Tool calls a push accepts whatever their spelling (an empty id, as some
+    OpenAI-compatible servers send, and an empty list) read back as they were stored: an
+    export ctxd wrote is never refused by its own import, nor changed by it."""
+    messages = [
+        Message(role="user", content="go"),
+        Message(role="assistant", content="",
+                tool_calls=[ToolCall(id="", function=FunctionCall(name="ls", arguments="{}"))]),
+        Message(role="tool", tool_call_id="", content="README.md"),
+        Message(role="assistant", content="done", tool_calls=[]),
+    ]
+    back = import_jsonl(export_jsonl(document(messages)))
+    assert [m.message for m in back.messages] == messages
+    for line in export_jsonl(document(messages)).splitlines():  # still a chat log
+        assert json.loads(line)["role"] in ROLES
