@@ -115,8 +115,6 @@ def setup_logging(level: str, verbose: int, log_file: str | None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # pygls logs whole message bodies at INFO; they are protocol traffic, not events.
-    logging.getLogger("pygls").setLevel(logging.WARNING if verbose < 3 else logging.DEBUG)
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 

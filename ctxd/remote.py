@@ -40,8 +40,8 @@ import msgspec
 from ctxd.client import DaemonUnavailable, check_peer, daemon_log_path, start_daemon
 from ctxd.config import Config
 from ctxd.ownership import PrivateFileError, read_private_file
-from ctxd.server.connection import Writer
 from ctxd.server.transports import open_stdio
+from ctxd.server.writer import Writer
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,7 @@
 """Stdio, Unix-socket and TCP accept loops; each accepted client becomes a Connection.
 
-pygls' own ``start_tcp`` serves a single client and has no Unix-socket transport, so
-the daemon accepts with asyncio and gives every connection its own protocol object:
-one client leaving, crashing or misbehaving never touches another.
+The daemon accepts with asyncio and gives every connection its own JSON-RPC endpoint
+(``connection.py``): one client leaving, crashing or misbehaving never touches another.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from ctxd.ownership import (
     read_private_file,
     writable_dir,
 )
-from ctxd.server.connection import Writer
+from ctxd.server.writer import Writer
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import pytest
 
 from ctxd.config import Config, DaemonConfig
 from ctxd.daemon import Daemon
-from ctxd.server import connection
+from ctxd.server import connection, jsonrpc
 from ctxd.service import ingest, sessions, turns
 from ctxd.service.core import Service
 from ctxd.service.turns import Turns
@@ -193,6 +193,7 @@ async def test_the_connection_tells_turns_which_requests_run(tmp_path: Path,
     t = RecordingTurns()
     monkeypatch.setattr(turns, "TURNS", t)
     monkeypatch.setattr(connection, "TURNS", t)
+    monkeypatch.setattr(jsonrpc, "TURNS", t)  # (the JSON-RPC core begins and ends requests)
     config = Config(daemon=DaemonConfig(data_dir=str(tmp_path / "data"), socket=str(tmp_path / "run" / "s.sock")))
     daemon = Daemon(config, unix=True)
     runner = asyncio.create_task(daemon.run())
