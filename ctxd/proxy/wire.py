@@ -163,26 +163,19 @@ class CoalescingBackend(httpcore.AsyncNetworkBackend):
         await self._backend.sleep(seconds)
 
 
-_ERRORS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
-    (httpcore.TimeoutException, httpx.TimeoutException), (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout), (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout), (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.ConnectError, httpx.ConnectError), (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError), (httpcore.ProxyError, httpx.ProxyError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol), (httpcore.ProtocolError, httpx.ProtocolError),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError))
-
-
 def httpx_error(exc: Exception) -> httpx.HTTPError | None:
-    """httpx's exception for one of httpcore's: the most specific that applies, as
-    ``httpx.AsyncHTTPTransport`` maps them (its mapping is not public); None for any
-    other exception."""
-    found: type[httpx.HTTPError] | None = None
-    for theirs, ours in _ERRORS:
-        if isinstance(exc, theirs) and (found is None or issubclass(ours, found)):
-            found = ours
-    return None if found is None else found(str(exc))
+    """httpx's exception for one of httpcore's, None for any other exception. The two
+    libraries document the same exception hierarchy under the same names (httpx's
+    ``ConnectError``, ``ReadTimeout``, ... are httpcore's, raised again), so the most
+    specific httpcore class whose name httpx also has gives it: a rule over both public
+    hierarchies, not a copy of the table inside httpx's own transport."""
+    for cls in type(exc).__mro__:
+        if cls.__module__.partition(".")[0] != "httpcore":
+            continue
+        ours = getattr(httpx, cls.__name__, None)
+        if isinstance(ours, type) and issubclass(ours, httpx.HTTPError):
+            return ours(str(exc))
+    return None
 
 
 class AnswerStream(httpx.AsyncByteStream):

@@ -176,6 +176,27 @@ async def test_the_upstream_transport_raises_httpx_errors() -> None:
     assert type(wire.httpx_error(httpcore.ConnectTimeout("x"))) is httpx.ConnectTimeout
 
 
+def test_every_httpcore_error_becomes_the_httpx_error_of_its_name() -> None:
+    """The rule holds for each of httpcore's public exceptions: the httpx class of the
+    same name when httpx has one (timeouts stay timeouts, network errors stay network
+    errors: what the proxy's 502/504 and retry decisions read), else None."""
+    public = [c for c in vars(httpcore).values() if isinstance(c, type) and issubclass(c, Exception)]
+    assert len(public) >= 14
+    for cls in public:
+        mapped = wire.httpx_error(cls("why"))
+        expected = getattr(httpx, cls.__name__, None)
+        if expected is None:
+            assert mapped is None, cls
+        else:
+            assert type(mapped) is expected and str(mapped) == "why", cls
+
+    class Subclass(httpcore.ReadTimeout):  # (a subclass httpcore may add: its nearest public name)
+        pass
+
+    assert type(wire.httpx_error(Subclass("x"))) is httpx.ReadTimeout
+    assert wire.httpx_error(httpx.ReadTimeout("already httpx's")) is None
+
+
 def test_the_event_loop_is_uvloop_when_installed() -> None:
     from ctxd.proxy.main import event_loop_factory
 
