@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -163,11 +162,11 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
         # own: the upstream's go back as they came.
         # Each response is written in one send (wire.py).
         protocol = wire.coalescing(gate.protocol(AutoHTTPProtocol))
-        _Server = _server_class()
-        server = _Server(uvicorn.Config(gate.wrap(build_app(proxy)), http=protocol,
+        server = uvicorn.Server(uvicorn.Config(gate.wrap(build_app(proxy)), http=protocol,
                                                log_level="warning", access_log=False,
                                                lifespan="off", timeout_graceful_shutdown=5, proxy_headers=False,
                                                server_header=False, date_header=False))
+        signals = _stop_on_signals(server)
         port = sock.getsockname()[1]
         print(f"ctxd proxy: listening on http://127.0.0.1:{port}", flush=True)
         # A daemon in this process stopped by ``daemon/stop`` (a socket client): the proxy stops too.
@@ -178,6 +177,8 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
             watch.cancel()
             await sessions.drain()  # replies pushed and not yet answered
             await link.close()  # (in process: the daemon's own stop path)
+            for sig in signals:
+                asyncio.get_running_loop().remove_signal_handler(sig)
     return 0
 
 
@@ -253,31 +254,22 @@ async def _exit_with_daemon(link: Any, server: Any) -> None:
     server.should_exit = True
 
 
-def _server_class() -> type:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, whose SIGTERM/SIGINT end serving and let :func:`_serve` finish
-        its shutdown (reply pushes, the daemon's stop path): uvicorn's own handling raises
-        the signal again once serving ends, which killed the process before that."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            loop = asyncio.get_running_loop()
-            installed = []
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
-                    loop.add_signal_handler(sig, self.handle_exit, sig, None)
-                    installed.append(sig)
-                except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
-                    pass
-            try:
-                yield
-            finally:
-                for sig in installed:
-                    loop.remove_signal_handler(sig)
-
-    return Server
+def _stop_on_signals(server: Any) -> list[int]:
+    """SIGTERM/SIGINT stop serving and let :func:`_serve` finish its shutdown (reply
+    pushes, the daemon's stop path), however many arrive. uvicorn's ``serve`` handles the
+    signals while it serves, then puts back the handlers it found and raises the signal
+    again for them (its "cooperative signal handling"): without handlers of ours that
+    second raise killed the process before the pushes were waited for. These, the event
+    loop's, are the ones it finds; they only ask the server to exit."""
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, setattr, server, "should_exit", True)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            pass
+    return installed
 
 
 if __name__ == "__main__":
