@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
-import gc
 import logging
 import os
 import stat
@@ -28,21 +27,7 @@ from typing import Any, TextIO
 from ctxd import __version__
 from ctxd.config import Config, ConfigError, load_config, parse_assignment
 from ctxd.ownership import foreign, owner
-
-GC_THRESHOLDS = (10_000, 10, 10)
-"""The cyclic garbage collector's thresholds in the daemon (Python's are 700, 10, 10). A
-push allocates thousands of objects, most freed by their reference counts within the
-request; collecting every 700 allocations scanned them (and the cached messages they were
-promoted beside) several times per push: ~5 of the ~65 µs of CPU a batch-pushed message
-cost (docs/performance.md, "Spine results"). What start-up imported is frozen out of
-every collection (``gc.freeze``): it lives as long as the process."""
-
-SWITCH_INTERVAL_SECONDS = 0.001
-"""How long a thread waiting for the interpreter lock waits before asking its holder to
-let go (Python's default is 5 ms). The daemon's event loop and its SQLite threads give
-the lock up at every system call and statement and must win it back each time: while
-threads decode and prepare a 168 MB push, a small push waited up to 5 ms per hop,
-hundreds of ms in all (docs/performance.md, "Fairness benchmark")."""
+from ctxd.tuning import tune_for_daemon
 
 
 def _port(text: str) -> int:
@@ -177,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     unix = args.socket is not None
     stdio = args.stdio or (not unix and args.tcp is None)
     daemon = Daemon(config, stdio=stdio, unix=unix, tcp_port=args.tcp)
-    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    gc.freeze()  # (see GC_THRESHOLDS)
-    gc.set_threshold(*GC_THRESHOLDS)
+    tune_for_daemon()
     try:
         return asyncio.run(daemon.run())
     except (StoreOpenError, TransportError, StartupError) as exc:

@@ -192,6 +192,7 @@ async def _link(config: Any, *, autostart: bool, config_file: str | None) -> Any
     from ctxd.client import DaemonUnavailable, try_connect_unix
     from ctxd.proxy.sessions import DaemonLink
     from ctxd.server.transports import TransportError
+    from ctxd.tuning import tune_for_daemon
 
     socket_path = Path(config.socket_path)
     log = logging.getLogger("ctxd.proxy")
@@ -222,7 +223,7 @@ async def _link(config: Any, *, autostart: bool, config_file: str | None) -> Any
                 log.warning("the data directory is used by the ctxd daemon on %s; the proxy uses it", other)
                 socket_path, autostart = other, False
             else:
-                _daemon_tuning()
+                tune_for_daemon()  # (the daemon's, in this process)
                 return link
     apart = DaemonLink(socket_path, connections=config.proxy.daemon_connections, autostart=autostart,
                        data_dir=config.daemon.data_dir or None, config_file=config_file)
@@ -231,18 +232,6 @@ async def _link(config: Any, *, autostart: bool, config_file: str | None) -> Any
     except DaemonUnavailable as exc:
         raise _LinkFailed(str(exc)) from None
     return apart
-
-
-def _daemon_tuning() -> None:
-    """The daemon's interpreter settings (``ctxd.__main__``: the garbage collector's
-    thresholds, the switch interval), for a daemon in this process."""
-    import gc
-
-    from ctxd.__main__ import GC_THRESHOLDS, SWITCH_INTERVAL_SECONDS
-
-    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def _exit_with_daemon(link: Any, server: Any) -> None:
