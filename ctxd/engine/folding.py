@@ -171,7 +171,7 @@ def plan_fold_users(ctx: ActiveContext, max_user_tokens: int,
     ``max_user_tokens`` (never the newest user message, nor pinned ones, nor the session's
     first user message: an agent's task stays verbatim while the prompt can hold it, and
     only the overflow policy, :func:`plan_fold`, folds it, last). With ``rank`` (a worth
-    per message text, higher first, as ``summarize.extractive.salience`` gives: salience
+    per message text, higher first, as ``summarize.salience.salience`` gives: salience
     per square root of its length), the ones worth least per token go first: the words
     kept verbatim are the ones that say most, and a long thin message folds rather than
     several short telling ones (the fewest that make room). Without it, the oldest."""

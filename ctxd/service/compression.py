@@ -688,7 +688,7 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     others = ctx.used - words
     goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
     goal = max(cap // 2, min(goal, _low_water(policy, budget) - others))
-    from ctxd.summarize.extractive import salience  # (with the first fold, not at start-up)
+    from ctxd.summarize.salience import salience  # (with the first fold, not at start-up)
 
     chosen = plan_fold_users(ctx, goal, rank=lambda texts: salience(texts, state.counter.count, ctx.goal_text))
     moved = sum(e.view_tokens for e in chosen)
@@ -704,7 +704,8 @@ async def _apply_fold(svc: Service, state: SessionState, ctx: ActiveContext, run
                       allowance: int, reason: str) -> None:
     """Fold ``chosen`` and say so (``context/overflow``, every time: which messages, the
     checkpoint that holds them, how to get them back)."""
-    from ctxd.summarize.extractive import salience, session_date_of  # (with the first fold, not at start-up)
+    from ctxd.summarize.chat import session_date_of  # (with the first fold, not at start-up)
+    from ctxd.summarize.salience import salience
 
     cache = svc.cache
     policy = cache.policy(state)

@@ -20,8 +20,8 @@ from ctxd.llm.base import BackendError, ChatBackend, ChatTurn
 from ctxd.llm.settings import BackendSettings
 from ctxd.protocol.message import Message
 from ctxd.summarize.base import Count, SummarizeError, SummaryRequest, SummaryResult
-from ctxd.summarize.extractive import MustSurvive, must_survive
 from ctxd.summarize.prompt import build_prompt, cut_middle, render_messages
+from ctxd.summarize.survive import MustSurvive, must_survive
 
 log = logging.getLogger("ctxd.summarize")
 

