@@ -325,27 +325,44 @@ def _copy_stats(stats: SessionStats) -> SessionStats:
     )
 
 
-def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tuple[Message, bytes, str | None]],
-               counts: list[MessageTokens], now: str, watermark_tools: tuple[str, ...],
-               shared: bool = False, staged: list[int] | None = None, clean: bool = False,
-               check_context: bool = False, between: Callable[[], object] | None = None) -> _Outcome:
-    """Runs on the writer thread inside the transaction; pure except for SQL. ``shared``:
-    another daemon may have pushed since this one read the session (the row is locked now;
-    :class:`StaleSession` if so, and the caller reloads and tries again). ``staged``: the
-    seqs whose rows a staged push already wrote (this is its last transaction: it writes
-    everything else). ``clean``: first remove rows an unfinished push may have left.
-    ``check_context``: also :class:`StaleSession` if another daemon changed the session's
-    context (a pin, goal, watermark, restore, a pass) since this one read it: the push
-    writes memory's context state and goal, and would undo that change. ``between``: called
-    between the rows a large push sends (PostgreSQL's COPY; ``Turns.step_aside``)."""
-    if clean:
+@dataclass(frozen=True, slots=True)
+class PushJob:
+    """One push's transaction as the writer runs it (:func:`_write_job`): the messages and
+    their counts, and how to check the session against what is stored."""
+
+    state: SessionState
+    prepared: list[tuple[Message, bytes, str | None]]
+    """Each message, its encoded body, its idempotency key (``prepare``)."""
+    counts: list[MessageTokens]
+    now: str
+    watermark_tools: tuple[str, ...]
+    shared: bool = False
+    """Another daemon may have pushed since this one read the session (the row is locked
+    then; :class:`StaleSession` if so, and the caller reloads and tries again)."""
+    staged: list[int] | None = None
+    """The seqs whose rows a staged push already wrote (this is its last transaction: it
+    writes everything else)."""
+    clean: bool = False
+    """First remove rows an unfinished push may have left."""
+    check_context: bool = False
+    """Also :class:`StaleSession` if another daemon changed the session's context (a pin,
+    goal, watermark, restore, a pass) since this one read it: the push writes memory's
+    context state and goal, and would undo that change."""
+    between: Callable[[], object] | None = None
+    """Called between the rows a large push sends (PostgreSQL's COPY; ``Turns.step_aside``)."""
+
+
+def _write_job(conn: sqlite3.Connection, job: PushJob) -> _Outcome:
+    """Runs on the writer thread inside the transaction; pure except for SQL."""
+    state, prepared, counts, now = job.state, job.prepared, job.counts, job.now
+    if job.clean:
         message_store.drop_unfinished(conn, state.id)
     keys = [key for _, _, key in prepared if key is not None]
-    head = session_store.read_for_push(conn, state.id, keys, context=check_context)
+    head = session_store.read_for_push(conn, state.id, keys, context=job.check_context)
     if head is None:
         raise session_not_found(state.id)
     last_seq, seen = head.last_seq, head.seen
-    if shared and last_seq != state.row.last_seq:
+    if job.shared and last_seq != state.row.last_seq:
         raise StaleSession(state.id)
     if head.context is not None and context_moved(state, decode_stored(head.context[0]).compression,
                                                   head.context[1]):
@@ -386,7 +403,7 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         results.append(PushedMessage(seq=last_seq, tokens=tokens.total))
     drift.history_context = history_context
     stats.add_messages(counted)
-    derived = _derive(state, watermark_tools, [(m.seq, m.message) for m in stored], now)
+    derived = _derive(state, job.watermark_tools, [(m.seq, m.message) for m in stored], now)
     title = None
     if state.row.title is None:
         title = next((t for t in (_title_of(m.message) for m in stored) if t), None)
@@ -400,13 +417,13 @@ def _write_job(conn: sqlite3.Connection, state: SessionState, prepared: list[tup
         figures=Figures(figures.system, figures.checkpoints, figures.pinned, figures.used + added_context,
                         figures.checkpoint_count),
     )
-    if staged is not None:
-        if [seq for seq, _ in to_insert] != staged:  # (cannot happen: the session lock was held throughout)
+    if job.staged is not None:
+        if [seq for seq, _ in to_insert] != job.staged:  # (cannot happen: the session lock was held throughout)
             raise CtxdError(ErrorCode.StorageError, f"session {state.id!r} changed while a large push was "
                                                     f"being written; nothing was stored, try again")
         message_store.end_staged(conn, state.id)
     elif to_insert:
-        message_store.insert_messages(conn, state.id, to_insert, between)
+        message_store.insert_messages(conn, state.id, to_insert, job.between)
     session_store.update_totals(conn, state.id, last_activity=now, added_messages=len(to_insert),
                                 added_tokens=added_tokens, context_tokens=new_state.figures.prompt,
                                 last_seq=last_seq, stats=stats, context_state=msgspec.json.encode(new_state))
@@ -423,11 +440,11 @@ PIPELINE_BYTES = 64 * 1024
 
 
 @pipeline_safe
-def _write_job_pipelined(conn: sqlite3.Connection, *args: object) -> _Outcome:
+def _write_job_pipelined(conn: sqlite3.Connection, job: PushJob) -> _Outcome:
     """:func:`_write_job` for a small push: on PostgreSQL the writer runs it in pipeline
     mode, waiting for the server where it reads (the session row, the keys) and at COMMIT,
     twice instead of seven times (``dialect.pipeline_safe``; SQLite ignores it)."""
-    return _write_job(conn, *args)  # type: ignore[arg-type]
+    return _write_job(conn, job)
 
 
 async def push(svc: Service, params: SessionPushParams) -> PushResult:
@@ -497,8 +514,9 @@ async def _write(svc: Service, state: SessionState, prepared: list[tuple[Message
             clean = state.unfinished
             # (A pass of this daemon mid-way: memory is ahead of what is stored, not behind.)
             check = shared and not state.compress_lock.locked()
-            outcome = await write(job, state, prepared, counts, now_iso(), watermark_tools, shared,
-                                  None, clean, check, turns.TURNS.step_aside if apart else None)
+            outcome = await write(job, PushJob(state, prepared, counts, now_iso(), watermark_tools, shared=shared,
+                                               clean=clean, check_context=check,
+                                               between=turns.TURNS.step_aside if apart else None))
             if clean:
                 state.unfinished = False
             return outcome
@@ -585,8 +603,8 @@ async def _write_staged(svc: Service, state: SessionState, prepared: list[tuple[
     svc.indexer.unfinished += len(rows)
     try:
         await write_stages(svc, state.id, stage_chunks(rows))
-        outcome = await svc.db.write(_write_job, state, prepared, counts, now, watermark_tools, False,
-                                     [seq for seq, _ in rows])
+        outcome = await svc.db.write(_write_job, PushJob(state, prepared, counts, now, watermark_tools,
+                                                         staged=[seq for seq, _ in rows]))
         state.unfinished = False
         return outcome
     except BaseException:
