@@ -9,7 +9,7 @@ answered only after the COMMIT returned, which is what "acknowledged" means.
 
 Jobs and reads are plain synchronous functions of a ``sqlite3.Connection``;
 ``store/sessions.py`` and ``store/messages.py`` hold them. Each connection lives on a
-thread of its own (``store/thread.py``, the standard library's ``sqlite3`` and
+thread of its own (``store/connection_thread.py``, the standard library's ``sqlite3`` and
 ``threading``), and a whole transaction is shipped to it as one call: one thread hop
 per transaction, not per statement (a push is three statements, and a hop costs more
 than the statement: measured 3.3x faster, see docs/decisions.md).
@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from ctxd.ownership import foreign, me, owner, writable_dir
 from ctxd.protocol.errors import CtxdError, ErrorCode
-from ctxd.store.thread import SqliteThread, ThreadClosed
+from ctxd.store.connection_thread import ConnectionThread, ThreadClosed
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Database:
     nothing to re-check."""
     # The checkpointer (see the module doc), started by open(); class defaults so that a
     # subclass with a writer of its own (PostgreSQL) has none.
-    _checkpointer: SqliteThread | None = None
+    _checkpointer: ConnectionThread[sqlite3.Connection] | None = None
     _checkpoint_due: asyncio.Event | None = None
     _checkpoint_task: asyncio.Task[None] | None = None
     checkpoints = 0
@@ -132,8 +132,9 @@ class Database:
         self.path = Path(path)
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
-        self._writer: SqliteThread | None = None
-        self._reader: SqliteThread | None = None
+        # (sqlite3 connections here; PostgresDatabase's are dialect.PgConn)
+        self._writer: ConnectionThread[Any] | None = None
+        self._reader: ConnectionThread[Any] | None = None
         self._queue: asyncio.Queue[_Job | None] = asyncio.Queue()
         self._writer_task: asyncio.Task[None] | None = None
         self.commits = 0
@@ -144,13 +145,13 @@ class Database:
     async def open(self) -> None:
         self._check_files()
         try:
-            self._writer = SqliteThread("ctxd-db-writer")
+            self._writer = ConnectionThread("ctxd-db-writer")
             await self._writer.open(self._connect)
             await self._writer.call(self._prepare_writer)
-            self._reader = SqliteThread("ctxd-db-reader")
+            self._reader = ConnectionThread("ctxd-db-reader")
             await self._reader.open(self._connect)
             await self._reader.call(self._prepare_reader)
-            self._checkpointer = SqliteThread("ctxd-db-checkpoint")
+            self._checkpointer = ConnectionThread("ctxd-db-checkpoint")
             await self._checkpointer.open(self._connect)
             await self._checkpointer.call(self._prepare_checkpointer)
         except StoreOpenError:

@@ -51,9 +51,9 @@ from psycopg import errors as pg_errors
 
 from ctxd.ownership import foreign
 from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.store.connection_thread import ConnectionThread, ThreadClosed
 from ctxd.store.db import REQUEST_CANCELLED, Database, StoreOpenError, _Job
 from ctxd.store.dialect import PgConn, is_pipeline_safe
-from ctxd.store.thread import SqliteThread, ThreadClosed
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +114,12 @@ class PostgresDatabase(Database):
         self.url = url
         self.password_file = password_file
         self.pool_size = pool_size
-        self._writer: SqliteThread | None = None
-        self._reader: SqliteThread | None = None
+        self._writer = None
+        self._reader = None
         self._queue: asyncio.Queue[_Job | None] = asyncio.Queue()
         self._writer_task: asyncio.Task[None] | None = None
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
-        self._apart: SqliteThread | None = None
+        self._apart: ConnectionThread[PgConn] | None = None
         """A second writer connection, for :meth:`write_apart` (opened when first needed)."""
         self._apart_lock = asyncio.Lock()
         self._broken = False
@@ -146,7 +146,7 @@ class PostgresDatabase(Database):
     async def open(self) -> None:
         kwargs = self.connect_kwargs()
         try:
-            self._writer = SqliteThread("ctxd-pg-writer")
+            self._writer = ConnectionThread("ctxd-pg-writer")
             await self._writer.open(partial(self._connect_with, kwargs))
             await self._writer.call(self._migrate)
             self._lz4 = await self._writer.call(self._prefer_lz4)
@@ -350,7 +350,7 @@ class PostgresDatabase(Database):
         job = _Job(fn, args, asyncio.get_running_loop().create_future())
         async with self._apart_lock:
             if self._apart is None:
-                apart = SqliteThread("ctxd-pg-writer-apart")
+                apart: ConnectionThread[PgConn] = ConnectionThread("ctxd-pg-writer-apart")
                 try:
                     await apart.open(partial(self._connect_with, self.connect_kwargs()))
                 except (psycopg.Error, StoreOpenError) as exc:

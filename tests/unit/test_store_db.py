@@ -1,6 +1,6 @@
 """The database layer in process: the single writer (group commit, one SAVEPOINT per
 job, answered after COMMIT, cancellation), the reader, opening and closing; the
-connections live on threads ctxd owns (``store/thread.py``)."""
+connections live on threads ctxd owns (``store/connection_thread.py``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.store.connection_thread import ConnectionThread, ThreadClosed
 from ctxd.store.db import REQUEST_CANCELLED, Database, StoreOpenError, schema_version
-from ctxd.store.thread import SqliteThread, ThreadClosed
 
 
 def _make_table(conn: sqlite3.Connection) -> None:
@@ -250,8 +250,8 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         await Database(path).open()
 
 
-async def test_sqlite_thread_runs_calls_in_order_and_closes(tmp_path: Path) -> None:
-    thread = SqliteThread("test-sqlite")
+async def test_a_connection_thread_runs_calls_in_order_and_closes(tmp_path: Path) -> None:
+    thread = ConnectionThread("test-sqlite")
     await thread.open(lambda: sqlite3.connect(tmp_path / "x.db", isolation_level=None))
     order: list[int] = []
     await asyncio.gather(*(thread.call(lambda c, i=i: order.append(i)) for i in range(20)))

@@ -1,27 +1,34 @@
-"""One ``sqlite3`` connection on a thread of its own, driven from asyncio.
+"""A blocking database connection on a thread of its own, driven from asyncio: SQLite's
+(``sqlite3``: the writer, the reader, the checkpointer of ``db.py``) and PostgreSQL's
+(psycopg: the writers of ``postgres.py``) alike.
 
-A ``sqlite3.Connection`` blocks while it works, so each of the database's two
-connections (the writer and the reader) lives on its own thread, and the event loop
-hands it work: :meth:`SqliteThread.call` queues ``fn(conn, *args)`` and resolves with
-its result (or exception) once the thread ran it. Calls run one at a time, in the
-order queued, always on the thread that opened the connection. A whole transaction
-is one call, so it costs one thread hop however many statements it runs.
+A DB-API connection blocks while it works, so each lives on its own thread and the
+event loop hands it work: :meth:`ConnectionThread.call` queues ``fn(conn, *args)`` and
+resolves with its result (or exception) once the thread ran it. Calls run one at a time,
+in the order queued, always on the thread that opened the connection (neither library's
+connection may be used from two threads at once). A whole transaction is one call, so
+it costs one thread hop however many statements it runs.
 
-This is the standard library only (``threading``, ``queue``, ``sqlite3``); ctxd owns
-this layer rather than reaching into a wrapper's private calls (see docs/decisions.md,
-"Wire and storage").
+This is the standard library only (``threading``, ``queue``); ctxd owns this layer
+rather than reaching into a wrapper's private calls (docs/decisions.md, "Foundations").
 """
 
 from __future__ import annotations
 
 import asyncio
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
 
 T = TypeVar("T")
+C = TypeVar("C", bound=Closable)
+"""The connection's type: ``sqlite3.Connection``, or ``dialect.PgConn``."""
 
 _Item = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any] | None"]
 
@@ -39,17 +46,17 @@ def _resolve(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
         future.set_exception(value)
 
 
-class SqliteThread:
-    """A ``sqlite3.Connection`` opened, used and closed on one dedicated thread."""
+class ConnectionThread(Generic[C]):
+    """A database connection opened, used and closed on one dedicated thread."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._conn: C | None = None
         self._stopped = False
 
-    async def open(self, connect: Callable[[], Any]) -> None:
+    async def open(self, connect: Callable[[], C]) -> None:
         """Start the thread and open the connection on it with ``connect()``."""
         assert self._thread is None, "already opened"
         # A daemon thread: one the loop forgot to close must not keep the process alive
@@ -59,7 +66,7 @@ class SqliteThread:
         self._thread.start()
         await self._submit(self._connect, (connect,))
 
-    def _connect(self, connect: Callable[[], sqlite3.Connection]) -> None:
+    def _connect(self, connect: Callable[[], C]) -> None:
         self._conn = connect()
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
