@@ -108,18 +108,18 @@ class LimitsConfig(_Section):
 
 
 class BudgetConfig(_Section):
-    """The dynamic budget (seeds 000, 001, 004)."""
+    """The dynamic budget: what a prompt may take of the window, and when to compress."""
 
     default_context_window: int = 8192
     """Window for a model ctxd does not know, when the session gives none."""
     usable_fraction: float = 0.85
     """Share of the window a prompt plus its reply may use with a local runtime or an unknown
-    model (seed 000's Ollama 85%, which leaves the runtime its headroom)."""
+    model (85%, which leaves a local runtime such as Ollama its headroom)."""
     hosted_usable_fraction: float = 1.0
     """The same for hosted APIs (provider openai/anthropic/google, or a gpt/o-series/claude/gemini
-    model), whose windows are exact (seed 004: window minus reserved output)."""
+    model), whose windows are exact (usable context: the window minus the reserved output)."""
     reserved_output_cap: int = 32_000
-    """Most tokens reserved for the reply when taken from the model's output limit (seed 004).
+    """Most tokens reserved for the reply when taken from the model's output limit (coding agents' 32k).
     A session's own ``settings.outputTokens`` (the client's ``max_tokens`` through ``ctxd
     proxy``) is reserved as given, up to a quarter of the window."""
     reserved_output_fraction: float = 0.125
@@ -127,13 +127,13 @@ class BudgetConfig(_Section):
     safety_margin_fraction: float = 0.02
     """Extra headroom kept free of conversation, as a share of the window."""
     trigger_fraction: float = 0.97
-    """Compress when the conversation passes this share of the available budget (seed 000 says
-    80%; 97% with an 82% low-water mark keeps the prompt fuller and still compresses in
+    """Compress when the conversation passes this share of the available budget (the
+    checkpoint-ageing design says 80%; 97% with an 82% low-water mark keeps the prompt fuller and still compresses in
     steps of 15% of it, see docs/decisions.md)."""
 
 
 class CompressionConfig(_Section):
-    """What is compressed, when, and how (seeds 000, 001, 002, 004)."""
+    """What is compressed, when, and how: pruning, the watermark, summary checkpoints."""
 
     auto: bool = True
     """Compress automatically when a session passes its trigger. ``false`` is always honoured:
@@ -154,9 +154,9 @@ class CompressionConfig(_Section):
     """Automatic compression waits until the conversation grew by this share of the available
     budget since the last one (no compaction loops)."""
     prune_minimum: int = 20_000
-    """Tool-output pruning needs at least this many tokens of tool output (seed 004)..."""
+    """Tool-output pruning needs at least this many tokens of tool output (layer 1 of three-layer compaction)..."""
     prune_protect: int = 40_000
-    """...and protects the newest this many tokens of it (seed 004)."""
+    """...and protects the newest this many tokens of it."""
     prune_minimum_fraction: float = 0.25
     """For small windows the minimum is at most this share of the available budget."""
     prune_protect_fraction: float = 0.5
@@ -165,7 +165,7 @@ class CompressionConfig(_Section):
     """Tools whose outputs are never pruned."""
     watermark_tools: list[str] = msgspec.field(
         default_factory=lambda: ["compress_to_checkpoint", "deactivate_augments"])
-    """Tool calls that set the watermark (seed 002); ``mcp__x__name`` matches ``name``."""
+    """Tool calls that set the watermark (stateful watermarking); ``mcp__x__name`` matches ``name``."""
     max_checkpoints: int = 4
     """More summary checkpoints than this and the two oldest merge into one."""
     fold_share: float = 0.12
@@ -219,7 +219,7 @@ class SummarizerConfig(_Section):
 
 
 class SnapshotsConfig(_Section):
-    """Rollback points of the active context (seed 003)."""
+    """Rollback points of the active context."""
 
     auto: bool = True
     """Take snapshots automatically (at the threshold, and before a compression)."""

@@ -94,7 +94,7 @@ def search(ctx: click.Context, query: str, session_id: str | None, limit: int, r
                 f"({elapsed_ms:.0f} ms with the round trip)")
 
 
-sessions.alias("search", search)  # seed 003 says ``sessions search``
+sessions.alias("search", search)  # the name other chat CLIs give it
 
 
 def _marker(record: dict[str, Any]) -> render.Rule:

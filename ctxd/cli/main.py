@@ -421,7 +421,7 @@ class CtxdGroup(click.Group):
 
 class AliasGroup(click.Group):
     """A group that also answers to other names for some commands, without listing
-    them in ``--help`` (``sessions view`` for ``sessions show``, as seed 003 calls it)."""
+    them in ``--help`` (``sessions view`` for ``sessions show``, a name users of other CLIs type)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -319,7 +319,7 @@ def show(ctx: click.Context, session_id: str) -> None:
                      title=f"Snapshots ({len(snapshots)}, newest first)")
 
 
-sessions.alias("view", show)  # seed 003 says ``sessions view``
+sessions.alias("view", show)  # the name other chat CLIs give it
 
 
 @sessions.command("delete")

@@ -1,5 +1,5 @@
-"""The dynamic budget (seed 000 "Dynamic Budget Calculation", seed 001 "When
-Compression Triggers", seed 004 "usable context"), as one pure function.
+"""The dynamic budget (the room left once the system part and the checkpoints are paid
+for, when compression triggers, the usable context), as one pure function.
 
     usable          = floor(window * usable_fraction)
     max_prompt      = (usable - reserved_output - token_overhead) / token_ratio
@@ -7,8 +7,8 @@ Compression Triggers", seed 004 "usable context"), as one pure function.
                       - system - pinned - checkpoints
     trigger_at      = floor(available * trigger_fraction)
 
-Seed 000's 8K example is ``usable_fraction=0.85`` of 8000 with nothing reserved
-(6800 - 500 = 6300, trigger 5040); seed 001's is 8192 with 1000 reserved for the
+The checkpoint-ageing design's 8K example is ``usable_fraction=0.85`` of 8000 with nothing reserved
+(6800 - 500 = 6300, trigger 5040); the six-stage design's is 8192 with 1000 reserved for the
 reply and a 1000 margin (6963 - 500 - 1000 - 1000 = 4463, trigger at 0.75: 3347).
 Both are tests in tests/unit/test_engine_budget.py.
 """
@@ -43,8 +43,8 @@ MAX_RESERVED_SHARE = 0.25
 def reserved_output(window: int, output_limit: int | None, policy: BudgetPolicy) -> int:
     """Tokens kept for the reply. The session's own ``output_tokens`` when set (what the
     client asks the provider for, so prompt + reply fits the window), not capped by
-    ``reserved_output_cap``, which bounds a guess from the model, not a request. Else seed
-    004: the model's output limit, capped (32k). Either is held to a quarter of the window,
+    ``reserved_output_cap``, which bounds a guess from the model, not a request. Else
+    the model's output limit, capped (32k, as coding agents reserve). Either is held to a quarter of the window,
     so a huge ``max_tokens`` cannot leave the prompt no room. For a model whose limit is
     unknown, ``reserved_output_fraction`` of the window."""
     if policy.output_tokens is not None:

@@ -1,5 +1,5 @@
-"""Checkpoints: how they read in the prompt, and how they age and merge (seed 000
-"Checkpoint Aging", seed 001 "Progressive Compression").
+"""Checkpoints: how they read in the prompt, and how they age and merge
+(checkpoint ageing: progressive compression).
 
 Each new compression ages the older summary checkpoints one level down
 (detailed -> moderate -> compact); when more than ``max_checkpoints`` remain, the two
@@ -95,7 +95,7 @@ def ageable(cp: Checkpoint) -> bool:
 
 
 def plan_aging(checkpoints: list[Checkpoint], max_prompt: int, share: float | None = None) -> list[AgeStep]:
-    """One level down for the summary checkpoints above ``compact``: every one (seed 000),
+    """One level down for the summary checkpoints above ``compact``: every one (plain ageing),
     or with ``share``, only the oldest as far as needed to bring the summaries within
     that share of the largest prompt (ageing makes room; it is not a ritual)."""
     steps = []
@@ -146,7 +146,7 @@ def plan_merge(checkpoints: list[Checkpoint], max_checkpoints: int, max_prompt: 
     """Merge the two oldest summary checkpoints when there are too many. With ``share``
     the merged one may keep what the summaries' share of the prompt still has room for
     (a merge made because of their number need not forget; ageing shrinks them when
-    they take too much); without it, seed 000's ultra size."""
+    they take too much); without it, the ultra size (~400 tokens at 8K)."""
     summaries = [cp for cp in checkpoints if cp.kind == "summary"]
     if len(summaries) <= max_checkpoints:
         return None

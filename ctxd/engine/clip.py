@@ -4,7 +4,7 @@ A recent tool output can be larger than everything the prompt may hold (``cat bi
 in a 4K window). Pruning would replace it with a placeholder, and the model would lose
 what it just asked for; truncation cannot cut between a call and its result. Instead it
 is sent as its head and tail with a line saying what was left out, within a token limit
-(seed 004's "truncate large outputs", applied to the view only: history keeps it whole).
+("truncate large outputs", applied to the view only: history keeps it whole).
 """
 
 from __future__ import annotations

@@ -255,7 +255,7 @@ def retire_markers(ctx: ActiveContext) -> None:
 
 
 def _strip_tool_blocks(message: Message) -> Message | None:
-    """Seed 002's block filter: tool_use/tool_result blocks out, conversation in."""
+    """The watermark's block filter: tool_use/tool_result blocks out, conversation in."""
     if message.role == "tool":
         return None
     content = message.content

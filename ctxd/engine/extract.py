@@ -1,8 +1,8 @@
 """Structured facts pulled out of messages: files changed, tools, decisions, errors, next steps.
 
 A checkpoint keeps these next to its summary so that what matters most survives even a
-poor summary (seed 004's "structured extraction", seed 000's artifact and decision
-markers). Pure and fast: it runs on every compression over everything being compressed,
+poor summary (structured extraction, and the goal markers for artifacts and
+decisions). Pure and fast: it runs on every compression over everything being compressed,
 so the bulk of the text (tool results, often whole files) is only touched by plain
 substring searches, and the regexes run on short lines and short prose.
 

@@ -1,4 +1,4 @@
-"""Goal state (seed 000 "Goal-Aware Compression"): markers, updates, and the goal block.
+"""Goal state (goal-aware compression): markers, updates, and the goal block.
 
 The goal block is part of the system prompt and never compressed: the goal, its
 milestones, every locked and architecture decision, artifacts and next steps. To keep
@@ -72,7 +72,7 @@ def _outside_fences(text: str) -> str:
 
 
 def parse_markers(message: Message, seq: int | None = None) -> Markers:
-    """Goal markers in an assistant message's text (seed 000 "Goal Markers")."""
+    """Goal markers (``[GOAL]``, ``[DECISION]``, ...) in an assistant message's text."""
     markers = Markers()
     if message.role != "assistant":
         return markers
@@ -164,7 +164,7 @@ def apply_markers(goal: Goal | None, markers: Markers, now: str) -> Goal | None:
         previous = goal
         goal = new_goal(markers.goal, now)
         if previous is not None:
-            # A new goal never loses a locked or architecture decision (seed 000).
+            # A new goal never loses a locked or architecture decision (goal preservation).
             goal.decisions = [d for d in previous.decisions if d.locked or d.architecture]
     elif goal is None:
         goal = new_goal("(goal not stated)", now)
@@ -186,7 +186,7 @@ _STEP_MARK = {"completed": "done", "in-progress": "in progress", "pending": "pen
 
 
 def render_goal(goal: Goal | None) -> str | None:
-    """The goal block of the system prompt (seed 000 "Context Structure with Goals")."""
+    """The goal block of the system prompt, ahead of the checkpoints."""
     if goal is None:
         return None
     lines = ["## Active goal (kept verbatim by ctxd; never compressed)",

@@ -1,4 +1,4 @@
-"""Layer 3: the stages of a compression (seed 001 "Compression Process"), as pure
+"""Layer 3: the six stages of a compression, as pure
 functions. The service runs them in order, calling the summarizer between
 preparation and checkpoint creation:
 
@@ -6,7 +6,7 @@ preparation and checkpoint creation:
                               cut only where no tool call is separated from its result
     preparation (15-25%)      level by size, target size per level
     summarization (25-70%)    (the service: summarizer chain, with its own window)
-    checkpoint (70-80%)       the checkpoint record, with extracted facts (seed 004)
+    checkpoint (70-80%)       the checkpoint record, with extracted facts
     update (80-90%)           boundary forward, checkpoint in, user words kept
     validation (90-100%)      the summary must be smaller than what it replaces, and
                               the prompt must fit
@@ -193,7 +193,7 @@ def prepare(selection: Selection, budget: Budget) -> Selection:
 
 def make_checkpoint(selection: Selection, summary: str, summarizer: str, *, now: str, number: int,
                     count: Callable[[str], int], kind: str = "summary") -> Checkpoint:
-    """Stage 4: the checkpoint record, with seed 004's structured extraction."""
+    """Stage 4: the checkpoint record, with structured extraction (files, decisions, errors...)."""
     from ctxd.engine.extract import extract  # its regexes compile on first use, not at start-up
 
     facts = extract(selection.summary_input())

@@ -17,10 +17,10 @@ class CompressionPolicy:
     auto: bool = True
     strategy: str = "summarize"
     """``summarize`` (checkpoints by summary) or ``truncate`` (checkpoints that only say
-    what was dropped; seed 000's ``strategy``)."""
+    what was dropped)."""
     overflow_policy: str = "fold"
     keep_recent: int = 5
-    """Newest messages never summarized (seed 001 stage 1): a floor, not the target."""
+    """Newest messages never summarized (the identification stage): a floor, not the target."""
     recent_share: float = 0.5
     """At most this share of the available budget is protected as 'recent'."""
     low_water_fraction: float = 0.7
@@ -36,7 +36,7 @@ class CompressionPolicy:
     protected_tools: tuple[str, ...] = ()
     watermark_tools: tuple[str, ...] = ("compress_to_checkpoint", "deactivate_augments")
     max_checkpoints: int = 4
-    """More summary checkpoints than this and the two oldest merge (seed 000 "Ultra")."""
+    """More summary checkpoints than this and the two oldest merge (into an "ultra" one)."""
     fold_share: float = 0.25
     """Folded user words may take this share of the prompt at most."""
     checkpoint_share: float = 0.25
@@ -51,7 +51,7 @@ class CompressionPolicy:
     "warning" first, and "critical" only when a pass could not keep up."""
 
     def prune_thresholds(self, available: int) -> tuple[int, int]:
-        """(minimum, protect) for pruning: seed 004's 20k/40k, scaled down for windows
+        """(minimum, protect) for pruning: 20k/40k (three-layer compaction's), scaled down for windows
         where those absolute figures would never apply."""
         minimum = min(self.prune_minimum, math.ceil(available * self.prune_minimum_fraction))
         protect = min(self.prune_protect, math.ceil(available * self.prune_protect_fraction))
@@ -59,8 +59,8 @@ class CompressionPolicy:
 
 
 # Level targets: (share of the input it summarizes, share of the largest prompt it may take).
-# Seed 000: a new checkpoint is 50-70% compressed; ageing compresses to 60%, then 50%,
-# and merged checkpoints to 40%; seed 000's 8K figures (~2000/1200/800/400) are these caps.
+# Checkpoint ageing: a new checkpoint is 50-70% compressed; ageing compresses to 60%, then
+# 50%, and merged checkpoints to 40%; its 8K figures (~2000/1200/800/400) are these caps.
 LEVEL_RATIO = {"detailed": 0.40, "moderate": 0.60, "compact": 0.50, "ultra": 0.40}
 LEVEL_CAP = {"detailed": 0.25, "moderate": 0.15, "compact": 0.08, "ultra": 0.05}
 MIN_TARGET = 48
@@ -73,7 +73,7 @@ def target_tokens(level: str, input_tokens: int, max_prompt: int) -> int:
 
 
 def initial_level(input_tokens: int, max_prompt: int) -> str:
-    """Seed 001 stage 2 "level by size", its 2000/3000-token bounds scaled to the window
+    """The preparation stage's "level by size", its 2000/3000-token bounds scaled to the window
     (they are a third and a half of an 8K prompt)."""
     if input_tokens > max_prompt * 0.5:
         return "compact"

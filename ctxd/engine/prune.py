@@ -1,4 +1,4 @@
-"""Layer 1: tool-output pruning (seed 004 layer 1, opencode's prune). Free, no LLM.
+"""Layer 1: tool-output pruning (three-layer compaction's first layer, opencode's prune). Free, no LLM.
 
 Walking back from the newest message, tool outputs are protected until they add up to
 ``protect`` tokens (the newest always, whatever its size); every older output is replaced by

@@ -1,4 +1,4 @@
-"""The reliability score (seed 000 "Reliability Tracking").
+"""The reliability score: how far a compressed conversation can still be trusted.
 
     score = model_factor x compression_penalty x context_confidence
 
@@ -7,12 +7,12 @@
   7B 0.50, smaller 0.30. Hosted frontier models (gpt-4*, gpt-5, o-series, claude,
   gemini) count as 70B+; a model whose size cannot be told counts as 13B (0.70).
 - compression penalty: 15% per compression, never below 30%.
-- context confidence (the seed leaves it open): 1.0 while the prompt is within the
+- context confidence (ctxd's own measure): 1.0 while the prompt is within the
   compression trigger, falling linearly to 0.7 as it reaches the largest prompt that
   may be sent; times 0.85 once anything was truncated or folded.
 
 The level follows the score, except that a session nothing was compressed out of is
-never ``critical`` (at worst ``low``): what the seed's critical advice says, start a
+never ``critical`` (at worst ``low``): what the critical level advises, start a
 new conversation, cannot help a conversation that is still whole.
 """
 

@@ -26,7 +26,7 @@ class Decision:
 
 
 def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy) -> Decision:
-    """Whether automatic compression should run now (seed 000: at 80% of available)."""
+    """Whether automatic compression should run now (past the trigger, within the loop guard)."""
     fits = budget.prompt_tokens <= budget.max_prompt_tokens
     if budget.used <= budget.trigger_at and fits:
         return Decision(False, "below the trigger")

@@ -1,12 +1,12 @@
-"""Layer 2: watermark filtering of tool blocks (seed 002, nisaba's proxy).
+"""Layer 2: watermark filtering of tool blocks (stateful watermarking, as nisaba's proxy does).
 
 A checkpoint tool call (``compress_to_checkpoint``, ``deactivate_augments``, or any
 configured name, MCP prefixes included) or an explicit ``context/watermark`` request
 sets the watermark. Before it, tool_use/tool_result blocks (and OpenAI tool calls and
 tool messages) are not sent; conversational text is; messages left empty are dropped.
 At and after it, everything is sent unchanged. The watermark only moves forward and
-is stored with the session, so it survives restarts (seed 002's wished-for
-"Watermark Persistence").
+is stored with the session, so it survives restarts (the persistence that
+design wished for).
 """
 
 from __future__ import annotations

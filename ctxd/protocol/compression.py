@@ -46,8 +46,8 @@ def merge_ranges(*groups: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 class Checkpoint(msgspec.Struct, rename="camel", omit_defaults=True):
-    """A compressed stretch of conversation (seed 000 "Checkpoint Structure", seed 004
-    "ConversationSummary"). ``messageRanges`` are the history messages it stands for, as
+    """A compressed stretch of conversation: its summary with the facts extracted from
+    it (decisions, files, next steps). ``messageRanges`` are the history messages it stands for, as
     inclusive runs of sequence numbers; ``checkpoint/expand`` returns those messages whole.
     A summary covers the user's messages it read too (their words also stay in the prompt,
     verbatim); a truncation notice covers only what was left out; pinned and system
@@ -183,7 +183,7 @@ class PinResult(msgspec.Struct, rename="camel"):
 
 
 class Reliability(msgspec.Struct, rename="camel"):
-    """Seed 000's reliability score: model size x compression penalty x context confidence."""
+    """The reliability score: model size x compression penalty x context confidence."""
 
     score: float
     level: ReliabilityLevel
@@ -199,7 +199,7 @@ class Reliability(msgspec.Struct, rename="camel"):
 
 
 class CompressingNotification(msgspec.Struct, rename="camel", omit_defaults=True):
-    """``context/compressing``: a compression stage started (seed 001's six stages)."""
+    """``context/compressing``: a compression stage started (one of six, in order)."""
 
     session_id: str
     stage: Literal["identification", "preparation", "summarization", "checkpoint", "update",

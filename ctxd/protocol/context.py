@@ -14,7 +14,7 @@ PromptFormat = Literal["openai", "anthropic", "ollama"]
 
 
 class Budget(msgspec.Struct, rename="camel"):
-    """The dynamic budget of seeds 000/001/004, in tokens.
+    """The dynamic budget, in tokens.
 
     ``usable = contextWindow * usableFraction``; a prompt never exceeds
     ``maxPromptTokens = usable - reservedOutput``. ``reservedOutput`` is kept for the reply:

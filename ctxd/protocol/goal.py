@@ -1,4 +1,4 @@
-"""Goals (seed 000 "Goal-Aware Compression"): what the session is working toward.
+"""Goals (goal-aware compression): what the session is working toward.
 
 The active goal, its checkpoints, locked and architecture decisions, artifacts and next
 steps are rendered into the prompt's system part and are never compressed. They are

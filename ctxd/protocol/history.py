@@ -1,4 +1,4 @@
-"""Full history, search, export/import and retention (seed 003)."""
+"""Full history, search, export/import and retention: what was pushed, never compressed."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ notification("context/threshold", compression.ThresholdNotification,
 notification("context/overflow", compression.OverflowNotification,
              "What is never compressed no longer fits; the overflow policy is applied.")
 notification("context/reliability", compression.ReliabilityNotification,
-             "The reliability level changed (with the seed's recommendations).")
+             "The reliability level changed (with what to do about it).")
 notification("$/progress", compression.ProgressParams,
              "LSP progress of a request that carried a `workDoneToken`.")
 

@@ -1,4 +1,4 @@
-"""Snapshots (seed 003): the active context at a point in time, for rollback.
+"""Snapshots: the active context at a point in time, for rollback.
 
 A snapshot records what the active context was (its state, checkpoints, goal and
 figures) and refers to history by sequence number; history is append-only, so the
@@ -63,7 +63,7 @@ class SnapshotMessage(msgspec.Struct, rename="camel", omit_defaults=True):
 
 
 class SnapshotContent(msgspec.Struct, rename="camel", omit_defaults=True):
-    """Seed 003's snapshot: every user message in full, the other messages of the active
+    """A snapshot's content: every user message in full, the other messages of the active
     context, checkpoints, goal, reasoning (thinking blocks travel with their messages),
     the watermark, and the metadata."""
 

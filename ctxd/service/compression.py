@@ -4,7 +4,7 @@ One pass, cheapest layer first:
 
 1. tool-output pruning (free); enough on its own when it brings the conversation
    down to the low-water mark;
-2. summarization of the oldest turns into a checkpoint (seed 001's stages, reported
+2. summarization of the oldest turns into a checkpoint (the six stages, reported
    as ``context/compressing`` and ``$/progress``), falling back from the LLM to the
    extractive summarizer to truncation, so a pass always ends with a smaller prompt;
 3. ageing of older checkpoints and merging of the oldest;
@@ -113,7 +113,7 @@ async def _before_change(svc: Service, state: SessionState, run: _Pass) -> None:
 
 
 class _Stages:
-    """Seed 001's stages as ``context/compressing`` notifications and ``$/progress``."""
+    """The six stages as ``context/compressing`` notifications and ``$/progress``."""
 
     def __init__(self, svc: Service, state: SessionState, progress: Progress) -> None:
         self.svc, self.state, self.progress = svc, state, progress
@@ -397,7 +397,7 @@ async def _resummarize(svc: Service, state: SessionState, run: _Pass, texts: lis
 
 async def _age_and_merge(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, exclude: str,
                          share: float | None = None) -> None:
-    """Seed 000's ageing, when the checkpoints take more than their share: older
+    """Checkpoint ageing, when the checkpoints take more than their share: older
     checkpoints one level down, oldest first; then the oldest merged."""
     cache = svc.cache
     count = state.counter.count

@@ -40,7 +40,7 @@ async def set_goal(svc: Service, params: GoalSetParams) -> GoalResult:
     async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
         goal = new_goal(params.description.strip(), now_iso(), params.priority)
         if state.row.goal is not None:
-            # A new goal never loses a locked or architecture decision (seed 000).
+            # A new goal never loses a locked or architecture decision (goal preservation).
             goal.decisions = [d for d in state.row.goal.decisions if d.locked or d.architecture]
         merge_checkpoints(goal, params.checkpoints)
         merge_decisions(goal, params.decisions)

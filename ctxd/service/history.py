@@ -1,7 +1,7 @@
 """Full history and search: ``session/history``, ``session/search``, ``history/search``.
 
 History is every message as pushed, whatever compression did to the active context
-(seed 003's core principle); each entry says where it stands now (sent, kept
+(compression changes what is sent, never what is stored); each entry says where it stands now (sent, kept
 verbatim behind the boundary, compressed into a checkpoint, or rolled back by a
 restore).
 """

@@ -150,7 +150,7 @@ async def update_session(svc: Service, params: SessionUpdateParams) -> SessionIn
                                      context_window=row.context_window, system_prompt=row.system_prompt,
                                      system_tokens=row.system_tokens, context_state=encoded,
                                      context_tokens=row.context_tokens)
-                # A mode transition (seed 003's modeHistory): recorded in the session's history.
+                # A mode transition (a model or settings change): recorded in the session's history.
                 snapshot_store.add_event(conn, state.id, now_iso(), "settings", row.last_seq, changes)  # type: ignore[arg-type]
 
             await svc.db.write(job)

@@ -150,7 +150,7 @@ async def _row(svc: Service, state: SessionState, snapshot_id: str) -> SnapshotR
 
 
 async def get(svc: Service, params: SnapshotRef) -> SnapshotContent:
-    """Seed 003's snapshot content, materialised from history (which never changes)."""
+    """A snapshot's content, materialised from history (which never changes)."""
     state = await svc.cache.get(params.session_id)
     snap = await _row(svc, state, params.snapshot_id)
     stored = decode_stored(snap.state).compression

@@ -112,7 +112,7 @@ HOSTED_MODELS = ("gpt-", "o1", "o3", "o4", "chatgpt", "claude", "gemini")
 
 
 def is_hosted(row: SessionRow) -> bool:
-    """A hosted API (exact windows) rather than a local runtime (seed 000's 85% headroom)."""
+    """A hosted API (exact windows) rather than a local runtime (85%: its headroom)."""
     provider = (row.provider or "").lower()
     if provider:
         return provider in HOSTED_PROVIDERS

@@ -27,7 +27,7 @@ LEVELS: tuple[Level, ...] = ("detailed", "moderate", "compact", "ultra")
 class SummaryRequest(msgspec.Struct, kw_only=True):
     """What to summarize and how small the result must be.
 
-    ``goal`` is an already rendered goal block (seed 000's goal-aware prompt); ``focus``
+    ``goal`` is an already rendered goal block (goal-aware summarization); ``focus``
     is the user's steering text (like ``/compact <focus>``).
     """
 

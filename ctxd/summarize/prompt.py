@@ -1,10 +1,10 @@
 """The summarization prompt: pure, deterministic text building.
 
-It merges the seeds' prompts: the level instruction and size target of the 6-stage
-pipeline (seed 001), the goal-aware PRESERVE / SUMMARIZE AGGRESSIVELY lists (seed 000),
-and the continuation-prompt framing (seed 004: accomplished, current work, files,
-next steps, decisions). Decisions, artifacts and next steps are asked for as seed
-000's ``[DECISION]`` / ``[ARTIFACT]`` / ``[NEXT]`` markers inside the headings, so the
+It merges three designs' prompts: the level instruction and size target of the
+six-stage compression pipeline, the PRESERVE / SUMMARIZE AGGRESSIVELY lists of
+goal-aware compression, and the continuation-prompt framing of three-layer compaction
+(accomplished, current work, files, next steps, decisions). Decisions, artifacts and
+next steps are asked for as goal markers (``[DECISION]`` / ``[ARTIFACT]`` / ``[NEXT]``) inside the headings, so the
 engine's extraction can read them back out of a summary when it ages.
 
 Messages are rendered one per block as ``ROLE: text``; tool calls become

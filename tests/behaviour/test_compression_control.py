@@ -37,7 +37,7 @@ CONTEXT_OVERFLOW = -33010
 CHECKPOINT_NOT_FOUND = -33013
 MESSAGE_NOT_FOUND = -33014
 INVALID_PARAMS = -32602
-# Seed 001's stages and their percentages (ctxd adds checkpoint ageing at 95%).
+# The six stages and their percentages (ctxd adds checkpoint ageing at 95%).
 STAGES = {"identification": 0, "preparation": 15, "summarization": 25, "checkpoint": 70, "update": 80,
           "aging": 85, "validation": 90}
 

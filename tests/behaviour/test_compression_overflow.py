@@ -147,7 +147,7 @@ async def test_user_heavy_chat_does_not_compress_every_turn():
         notes = conn.of("context/overflow")
         assert notes and all(n["reason"] == "user_share" and n["foldedSeqs"] for n in notes)
         assert len(notes) == sum(r.note["layers"].count("fold") for r in runs)  # one per fold
-        # Seed 000's loop guard holds on every pass, the ones the user's words force
+        # The loop guard holds on every pass, the ones the user's words force
         # included: each pass waits for a tenth of the available budget of new conversation.
         for prev, nxt in zip(runs, runs[1:]):
             grew = nxt.used_before - prev.used_after

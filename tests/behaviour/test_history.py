@@ -1,4 +1,4 @@
-"""Full history and search over the protocol, against a real daemon (seed 003).
+"""Full history and search over the protocol, against a real daemon.
 
 * ``session/history`` pages through every message exactly once, each with where it
   stands now (``context``, ``kept``: a user message behind the compression boundary,

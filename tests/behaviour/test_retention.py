@@ -1,4 +1,4 @@
-"""Retention over the protocol, against a real daemon (seed 003 "Auto-Cleanup").
+"""Retention over the protocol, against a real daemon (auto-cleanup).
 
 * ``sessions.max_sessions``: creating (or importing) a session beyond the limit deletes
   exactly the least recently active ones (activity = the last push; reading, updating

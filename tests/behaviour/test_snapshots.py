@@ -1,4 +1,4 @@
-"""Snapshots over the protocol, against a real daemon (seed 003).
+"""Snapshots over the protocol, against a real daemon.
 
 * The automatic snapshot: with the default ``snapshots.auto_threshold`` and a small
   window, the first ``context/compressed`` is preceded by a ``snapshot/created``

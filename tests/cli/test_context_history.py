@@ -59,7 +59,7 @@ def test_snapshots_search_and_history(cli: Cli) -> None:
     assert "[zeppelin]" in table.stdout and "\x1b[" not in table.stdout  # markers kept off a terminal
     assert "2 hits" in table.stderr and "ms" in table.stderr
     assert "FTS5" in cli("search", '"unclosed', "--fts", expect=1).error_line()
-    assert cli.json("sessions", "search", "detour")["hits"][0]["seq"] == 3  # seed 003's name for it
+    assert cli.json("sessions", "search", "detour")["hits"][0]["seq"] == 3  # the name other chat CLIs give it
 
     cli("push", "p", "--create", "--message-json",
         input=json.dumps([{"role": "user", "content": f"page message {i}"} for i in range(6)]))

@@ -27,7 +27,7 @@ def test_show_update_and_list_by_tag(cli: Cli) -> None:
                   "Goal", "fix the bug", shown["checkpoints"][0]["id"]):
         assert words in text, words
     assert "\x1b[" not in text
-    assert cli("sessions", "view", "r").stdout == text  # seed 003's name for it
+    assert cli("sessions", "view", "r").stdout == text  # the name other chat CLIs give it
 
     updated = cli.json("sessions", "update", "r", "--title", "Renamed", "--tag", "work", "--tag", "auth",
                        "--no-auto-compress", "--context-window", "4096")

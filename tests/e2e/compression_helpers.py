@@ -483,7 +483,7 @@ def check_prompt(result: dict[str, Any], window: int) -> list[str]:
 
 
 def predict_compression(budget: dict[str, Any], last_after_used: int | None, min_growth: float) -> bool:
-    """Seed 000's trigger with the loop guard, from a push result's budget."""
+    """The compression trigger with the loop guard, from a push result's budget."""
     fits = budget["promptTokens"] <= budget["maxPromptTokens"]
     if budget["used"] <= budget["triggerAt"] and fits:
         return False
@@ -512,7 +512,7 @@ class AutoRun:
 
 class Driver:
     """Pushes turns into one session; when the push result's budget says an automatic
-    pass is due (seed 000's trigger and the loop guard), waits for its
+    pass is due (the trigger and the loop guard), waits for its
     ``context/compressed`` before going on, so every pass is attributed to the push
     that triggered it and nothing is pushed while a pass runs (an agent waits for the
     model between turns). ``pushed`` maps seq to the message as sent."""

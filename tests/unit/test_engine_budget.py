@@ -1,4 +1,4 @@
-"""The dynamic budget: seed 000's and seed 001's worked examples, and the defaults."""
+"""The dynamic budget: the checkpoint-ageing and six-stage designs' worked examples, and the defaults."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from ctxd.engine.budget import BudgetPolicy, budget_for, compute_budget, reserve
 from ctxd.tokens import PROMPT_PRIMING
 
 
-def seed000(checkpoint_tokens: int = 0, used: int = 0):
+def ageing_8k(checkpoint_tokens: int = 0, used: int = 0):
     return compute_budget(context_window=8000, usable_fraction=0.85, reserved_output=0, safety_margin=0,
                           trigger_fraction=0.80, system_tokens=500, checkpoint_tokens=checkpoint_tokens, used=used)
 
 
-def test_seed000_initial_state():
-    b = seed000()
+def test_ageing_8k_initial_state():
+    b = ageing_8k()
     assert b.usable == 6800  # "Ollama context: 6800 tokens (FIXED, 85% of 8K)"
     assert b.max_prompt_tokens == 6800
     assert b.available == 6300
@@ -28,21 +28,21 @@ def test_seed000_initial_state():
     ([1500, 2000], 2800, 2240),        # after the 2nd: one aged, one recent
     ([800, 1200, 1800], 2500, 2000),   # after the 3rd: ancient, old, recent
 ])
-def test_seed000_after_compressions(checkpoints, available, trigger):
-    b = seed000(checkpoint_tokens=sum(checkpoints))
+def test_ageing_8k_after_compressions(checkpoints, available, trigger):
+    b = ageing_8k(checkpoint_tokens=sum(checkpoints))
     assert b.usable == 6800
     assert b.checkpoint_tokens == sum(checkpoints)
     assert b.available == available
     assert b.trigger_at == trigger
 
 
-def test_seed000_available_shrinks_but_ageing_keeps_it_sustainable():
-    figures = [seed000(checkpoint_tokens=sum(c)).available for c in ([], [3400], [1500, 2000], [800, 1200, 1800])]
+def test_ageing_8k_available_shrinks_but_ageing_keeps_it_sustainable():
+    figures = [ageing_8k(checkpoint_tokens=sum(c)).available for c in ([], [3400], [1500, 2000], [800, 1200, 1800])]
     assert figures == [6300, 2900, 2800, 2500]
     assert all(f > 0 for f in figures)
 
 
-def test_seed001_example():
+def test_six_stage_8k_example():
     b = compute_budget(context_window=8192, usable_fraction=0.85, reserved_output=1000, safety_margin=1000,
                        trigger_fraction=0.75, system_tokens=500)
     assert b.usable == 6963  # floor(8192 * 0.85)
@@ -51,7 +51,7 @@ def test_seed001_example():
     assert b.trigger_at == 3347  # floor(4463 * 0.75)
 
 
-def test_seed001_timeline_triggers_at_turn_three():
+def test_six_stage_timeline_triggers_at_turn_three():
     def over(messages: int) -> bool:
         b = compute_budget(context_window=8192, usable_fraction=0.85, reserved_output=1000, safety_margin=1000,
                            trigger_fraction=0.75, system_tokens=500, used=messages)
@@ -98,10 +98,10 @@ def test_policy_defaults():
     (8192, 1000, 1000),          # a small output limit is what it is
     (8192, 4096, 2048),          # a known limit never takes more than a quarter of the window
     (8192, 8192, 2048),          # gpt-4 (8K in, 8K out)
-    (128_000, 4096, 4096),       # gpt-4o (seed 004's table)
+    (128_000, 4096, 4096),       # gpt-4o
     (200_000, 8192, 8192),       # Claude Sonnet
     (1_000_000, 8192, 8192),     # Gemini
-    (1_000_000, None, 32_000),   # capped at 32k (seed 004's reservedOutputTokens)
+    (1_000_000, None, 32_000),   # capped at 32k (what coding agents reserve)
     (1_000_000, 100_000, 32_000),
     (4096, 0, 0),
 ])
@@ -124,7 +124,7 @@ def test_budget_for_defaults():
     assert b.trigger_at == math.floor(b.available * 0.90)
 
 
-def test_budget_for_reproduces_seed000_with_a_policy():
+def test_budget_for_reproduces_the_ageing_8k_example_with_a_policy():
     policy = BudgetPolicy(usable_fraction=0.85, reserved_output_cap=0, safety_margin_fraction=0.0,
                           trigger_fraction=0.80)
     b = budget_for(policy, context_window=8000, output_limit=None, system_tokens=500, checkpoint_tokens=3400)

@@ -1,4 +1,4 @@
-"""Checkpoints: rendering, ageing one level per compression, merging the oldest (seed 000)."""
+"""Checkpoints: rendering, ageing one level per compression, merging the oldest (checkpoint ageing)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_levels_and_lower():
     assert [lower(x) for x in ("detailed", "moderate", "compact", "ultra")] == ["moderate", "compact", "ultra", "ultra"]
 
 
-def test_seed000_ratios():
+def test_ageing_ratios():
     # a new checkpoint 50-70% compressed; ageing to 60% then 50%; merged to 40%
     assert LEVEL_RATIO["moderate"] == 0.60 and LEVEL_RATIO["compact"] == 0.50 and LEVEL_RATIO["ultra"] == 0.40
     assert 0.30 <= LEVEL_RATIO["detailed"] <= 0.50
@@ -63,7 +63,7 @@ def test_seed000_ratios():
 def test_target_tokens():
     assert target_tokens("moderate", 1000, 100_000) == 600
     assert target_tokens("compact", 1000, 100_000) == 500
-    # capped by a share of the largest prompt (seed 000's 8K figures ~2000/1200/800/400)
+    # capped by a share of the largest prompt (checkpoint ageing's 8K figures ~2000/1200/800/400)
     assert target_tokens("detailed", 100_000, 8000) == int(8000 * LEVEL_CAP["detailed"]) == 2000
     assert target_tokens("moderate", 100_000, 8000) == 1200
     assert target_tokens("compact", 100_000, 8000) == 640
@@ -73,7 +73,7 @@ def test_target_tokens():
 
 @pytest.mark.parametrize("tokens, level", [(0, "detailed"), (2000, "detailed"), (2001, "moderate"),
                                            (3000, "moderate"), (3001, "compact")])
-def test_initial_level_seed001_bounds(tokens, level):
+def test_initial_level_bounds(tokens, level):
     assert initial_level(tokens, 6000) == level
 
 
@@ -140,13 +140,13 @@ def test_folded_and_truncated_never_age():
     assert age(age(checkpoints)) == checkpoints
 
 
-def test_seed000_three_compressions():
+def test_three_compressions_age_the_older_ones():
     """Each compression: a new detailed checkpoint, the older ones one level down."""
     checkpoints: list[Checkpoint] = []
     for n in range(1, 4):
         checkpoints = age(checkpoints) + [cp(f"c{n}", "detailed", tokens=2000, seqs=(n * 10, n * 10 + 9))]
     assert [c.level for c in checkpoints] == ["compact", "moderate", "detailed"]
-    # oldest checkpoints are the most compressed (seed 000 "Compression Rules")
+    # oldest checkpoints are the most compressed
     assert [c.tokens for c in checkpoints] == sorted(c.tokens for c in checkpoints)
 
 
@@ -208,7 +208,7 @@ def test_merged_inputs_are_untouched():
 
 
 def test_many_compressions_stay_bounded():
-    """Ageing plus merging keep the checkpoint count and size bounded (seed 000's "3-5+")."""
+    """Ageing plus merging keep the checkpoint count and size bounded ("3-5+ compressions" and on)."""
     checkpoints: list[Checkpoint] = []
     for n in range(1, 30):
         checkpoints = age(checkpoints) + [cp(f"c{n}", "detailed", tokens=2000, seqs=(n * 10, n * 10 + 9))]
@@ -242,7 +242,7 @@ def test_plan_merge_with_a_share_keeps_what_the_share_has_room_for():
     # Room in the share for both: the merge only drops a title, it does not forget.
     step = plan_merge(summaries, 4, MAX_PROMPT, share=(others + 1000) / MAX_PROMPT)
     assert step.target_tokens == 100 + 200 - 16
-    # Little room: what the share leaves, never below seed 000's ultra size.
+    # Little room: what the share leaves, never below the ultra size.
     step = plan_merge(summaries, 4, MAX_PROMPT, share=(others + 200) / MAX_PROMPT)
     assert step.target_tokens == max(200, target_tokens("ultra", 300, MAX_PROMPT))
     step = plan_merge(summaries, 4, MAX_PROMPT, share=others / MAX_PROMPT)

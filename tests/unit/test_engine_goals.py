@@ -1,4 +1,4 @@
-"""Goal markers and the goal block (seed 000 "Goal-Aware Compression")."""
+"""Goal markers and the goal block (goal-aware compression)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ctxd.protocol.message import Message, TextBlock, ToolUseBlock
 
 from ._engine_helpers import NOW, assistant, user
 
-SEED = """[GOAL] Implement user authentication system
+MARKED_REPLY = """[GOAL] Implement user authentication system
 [CHECKPOINT] Design authentication flow - COMPLETED
 [CHECKPOINT] Implement login endpoint - COMPLETED
 [CHECKPOINT] Add JWT token generation - IN PROGRESS
@@ -28,8 +28,8 @@ SEED = """[GOAL] Implement user authentication system
 [NEXT] Complete JWT token generation, then move to user registration"""
 
 
-def test_seed000_markers():
-    m = parse_markers(assistant(SEED), seq=42)
+def test_goal_markers():
+    m = parse_markers(assistant(MARKED_REPLY), seq=42)
     assert m.goal == "Implement user authentication system"
     assert m.checkpoints == [
         GoalCheckpoint("Design authentication flow", "completed"),
@@ -112,15 +112,15 @@ def test_markers_only_at_line_start():
 
 
 def test_markers_only_from_assistant_messages():
-    for message in (user(SEED), Message(role="system", content=SEED), Message(role="tool", tool_call_id="x",
-                                                                                content=SEED)):
+    for message in (user(MARKED_REPLY), Message(role="system", content=MARKED_REPLY),
+                    Message(role="tool", tool_call_id="x", content=MARKED_REPLY)):
         assert not parse_markers(message)
     assert not parse_markers(Message(role="assistant"))
     assert not parse_markers(assistant("no markers here"))
 
 
 def test_apply_markers_builds_a_goal():
-    goal = apply_markers(None, parse_markers(assistant(SEED), 1), NOW)
+    goal = apply_markers(None, parse_markers(assistant(MARKED_REPLY), 1), NOW)
     assert goal.description == "Implement user authentication system"
     assert goal.status == "active" and goal.created_at == NOW and goal.id.startswith("goal_")
     assert len(goal.checkpoints) == 3 and len(goal.decisions) == 2 and len(goal.artifacts) == 3
@@ -140,7 +140,7 @@ def test_apply_markers_without_a_goal_marker_starts_an_unstated_goal():
 
 
 def test_updates_match_by_description_and_do_not_mutate():
-    goal = apply_markers(None, parse_markers(assistant(SEED), 1), NOW)
+    goal = apply_markers(None, parse_markers(assistant(MARKED_REPLY), 1), NOW)
     before = goal
     snapshot = (list(goal.checkpoints), list(goal.decisions), list(goal.artifacts))
     update = parse_markers(assistant("[CHECKPOINT] add jwt  token generation - COMPLETED\n"
@@ -167,7 +167,7 @@ def test_locked_decisions_stay_locked():
 
 
 def test_same_goal_marker_keeps_the_goal():
-    goal = apply_markers(None, parse_markers(assistant(SEED), 1), NOW)
+    goal = apply_markers(None, parse_markers(assistant(MARKED_REPLY), 1), NOW)
     again = apply_markers(goal, parse_markers(assistant("[GOAL] implement USER authentication system\n"
                                                         "[NEXT] registration")), "later")
     assert again.id == goal.id and len(again.decisions) == 2
@@ -182,8 +182,8 @@ def test_goal_completes_when_every_milestone_is_done_and_nothing_is_next():
     assert busy.status == "active"
 
 
-def test_render_goal_seed000_structure():
-    goal = apply_markers(None, parse_markers(assistant(SEED), 1), NOW)
+def test_render_goal_structure():
+    goal = apply_markers(None, parse_markers(assistant(MARKED_REPLY), 1), NOW)
     goal = apply_markers(goal, parse_markers(assistant("[CHECKPOINT] Create user registration\n"
                                                        "[DECISION] Use bcrypt for password hashing")), NOW)
     text = render_goal(goal)

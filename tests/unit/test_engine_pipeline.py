@@ -1,4 +1,4 @@
-"""Layer 3's stages (seed 001): identify (safe cut), prepare, checkpoint, update,
+"""Layer 3's six stages: identify (safe cut), prepare, checkpoint, update,
 validation; truncation; with the trigger (``engine/trigger.py``: decide) and folding
 the user's words on overflow (``engine/folding.py``)."""
 
@@ -57,7 +57,7 @@ BIG = simple_budget(1_000_000)  # a budget whose recent-share cap never applies
 
 
 def primes():
-    """Seed 001's conversation: 11 messages, the assistant ones ~1000 tokens."""
+    """The six-stage design's worked conversation: 11 messages, the assistant ones ~1000 tokens."""
     out = [user("Write about prime numbers 2-1000")]
     for i in range(5):
         out.append(assistant(words(1000, WORDS[i])))
@@ -134,13 +134,13 @@ def test_decide_prompt_not_fitting_forces_compression():
 # --- identification -------------------------------------------------------------------
 
 
-def test_identify_seed001_keeps_the_newest_five():
+def test_identify_keeps_the_newest_five():
     ctx = make_ctx(primes())
     sel = identify(ctx, BIG, POLICY)
     assert seqs(sel.removed) == [1, 2, 3, 4, 5, 6]
     assert sel.cut == 6 and sel.cut_seq == 6 and sel.seq_from == 1
     assert seqs(ctx.recent[sel.cut:]) == [7, 8, 9, 10, 11]
-    # the user messages stay verbatim (seed 000: never compress user messages)
+    # the user messages stay verbatim (user messages are never compressed)
     assert seqs(sel.keep) == [1, 3, 5]
     assistants = sum(by_seq(ctx, s).view_tokens for s in (2, 4, 6))
     assert sel.freed_tokens == assistants
@@ -362,7 +362,7 @@ def test_identify_counts_pruned_views():
 
 @pytest.mark.parametrize("freed, level", [(3001, "compact"), (2001, "moderate"), (1500, "detailed")])
 def test_prepare_level_by_size(freed, level):
-    # seed 001 stage 2's 2000/3000 bounds for an 8K prompt (a third and a half of ~6000)
+    # the preparation stage's 2000/3000 bounds for an 8K prompt (a third and a half of ~6000)
     assert initial_level(freed, 6000) == level
     sel = Selection(cut=1, cut_seq=1, removed=[], keep=[], freed_tokens=freed)
     prepare(sel, simple_budget(6000))

@@ -1,4 +1,4 @@
-"""Layer 1, tool-output pruning (seed 004): thresholds, protection, placeholders, views."""
+"""Layer 1, tool-output pruning: thresholds, protection, placeholders, views."""
 
 from __future__ import annotations
 
@@ -241,7 +241,7 @@ def test_compression_state_round_trips_prune_events():
 
 
 @pytest.mark.parametrize("available, expected", [
-    (1_000_000, (20_000, 40_000)),   # seed 004's absolute figures
+    (1_000_000, (20_000, 40_000)),   # three-layer compaction's absolute figures
     (8_000, (2_000, 4_000)),         # scaled down for a small window
     (0, (0, 0)),
 ])

@@ -1,4 +1,4 @@
-"""Reliability (seed 000 "Reliability Tracking"): model factor x compression penalty x confidence."""
+"""Reliability: model factor x compression penalty x confidence."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ CALM = simple_budget(10_000, used=100)  # well within the trigger: confidence 1.
     (405, 0.95), (70, 0.95), (69.9, 0.85), (30, 0.85), (29, 0.70), (13, 0.70), (12.9, 0.50), (8, 0.50),
     (7, 0.50), (6.9, 0.30), (3, 0.30), (0.5, 0.30),
 ])
-def test_seed000_model_factors(size, factor):
+def test_model_factors(size, factor):
     assert model_factor("some-model", size) == factor
 
 
@@ -81,7 +81,7 @@ def test_levels(score, level):
     assert level_of(score) == level
 
 
-def test_seed000_warning_case_small_model_three_compressions():
+def test_warning_case_small_model_three_compressions():
     r = reliability("llama3.2:3b", None, 3, CALM, lossy=False)
     assert r.model_size_billions == 3.0 and r.model_factor == 0.30
     assert r.score == pytest.approx(0.30 * 0.55)

@@ -1,4 +1,4 @@
-"""Layer 2, watermark filtering of tool blocks (seed 002)."""
+"""Layer 2, watermark filtering of tool blocks (stateful watermarking)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ from ._engine_helpers import (
 TOOLS = ("compress_to_checkpoint", "deactivate_augments")
 
 
-def seed002():
-    """Seed 002's scenario with some tool history before it (Anthropic blocks)."""
+def augments_scenario():
+    """The watermark design's scenario (augments deactivated mid-conversation), with some
+    tool history before it (Anthropic blocks)."""
     return [
         user("Explore the codebase."),                                                      # 1
         a_call(("t1", "read_file"), text="Looking at the entry point."),                   # 2
@@ -89,8 +90,8 @@ def test_find_checkpoint_call_in_both_styles():
     assert find_checkpoint_call(es, ("nothing",), 0) is None
 
 
-def test_seed002_filtering():
-    messages = seed002()
+def test_augments_scenario_filtering():
+    messages = augments_scenario()
     pristine = copy.deepcopy(messages)
     ctx, move = watermarked(messages, "toolu_abc123xyz")
     assert (ctx.state.watermark_seq, ctx.state.watermark_tool_use_id) == (8, "toolu_abc123xyz")
@@ -117,7 +118,7 @@ def test_seed002_filtering():
 
 
 def test_filtered_view_is_cheaper_by_the_tool_blocks():
-    ctx = make_ctx(seed002())
+    ctx = make_ctx(augments_scenario())
     before = ctx.used
     removed = sum(by_seq(ctx, s).tokens.tool_call + by_seq(ctx, s).tokens.tool_result for s in (2, 5))
     removed += by_seq(ctx, 3).tokens.context + by_seq(ctx, 4).tokens.context
@@ -148,7 +149,7 @@ def test_openai_style_before_the_watermark():
 
 
 def test_watermark_by_seq():
-    ctx = make_ctx(seed002())
+    ctx = make_ctx(augments_scenario())
     move = plan_watermark(ctx, seq=6)
     assert move == WatermarkMove(6, None, 4)
     apply_watermark(ctx, move)
@@ -157,7 +158,7 @@ def test_watermark_by_seq():
 
 
 def test_watermark_only_moves_forward():
-    ctx, _ = watermarked(seed002(), "toolu_abc123xyz")
+    ctx, _ = watermarked(augments_scenario(), "toolu_abc123xyz")
     reason = plan_watermark(ctx, seq=5)
     assert isinstance(reason, str) and "only moves forward" in reason
     reason = plan_watermark(ctx, tool_use_id="toolu_abc123xyz")
@@ -170,7 +171,7 @@ def test_watermark_only_moves_forward():
 
 
 def test_watermark_not_found_changes_nothing_and_says_so():
-    ctx = make_ctx(seed002())
+    ctx = make_ctx(augments_scenario())
     before = [(e.seq, e.view, e.view_tokens) for e in ctx.entries()]
     reason = plan_watermark(ctx, tool_use_id="toolu_missing")
     assert isinstance(reason, str) and "not found" in reason
@@ -183,7 +184,7 @@ def test_watermark_not_found_changes_nothing_and_says_so():
 
 
 def test_watermark_on_a_call_behind_the_boundary_is_refused():
-    ctx = make_ctx(seed002())
+    ctx = make_ctx(augments_scenario())
     # Move seq 2 (which holds call t1) into kept, as if compressed.
     ctx.kept, ctx.recent = [ctx.recent[1]], ctx.recent[2:]
     reason = plan_watermark(ctx, tool_use_id="t1")
@@ -191,7 +192,7 @@ def test_watermark_on_a_call_behind_the_boundary_is_refused():
 
 
 def test_watermark_persists_through_refresh_and_new_messages():
-    ctx, _ = watermarked(seed002(), "toolu_abc123xyz")
+    ctx, _ = watermarked(augments_scenario(), "toolu_abc123xyz")
     ctx.append(entries([o_call(("late", "read_file")), o_result("late", "out")], start=12))
     refresh(ctx)
     assert by_seq(ctx, 3).view is None

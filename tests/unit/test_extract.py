@@ -105,7 +105,7 @@ MINI_SWE = [
                                     "</output>"}),
 ]
 
-# A plain chat with seed 000's goal markers and decision phrasing.
+# A plain chat with goal markers and decision phrasing.
 MARKERS = [
     msg({"role": "user", "content": "Let's go with Postgres for the session store. Don't use Redis."}),
     msg({"role": "assistant", "content": (

@@ -271,3 +271,22 @@ def test_the_forwarder_imports_neither_pygls_nor_the_daemon(tmp_path: Path) -> N
                       if m.split(".")[0] in ("pygls", "lsprotocol", "cattrs", "tiktoken")
                       or m.startswith(("ctxd.service", "ctxd.store", "ctxd.engine", "ctxd.server.connection")))
     assert not unwanted, f"ctxd --remote imports {unwanted}"
+
+
+# --- ideas by name -------------------------------------------------------------------------
+
+def test_the_code_names_its_ideas_instead_of_citing_design_notes() -> None:
+    """A design note cited by its number ("seed" and three digits) names a document a clone
+    of ctxd does not have: the code says what the idea is ("checkpoint ageing", "the six
+    stages of a compression") instead."""
+    import re
+
+    cite = re.compile(r"\bseeds?[ _]?0\d\d", re.IGNORECASE)
+    root = PACKAGE.parent
+    paths = [p for top in ("ctxd", "tests", "protocol", "clients/vscode/src") for p in sorted((root / top).rglob("*"))
+             if p.suffix in (".py", ".md", ".json", ".sql", ".ts", ".lua") and "__pycache__" not in p.parts]
+    paths.append(root / "docs" / "configuration.md")
+    found = [f"{p.relative_to(root)}:{n}" for p in paths
+             for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if cite.search(line)]
+    assert not found, "design notes cited by number: " + ", ".join(found[:20])

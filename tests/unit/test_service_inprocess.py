@@ -93,7 +93,7 @@ async def test_over_the_trigger_a_push_starts_a_pass_announced_stage_by_stage(
     assert threshold.level in ("warning", "critical") and threshold.used == first.budget.used
     stages = [c.stage for c in events.of(CompressingNotification, SID)]
     assert stages[0] == "identification"
-    assert [STAGES[s] for s in stages] == sorted(STAGES[s] for s in stages)  # in seed 001's order
+    assert [STAGES[s] for s in stages] == sorted(STAGES[s] for s in stages)  # in the six stages' order
     assert methods.index("snapshot/created") < methods.index("checkpoint/created")  # the restore point first
     (done,) = events.of(CompressedNotification, SID)
     (created,) = events.of(CheckpointCreatedNotification, SID)

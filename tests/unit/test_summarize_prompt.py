@@ -44,7 +44,7 @@ def test_system_turn_has_level_target_format_and_rules() -> None:
     assert "MODERATE summary" in system.content
     assert "at most 300 tokens" in system.content
     for heading in ("## Accomplished", "## Current work", "## Files", "## Decisions", "## Next steps"):
-        assert heading in system.content  # seed 004's continuation prompt
+        assert heading in system.content  # three-layer compaction's continuation prompt
     assert "[DECISION]" in system.content and "[NEXT]" in system.content and "[ARTIFACT]" in system.content
     assert "verbatim" in system.content and "LOCKED" in system.content
     assert "WITHOUT the history" in system.content

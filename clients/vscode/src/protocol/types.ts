@@ -77,7 +77,7 @@ export interface Artifact {
 }
 
 /**
- * The dynamic budget of seeds 000/001/004, in tokens.
+ * The dynamic budget, in tokens.
  *
  * ``usable = contextWindow * usableFraction``; a prompt never exceeds
  * ``maxPromptTokens = usable - reservedOutput``. ``reservedOutput`` is kept for the reply:
@@ -122,8 +122,8 @@ export interface CacheControl {
 }
 
 /**
- * A compressed stretch of conversation (seed 000 "Checkpoint Structure", seed 004
- * "ConversationSummary"). ``messageRanges`` are the history messages it stands for, as
+ * A compressed stretch of conversation: its summary with the facts extracted from
+ * it (decisions, files, next steps). ``messageRanges`` are the history messages it stands for, as
  * inclusive runs of sequence numbers; ``checkpoint/expand`` returns those messages whole.
  * A summary covers the user's messages it read too (their words also stay in the prompt,
  * verbatim); a truncation notice covers only what was left out; pinned and system
@@ -240,7 +240,7 @@ export interface CompressedNotification {
 }
 
 /**
- * ``context/compressing``: a compression stage started (seed 001's six stages).
+ * ``context/compressing``: a compression stage started (one of six, in order).
  */
 export interface CompressingNotification {
   sessionId: string;
@@ -747,7 +747,7 @@ export interface PushedMessage {
 }
 
 /**
- * Seed 000's reliability score: model size x compression penalty x context confidence.
+ * The reliability score: model size x compression penalty x context confidence.
  */
 export interface Reliability {
   score: number;
@@ -974,7 +974,7 @@ export interface SessionUpdated {
 }
 
 /**
- * Seed 003's snapshot: every user message in full, the other messages of the active
+ * A snapshot's content: every user message in full, the other messages of the active
  * context, checkpoints, goal, reasoning (thinking blocks travel with their messages),
  * the watermark, and the metadata.
  */
