@@ -206,14 +206,16 @@ class Daemon:
             raise
 
     async def run(self) -> int:
-        """Serve until stopped; the exit code follows LSP (1 when exit came without shutdown)."""
-        await self.start()
+        """Serve until stopped; the exit code follows LSP (1 when exit came without shutdown).
+        SIGTERM and SIGINT are ours before the first listener opens: one that comes the
+        moment the socket serves stops the daemon cleanly instead of killing it."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, self.stop)
             except (NotImplementedError, RuntimeError):
                 pass
+        await self.start()
         for kind, where in self.bound.items():
             log.warning("ctxd %s listening on %s %s", os.getpid(), kind, where)
         if self.stdio:

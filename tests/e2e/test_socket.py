@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import textwrap
 
@@ -333,6 +334,32 @@ async def test_daemon_status_and_stop(daemon_factory):
         await b.close()
     assert not daemon.socket_path.exists()
     assert "Traceback" not in daemon.stderr_text()
+
+
+# A daemon whose SIGTERM comes the moment it serves (a service manager stopping it as it
+# starts): the signal must find ctxd's handler, not the default action (killed, -15).
+SIGTERM_AT_START = """
+import asyncio, os, signal, sys
+from ctxd.__main__ import build_parser, config_of
+from ctxd.daemon import Daemon
+
+class Early(Daemon):
+    async def start(self):
+        await super().start()
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0.2)
+
+args = build_parser().parse_args(["--socket", sys.argv[1], "--data-dir", sys.argv[2]])
+sys.exit(asyncio.run(Early(config_of(args), unix=True).run()))
+"""
+
+
+def test_sigterm_as_the_daemon_starts_stops_it_cleanly(base_dir):
+    socket_path = base_dir / "early.sock"
+    done = subprocess.run([sys.executable, "-c", SIGTERM_AT_START, str(socket_path), str(base_dir / "data")],
+                          env=daemon_env(), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert not socket_path.exists()
 
 
 def test_sigterm_stops_cleanly_and_socket_is_reusable(daemon_factory):
