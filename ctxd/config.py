@@ -15,7 +15,7 @@ import os
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, Union, get_type_hints
 
 import msgspec
 import platformdirs
@@ -268,9 +268,14 @@ class ProxyConfig(_Section):
     """Upstream of ``/v1/messages`` and requests carrying ``anthropic-version``."""
     ollama_base_url: str = "http://127.0.0.1:11434"
     """Upstream of ``/api/chat`` and the other ``/api/*`` paths."""
-    context_window: int = 0
-    """Window of sessions the proxy creates (0: the request's ``X-Ctxd-Context-Window`` or
-    Ollama ``options.num_ctx``, else ctxd's own: ``[models]``, the model table, the default)."""
+    context_window: Union[Annotated[int, msgspec.Meta(ge=0)], dict[str, Annotated[int, msgspec.Meta(ge=0)]]] = 0
+    """Window of the sessions the proxy creates: one number for every model, or a table by
+    model, ``{"claude-sonnet-4*" = 48000, "gpt-5-mini" = 0}`` (a model name, or a pattern
+    with ``*``/``?``; an exact name first, else the longest matching pattern; 0: the model's
+    own window). With a table, a model with no entry is passed through unmanaged (no
+    session) while its request fits the model's own window. 0: every model at its own
+    window. The request's ``X-Ctxd-Context-Window`` or Ollama ``options.num_ctx`` come
+    first; a model's own window is ctxd's rule (``[models]``, the model table, the default)."""
     connect_timeout_seconds: float = 10
     """Connecting to an upstream."""
     upstream_timeout_seconds: float = 600
@@ -375,6 +380,8 @@ def _coerce(section: str, key: str, raw: str, source: str) -> Any:
         raise ConfigError(f"{source}: unknown key {section}.{key}")
     tp = hints[key]
     origin = getattr(tp, "__origin__", None)
+    if origin is Union and raw.lstrip().startswith(("{", "[")):
+        origin = dict  # a union with a table (``proxy.context_window``), given as JSON
     try:
         if origin in (dict, list):
             return msgspec.json.decode(raw.encode(), type=tp)

@@ -27,6 +27,7 @@ from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy import apis
 from ctxd.proxy.convert import dumps, loads
 from ctxd.proxy.sessions import Conversation, Sessions, Tracked
+from ctxd.proxy.windows import Managed, Windows
 
 log = logging.getLogger("ctxd.proxy")
 
@@ -85,8 +86,9 @@ class Proxy:
     (merging, auth, redirects, cookies) were ~15% of the proxy's CPU per request."""
 
     def __init__(self, config: ProxyConfig, sessions: Sessions, transport: httpx.AsyncBaseTransport,
-                 timeout: httpx.Timeout) -> None:
+                 timeout: httpx.Timeout, windows: Windows | None = None) -> None:
         self.config = config
+        self.windows = windows or Windows(config.context_window)
         self.sessions = sessions
         self.transport = transport
         self.timeout = timeout.as_dict()
@@ -185,20 +187,31 @@ class Proxy:
                 log.info("a Responses API request continuing a stored response (previous_response_id) "
                          "passes through unchanged: its history is on the upstream's side")
             return None
+        output = apis.reply_limit(api, body)
+        managed = self._window(api, request, body, raw, output)
+        if managed is None:
+            log.info("model %r has no entry in proxy.context_window and its request fits its own window: "
+                     "passed through unchanged", body.get("model"))
+            return None
         parts = apis.split(api, body)
         conv = self.sessions.read(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
-                                  window=self._window(api, request, body), output=apis.reply_limit(api, body))
+                                  window=managed.window, output=output)
         return body, parts, conv
 
-    def _window(self, api: Api, request: Request, body: dict[str, Any]) -> int | None:
+    def _window(self, api: Api, request: Request, body: dict[str, Any], raw: bytes,
+                output: int | None) -> Managed | None:
+        """The request's window (None: ctxd's rule for the model), first that answers:
+        ``X-Ctxd-Context-Window``, Ollama ``options.num_ctx``, ``proxy.context_window``
+        (windows.py); None: a model that table leaves out, passed through."""
         header = request.headers.get(WINDOW_HEADER)
         if header and header.strip().isdigit():
-            return int(header)
+            return Managed(int(header))
         if api == "ollama":
             num_ctx = (body.get("options") or {}).get("num_ctx") if isinstance(body.get("options"), dict) else None
             if isinstance(num_ctx, int) and num_ctx > 0:
-                return num_ctx
-        return None
+                return Managed(num_ctx)
+        model = body.get("model")
+        return self.windows.decide(model if isinstance(model, str) else None, raw, output)
 
     async def _push_whole(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
                           response: httpx.Response) -> None:

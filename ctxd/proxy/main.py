@@ -141,6 +141,7 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
 
     from ctxd.proxy.app import Proxy, build_app
     from ctxd.proxy.sessions import Sessions
+    from ctxd.proxy.windows import Windows
 
     os.umask(0o077)  # a daemon this proxy starts keeps its files private
     try:
@@ -153,8 +154,8 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     # Each upstream request is written in one send (wire.py); the transport is used
     # without an httpx.AsyncClient (app.Proxy).
     async with wire.UpstreamTransport(limits=limits) as transport:
-        sessions = Sessions(link, default_window=config.proxy.context_window)
-        proxy = Proxy(config.proxy, sessions, transport, timeout)
+        sessions = Sessions(link)
+        proxy = Proxy(config.proxy, sessions, transport, timeout, Windows.from_config(config))
         # Only the user running the proxy is served (peers.py): each connection's uid is
         # looked up as it is made, and another user's requests get a 403.
         gate = peers.PeerGate(check=checked)

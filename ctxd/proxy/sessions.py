@@ -192,9 +192,8 @@ class Sessions:
     are forgotten (read again from history if their conversation comes back): a proxy that
     runs for months would otherwise keep every session it ever saw."""
 
-    def __init__(self, link: DaemonLink, *, default_window: int = 0, remembered: int = 256) -> None:
+    def __init__(self, link: DaemonLink, *, remembered: int = 256) -> None:
         self.link = link
-        self.default_window = default_window
         self._tracked: dict[str, Tracked] = {}
         self._aliases: dict[str, str] = {}
         self._earlier: dict[str, Tracked] = {}  # sessions a fork followed (``_continued``)
@@ -270,9 +269,8 @@ class Sessions:
                                   "metadata": {META: dict(meta, api=conv.api)}}
         if conv.model:
             params["model"] = conv.model
-        window = conv.window or self.default_window
-        if window:
-            params["contextWindow"] = window
+        if conv.window:
+            params["contextWindow"] = conv.window
         if conv.parts.system_text:
             params["systemPrompt"] = conv.parts.system_text
         if conv.output is not None:

@@ -90,6 +90,7 @@ def _last_user_text(api: str, body: dict[str, Any]) -> tuple[str, bool]:
 class FakeUpstream:
     def __init__(self) -> None:
         self.mode = "ok"
+        self.models = {MODEL}  # the models it serves (others get a 400, as a provider answers)
         self.received: list[Received] = []
         self.disconnects = 0
         self.hung_up = 0  # hanging requests whose client (the proxy) closed the connection
@@ -202,7 +203,7 @@ class FakeUpstream:
             body = _responses_as_messages(body)
             if body is None:
                 return self._error(api, 400, "bad request: input items", "invalid_request_error")
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("model") != MODEL:
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("model") not in self.models:
             return self._error(api, 400, "bad request", "invalid_request_error")
         if api == "anthropic" and not isinstance(body.get("max_tokens"), int):
             return self._error(api, 400, "max_tokens: Field required", "invalid_request_error")
