@@ -90,3 +90,21 @@ def match_ids(given: str, ids: list[str]) -> list[str]:
         if root in matches:
             return [root]
     return matches
+
+
+def short_form_of(given: str, ids: list[str], minimum: int = 8) -> list[str]:
+    """The ids ``given`` may mean as a short form shown for a generated id (``ctxd-cli
+    sessions list``): :func:`match_ids` among the generated ids (and their forks) that
+    ``given`` is at least a shortest shown prefix of. An id a client chose is never a
+    short form, nor is a prefix shorter than any shown one (``p`` names no session)."""
+    root_part = split_fork(given)[0]
+    match = _FORK.match(given)
+    if match is not None:
+        root_part = match.group(1)
+    candidates = []
+    for sid in ids:
+        root = split_fork(sid)[0]
+        length = _generated_length(root, minimum)
+        if length is not None and len(root_part) >= min(length, len(root)) and root.startswith(root_part):
+            candidates.append(sid)
+    return match_ids(given, candidates) if candidates else []

@@ -26,7 +26,7 @@ from ctxd.formats import Api
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy import apis
 from ctxd.proxy.convert import dumps, loads
-from ctxd.proxy.sessions import Conversation, Sessions, Tracked
+from ctxd.proxy.sessions import Conversation, Refused, Sessions, Tracked, credential_of
 from ctxd.proxy.windows import Managed, Windows
 
 log = logging.getLogger("ctxd.proxy")
@@ -144,6 +144,8 @@ class Proxy:
         body, parts, conv = read
         try:
             tracked, chain_then, prompt = await self.sessions.turn(conv, api)
+        except Refused as exc:
+            return JSONResponse(apis.error_body(api, exc.status, exc.message), status_code=exc.status)
         except RpcError as exc:
             return self._ctxd_error(api, exc)
         except (DaemonUnavailable, OSError) as exc:
@@ -195,7 +197,7 @@ class Proxy:
             return None
         parts = apis.split(api, body)
         conv = self.sessions.read(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
-                                  window=managed.window, output=output)
+                                  window=managed.window, output=output, credential=credential_of(request.headers))
         return body, parts, conv
 
     def _window(self, api: Api, request: Request, body: dict[str, Any], raw: bytes,
@@ -362,6 +364,8 @@ class Proxy:
                 new_raw = [raw_message for _, _, raw_message in conv.items[held:]]
                 prompt = dict(prompt, messages=list(prompt["messages"]) + new_raw)
                 out = apis.upstream_body(api, body, parts, prompt)
+        except Refused as exc:
+            return JSONResponse(apis.error_body(api, exc.status, exc.message), status_code=exc.status)
         except RpcError as exc:
             return self._ctxd_error(api, exc)
         except (DaemonUnavailable, OSError) as exc:

@@ -50,7 +50,7 @@ REMEMBERED_PROMPTS = 64
 """Sessions whose last prompt is kept (``_prompt_builtins``), the most recent."""
 
 PROXY_METHODS = frozenset({"session/get", "session/history", "session/create", "session/update", "session/push",
-                           "context/prompt"})
+                           "session/list", "context/prompt", "context/stats"})
 """What the proxy asks of the daemon: methods that neither subscribe nor report progress
 to a connection, so a caller with no connection of its own serves them as a socket does."""
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxd.cli.ids import short_form_of
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
 from ctxd.formats import Api, chain_part, to_ctxd
 from ctxd.protocol.errors import ErrorCode
@@ -29,6 +30,28 @@ log = logging.getLogger("ctxd.proxy")
 
 META = "ctxdProxy"
 PUSH_BATCH = 100
+CREDENTIAL_HEADERS = ("x-api-key", "api-key", "x-goog-api-key", "authorization")
+"""The headers that carry a client's API key (Anthropic, Azure OpenAI, Google, the rest)."""
+
+
+class Refused(Exception):
+    """The request may not use the session it names: answered with ``status`` and the
+    message, in the API's error shape."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def credential_of(headers: Any) -> str:
+    """The fingerprint of the request's API key ("" for none): a SHA-256 of the key
+    headers, never the key. A session is continued only under the key that created it
+    (docs/proxy.md, "Which session")."""
+    values = [f"{name}:{headers.get(name)}" for name in CREDENTIAL_HEADERS if headers.get(name)]
+    if not values:
+        return ""
+    return hashlib.sha256(("ctxd-proxy credential\n" + "\n".join(values)).encode()).hexdigest()[:32]
 
 
 class DaemonLink:
@@ -98,6 +121,7 @@ class Tracked:
     output: int | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pending: Pending | None = None
+    credential: str | None = None  # the creating key's fingerprint; None: not recorded (made elsewhere)
 
 
 @dataclass
@@ -115,6 +139,7 @@ class Conversation:
     counts: list[int] = field(default_factory=list)  # counts[i]: len(items) after the first i client messages
     output: int | None = None  # the request's reply limit (apis.reply_limit)
     align: AlignMemo = field(default_factory=AlignMemo)  # (apis.upstream_body)
+    credential: str = ""  # the request's key fingerprint (credential_of)
 
 
 def _output_of(info: dict[str, Any]) -> int | None:
@@ -128,16 +153,18 @@ def _extends(chain: list[str], known: list[str]) -> bool:
     return len(known) <= len(chain) and chain[:len(known)] == known
 
 
-def derive_session_id(api: Api, model: str | None, parts: Split) -> str:
+def derive_session_id(api: Api, model: str | None, parts: Split, credential: str = "") -> str:
     """``proxy-<api>-<hash>``: the hash of the model, the system prompt and the first user
-    message (its text as ctxd models it): one agent conversation, one session."""
+    message (its text as ctxd models it), and the API key's fingerprint: one agent
+    conversation, one session; the same opening under another key is another session."""
     first = next((chain_part(api, m) for m in parts.conversation if m.get("role") == "user"), None)
-    material = "\n".join([api, model or "", parts.system_text, repr(first)])
+    material = "\n".join([api, model or "", parts.system_text, repr(first)] + ([credential] if credential else []))
     return f"proxy-{api}-{hashlib.sha256(material.encode()).hexdigest()[:16]}"
 
 
 def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str | None, window: int | None,
-                 output: int | None = None, previous: Conversation | None = None) -> Conversation:
+                 output: int | None = None, previous: Conversation | None = None,
+                 credential: str = "") -> Conversation:
     """The request's conversation: each client message as ctxd stores it, and the hash
     chain. ``previous``: the last request's conversation of the same session, whose work is
     reused for the messages both start with (equal as decoded JSON)."""
@@ -168,8 +195,9 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
             chain.append(chain_hash(chain[-1] if chain else "", part))
             items.append((message, part, raw))
         counts.append(len(items))
-    base = session if session else derive_session_id(api, model, parts)
-    return Conversation(api, model, base, bool(session), window, parts, items, chain, counts, output, align)
+    base = session if session else derive_session_id(api, model, parts, credential)
+    return Conversation(api, model, base, bool(session), window, parts, items, chain, counts, output, align,
+                        credential)
 
 
 def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[Any]]]:
@@ -203,14 +231,14 @@ class Sessions:
         self._pushing: set[asyncio.Task[Any]] = set()
 
     def read(self, api: Api, body: dict[str, Any], parts: Split, *, session: str | None,
-             window: int | None, output: int | None = None) -> Conversation:
+             window: int | None, output: int | None = None, credential: str = "") -> Conversation:
         """:func:`conversation`, reusing the previous request's work on the messages this
         one starts with (an agent resends its whole history each turn: hashing it again
         cost about 1 ms per 100 messages). The last ``remembered`` conversations are kept."""
         model = body.get("model") if isinstance(body.get("model"), str) else None
-        key = (api, session or derive_session_id(api, model, parts))
+        key = (api, session or derive_session_id(api, model, parts, credential))
         conv = conversation(api, body, parts, session=session, window=window, output=output,
-                            previous=self._recent.get(key))
+                            previous=self._recent.get(key), credential=credential)
         self._recent[key] = conv
         self._recent.move_to_end(key)
         while len(self._recent) > self._remembered:
@@ -240,7 +268,10 @@ class Sessions:
                 if isinstance(meta, dict) and isinstance(meta.get("hash"), str):
                     chain.append(meta["hash"])
             next_seq = page.get("nextSeq")
-        return Tracked(session_id, chain, info.get("systemPrompt"), _output_of(info))
+        own = (info.get("metadata") or {}).get(META)
+        credential = own.get("credential") if isinstance(own, dict) else None
+        return Tracked(session_id, chain, info.get("systemPrompt"), _output_of(info),
+                       credential=credential if isinstance(credential, str) else None)
 
     async def resolve(self, base_id: str) -> Tracked | None:
         """The session a conversation continues (following forks), or None."""
@@ -266,7 +297,7 @@ class Sessions:
     async def _create(self, conv: Conversation, session_id: str, meta: dict[str, Any]) -> Tracked:
         provider = "openai" if conv.api == "responses" else conv.api
         params: dict[str, Any] = {"sessionId": session_id, "provider": provider, "tags": ["proxy"],
-                                  "metadata": {META: dict(meta, api=conv.api)}}
+                                  "metadata": {META: dict(meta, api=conv.api, credential=conv.credential)}}
         if conv.model:
             params["model"] = conv.model
         if conv.window:
@@ -293,7 +324,7 @@ class Sessions:
             tracked = await self._load(info)
             self._tracked[session_id] = tracked
             return tracked
-        tracked = Tracked(session_id, [], info.get("systemPrompt"), _output_of(info))
+        tracked = Tracked(session_id, [], info.get("systemPrompt"), _output_of(info), credential=conv.credential)
         self._tracked[session_id] = tracked
         return tracked
 
@@ -323,6 +354,42 @@ class Sessions:
     def lock(self, base_id: str) -> asyncio.Lock:
         return self._locks.setdefault(base_id, asyncio.Lock())
 
+    async def _named(self, given: str) -> str:
+        """The session an ``X-Ctxd-Session`` name means: itself when it exists or is new;
+        the session it is the shown short form of (``ctxd-cli sessions list`` shows
+        generated ids shortened), never a new session of that short id."""
+        if given in self._aliases or given in self._tracked or await self._get(given) is not None:
+            return given
+        listed = await self.link.request(given, "session/list", {"tag": "proxy"})
+        ids = [info["sessionId"] for info in listed.get("sessions") or []]
+        found = short_form_of(given, ids)
+        if len(found) == 1:
+            self._aliases[given] = found[0]
+            return found[0]
+        if len(found) > 1:
+            raise Refused(400, f"ctxd proxy: X-Ctxd-Session {given!r} names several sessions "
+                               f"({', '.join(found[:5])}): give more of the id")
+        root, sep, suffix = given.rpartition("~")
+        if sep and suffix.isdigit() and short_form_of(root, ids):
+            raise Refused(404, f"ctxd proxy: X-Ctxd-Session {given!r}: that conversation has no fork ~{suffix}")
+        return given
+
+    async def _admit(self, conv: Conversation, tracked: Tracked) -> None:
+        """A session is continued only under the API key that created it. One made outside
+        the proxy (``ctxd-cli``, an editor) and named by the client is claimed by the
+        request's key."""
+        if tracked.credential is None:
+            info = await self._get(tracked.id)
+            metadata = dict((info or {}).get("metadata") or {})
+            metadata[META] = dict(metadata.get(META) or {}, credential=conv.credential)
+            await self.link.request(tracked.id, "session/update", {"sessionId": tracked.id, "metadata": metadata})
+            tracked.credential = conv.credential
+        elif tracked.credential != conv.credential:
+            log.warning("session %s: refused a request under another API key than the one that created it",
+                        tracked.id)
+            raise Refused(403, f"ctxd proxy: session {tracked.id} belongs to another API key; a session is "
+                               "continued only under the key that created it (name another with X-Ctxd-Session)")
+
     # --- what a request does -----------------------------------------------------------
 
     async def turn(self, conv: Conversation, fmt: Api) -> tuple[Tracked, list[str], dict[str, Any]]:
@@ -332,10 +399,12 @@ class Sessions:
         turn is one daemon round trip."""
         if len(self._tracked) > self.TRACKED:
             self._forget_idle()
-        async with self.lock(conv.base_id):
-            tracked = await self.resolve(conv.base_id)
+        base = await self._named(conv.base_id) if conv.explicit else conv.base_id
+        async with self.lock(base):
+            tracked = await self.resolve(base)
             if tracked is None:
-                tracked = await self._create(conv, conv.base_id, {})
+                tracked = await self._create(conv, base, {})
+            await self._admit(conv, tracked)
             if tracked.id in self._tracked:  # (most recently used last)
                 self._tracked[tracked.id] = self._tracked.pop(tracked.id)
             async with tracked.lock:
@@ -392,6 +461,8 @@ class Sessions:
                 if info is None:
                     continue
                 earlier = self._earlier[session_id] = await self._load(info)
+            if earlier.credential is not None and earlier.credential != conv.credential:
+                continue
             async with earlier.lock:
                 await self._settle(earlier)
                 if _extends(conv.chain, earlier.chain):
@@ -520,10 +591,13 @@ class Sessions:
     async def peek(self, conv: Conversation) -> tuple[Tracked | None, int]:
         """For count_tokens: the session as it is (nothing pushed, nothing created) and how
         many of the client's messages it already holds (-1: it disagrees)."""
-        async with self.lock(conv.base_id):
-            tracked = await self.resolve(conv.base_id)
+        base = await self._named(conv.base_id) if conv.explicit else conv.base_id
+        async with self.lock(base):
+            tracked = await self.resolve(base)
             if tracked is None:
                 return None, -1
+            if tracked.credential is not None and tracked.credential != conv.credential:
+                raise Refused(403, f"ctxd proxy: session {tracked.id} belongs to another API key")
             async with tracked.lock:
                 await self._settle(tracked)
             if not _extends(conv.chain, tracked.chain):
