@@ -12,6 +12,8 @@ Seq = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
 """A message's sequence number in its session (the first is 1)."""
 WindowSize = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
 """A context window in tokens."""
+UsageCount = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+"""A token count of one call (``usageSamples``)."""
 
 
 class SessionRef(msgspec.Struct, rename="camel"):

@@ -141,6 +141,11 @@ class UsageDrift(msgspec.Struct, rename="camel"):
     held between 0.8 and 2.0; 1.0 until a call of at least 256 tokens reported usage."""
     applied_overhead: int = 0
     """What the provider counts beside the pushed messages (``budget.tokenOverhead``)."""
+    samples: list[tuple[int, int]] = []
+    """The (ctxd's count, provider's count) pairs the ratio and overhead are fitted from,
+    oldest first: what ``session/create`` takes as ``usageSamples`` to start another
+    session of the same client and model from them (``ctxd proxy`` does, for a fork or a
+    new conversation)."""
 
 
 class PromptCacheStats(msgspec.Struct, rename="camel"):

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from ctxd.protocol.common import WindowSize
+from ctxd.protocol.common import UsageCount, WindowSize
 from ctxd.protocol.compression import SessionSettings
 from ctxd.protocol.context import Budget
 from ctxd.protocol.message import Message
@@ -28,6 +28,11 @@ class SessionCreateParams(msgspec.Struct, rename="camel", omit_defaults=True):
     tags: list[str] | None = None
     metadata: dict[str, Any] | None = None
     settings: SessionSettings | None = None
+    usage_samples: list[tuple[UsageCount, UsageCount]] | None = None
+    """(ctxd's count, provider's count) pairs learned elsewhere (``context/stats``
+    ``usageDrift.samples`` of another session of the same client and model): the budget's
+    calibration starts from them instead of from nothing, so the first prompts already
+    leave room for what the provider counts beside the messages (tool definitions)."""
 
 
 class SessionUpdateParams(msgspec.Struct, rename="camel", omit_defaults=True):

@@ -197,7 +197,8 @@ class Proxy:
             return None
         parts = apis.split(api, body)
         conv = self.sessions.read(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
-                                  window=managed.window, output=output, credential=credential_of(request.headers))
+                                  window=managed.window, output=output, credential=credential_of(request.headers),
+                                  user_agent=request.headers.get("user-agent"))
         return body, parts, conv
 
     def _window(self, api: Api, request: Request, body: dict[str, Any], raw: bytes,

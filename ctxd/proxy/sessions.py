@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.cli.ids import short_form_of
+from ctxd.engine import calibration
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
 from ctxd.formats import Api, chain_part, to_ctxd
 from ctxd.protocol.errors import ErrorCode
@@ -42,6 +43,14 @@ class Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def profile_of(api: Api, user_agent: str | None, model: str | None) -> str:
+    """Who sends a request, for what the provider counts beside its messages (tool
+    definitions, framing): the API, the client's product name (its User-Agent's first
+    word, version left out) and the model."""
+    product = (user_agent or "").split(" ", 1)[0].split("/", 1)[0][:64]
+    return f"{api}|{product}|{model or ''}"
 
 
 def credential_of(headers: Any) -> str:
@@ -140,6 +149,9 @@ class Conversation:
     output: int | None = None  # the request's reply limit (apis.reply_limit)
     align: AlignMemo = field(default_factory=AlignMemo)  # (apis.upstream_body)
     credential: str = ""  # the request's key fingerprint (credential_of)
+    profile: str = ""  # the client and model (profile_of)
+    prompt_tokens: int | None = None  # ctxd's count of the prompt this request got, and its window
+    prompt_window: int = 0
 
 
 def _output_of(info: dict[str, Any]) -> int | None:
@@ -164,7 +176,7 @@ def derive_session_id(api: Api, model: str | None, parts: Split, credential: str
 
 def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str | None, window: int | None,
                  output: int | None = None, previous: Conversation | None = None,
-                 credential: str = "") -> Conversation:
+                 credential: str = "", user_agent: str | None = None) -> Conversation:
     """The request's conversation: each client message as ctxd stores it, and the hash
     chain. ``previous``: the last request's conversation of the same session, whose work is
     reused for the messages both start with (equal as decoded JSON)."""
@@ -197,7 +209,7 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
         counts.append(len(items))
     base = session if session else derive_session_id(api, model, parts, credential)
     return Conversation(api, model, base, bool(session), window, parts, items, chain, counts, output, align,
-                        credential)
+                        credential, profile_of(api, user_agent, model))
 
 
 def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[Any]]]:
@@ -229,16 +241,19 @@ class Sessions:
         self._recent: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._remembered = remembered
         self._pushing: set[asyncio.Task[Any]] = set()
+        self._learned: dict[str, list[tuple[int, int]]] = {}  # per profile: (ctxd's count, provider's)
+        self._looked_up: set[str] = set()
 
     def read(self, api: Api, body: dict[str, Any], parts: Split, *, session: str | None,
-             window: int | None, output: int | None = None, credential: str = "") -> Conversation:
+             window: int | None, output: int | None = None, credential: str = "",
+             user_agent: str | None = None) -> Conversation:
         """:func:`conversation`, reusing the previous request's work on the messages this
         one starts with (an agent resends its whole history each turn: hashing it again
         cost about 1 ms per 100 messages). The last ``remembered`` conversations are kept."""
         model = body.get("model") if isinstance(body.get("model"), str) else None
         key = (api, session or derive_session_id(api, model, parts, credential))
         conv = conversation(api, body, parts, session=session, window=window, output=output,
-                            previous=self._recent.get(key), credential=credential)
+                            previous=self._recent.get(key), credential=credential, user_agent=user_agent)
         self._recent[key] = conv
         self._recent.move_to_end(key)
         while len(self._recent) > self._remembered:
@@ -297,7 +312,11 @@ class Sessions:
     async def _create(self, conv: Conversation, session_id: str, meta: dict[str, Any]) -> Tracked:
         provider = "openai" if conv.api == "responses" else conv.api
         params: dict[str, Any] = {"sessionId": session_id, "provider": provider, "tags": ["proxy"],
-                                  "metadata": {META: dict(meta, api=conv.api, credential=conv.credential)}}
+                                  "metadata": {META: dict(meta, api=conv.api, credential=conv.credential,
+                                                          profile=conv.profile)}}
+        samples = await self._samples(conv.profile, source=meta.get("forkedFrom"))
+        if samples:
+            params["usageSamples"] = samples
         if conv.model:
             params["model"] = conv.model
         if conv.window:
@@ -327,6 +346,44 @@ class Sessions:
         tracked = Tracked(session_id, [], info.get("systemPrompt"), _output_of(info), credential=conv.credential)
         self._tracked[session_id] = tracked
         return tracked
+
+    async def _samples(self, profile: str, *, source: str | None = None) -> list[tuple[int, int]]:
+        """What the provider counted against ctxd's count for this client and model (the
+        calibration's pairs), for a session about to be created: learned from this
+        proxy's replies, else the session a fork leaves, else (once per profile, after a
+        restart) the most recently active session of that profile."""
+        known = self._learned.get(profile)
+        if known:
+            return list(known)
+        candidates: list[str] = []
+        if source is not None:
+            candidates.append(source)
+        elif profile not in self._looked_up:
+            self._looked_up.add(profile)
+            listed = await self.link.request(profile, "session/list", {"tag": "proxy", "limit": 50})
+            candidates += [info["sessionId"] for info in listed.get("sessions") or []
+                           if ((info.get("metadata") or {}).get(META) or {}).get("profile") == profile][:1]
+        for session_id in candidates:
+            try:
+                stats = await self.link.request(session_id, "context/stats", {"sessionId": session_id})
+            except RpcError:
+                continue
+            samples = [(int(c), int(r)) for c, r in (stats.get("usageDrift") or {}).get("samples") or []]
+            if samples:
+                self._learned[profile] = samples
+                return list(samples)
+        return []
+
+    def _learn(self, conv: Conversation, usage: dict[str, int]) -> None:
+        """Pair a reply's reported input with ctxd's count of the prompt it answered, as
+        the daemon does for the session (engine/calibration.py), for the sessions this
+        client and model will start."""
+        reported = usage.get("inputTokens")
+        if reported is None or conv.prompt_tokens is None:
+            return
+        reported += usage.get("cacheReadTokens", 0) + usage.get("cacheWriteTokens", 0)
+        pair = calibration.pair(reported, (conv.prompt_tokens,), None, conv.prompt_window)
+        self._learned[conv.profile] = calibration.remember(self._learned.get(conv.profile, []), pair)
 
     async def _fork(self, conv: Conversation, old: Tracked, at: int) -> Tracked:
         """The client's history disagrees with the session's from message ``at`` on: a new
@@ -503,6 +560,8 @@ class Sessions:
                 self._earlier.pop(tracked.id, None)
             raise
         tracked.chain = list(conv.chain)
+        conv.prompt_tokens = prompt.get("tokens")
+        conv.prompt_window = (prompt.get("budget") or {}).get("contextWindow") or 0
         return list(tracked.chain), prompt
 
     @staticmethod
@@ -539,6 +598,7 @@ class Sessions:
         items = reply_items(conv.api, conv, messages)
         if not items:
             return False
+        self._learn(conv, usage)
         async with tracked.lock:
             if tracked.chain != chain_then:
                 log.info("session %s: the reply is not pushed, the session moved on meanwhile", tracked.id)

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import msgspec
 
+from ctxd.engine import calibration
 from ctxd.protocol import notifications
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
 from ctxd.protocol.session import (
@@ -86,6 +87,11 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
         message_count=0, token_count=0, context_tokens=PROMPT_PRIMING + system_tokens, last_seq=0,
         stats=SessionStats(), model_info=await _model_info(svc, params),
     )
+    if params.usage_samples:
+        # Learned by another session of the same client and model (engine/calibration.py):
+        # the newest few, as that session would keep them; pairs that teach nothing dropped.
+        row.stats.drift.usage_samples = [
+            (c, r) for c, r in params.usage_samples if c >= calibration.MIN_COUNTED and r > 0][-calibration.SAMPLES:]
     if params.settings is not None:
         row.settings = params.settings
     state = svc.cache.adopt_new(row)

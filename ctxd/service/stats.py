@@ -37,6 +37,7 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
             input_ratio=_ratio(drift.reported_input, drift.counted_input),
             applied_ratio=budget.token_ratio,
             applied_overhead=budget.token_overhead,
+            samples=[(c, r) for c, r in drift.usage_samples],
         ),
         budget=budget,
         reliability=session_reliability(state, budget),

@@ -91,6 +91,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.mode = "ok"
         self.models = {MODEL}  # the models it serves (others get a 400, as a provider answers)
+        self.count_all = False  # input tokens: of the messages only, or (True) of everything, as providers count
         self.received: list[Received] = []
         self.disconnects = 0
         self.hung_up = 0  # hanging requests whose client (the proxy) closed the connection
@@ -216,7 +217,7 @@ class FakeUpstream:
         text, from_user = _last_user_text(api, body)
         tool = (from_user and "use the tool" in text) or (thinking and _calls_to_go(body))
         answer = "Answer to: " + " ".join(text.split())[:60]
-        input_tokens = len(json.dumps(body.get("messages"))) // 4
+        input_tokens = self.input_tokens(body)
         stream = body.get("stream") is not False if api == "ollama" else body.get("stream") is True
         if not stream:
             payload = self._whole(api, answer, tool, input_tokens)
@@ -228,6 +229,18 @@ class FakeUpstream:
             return JSONResponse(payload)
         media = "application/x-ndjson" if api == "ollama" else "text/event-stream"
         return StreamingResponse(self._stream(api, answer, tool, input_tokens, body, mode), media_type=media)
+
+    def input_tokens(self, body: dict[str, Any]) -> int:
+        """The request's input tokens as this upstream counts them: a quarter of the JSON
+        length of its messages, or with ``count_all`` what a provider counts: the tokens
+        (o200k) of the JSON of the system part, the tool definitions and the messages,
+        framing included, so a little more than ctxd's count of the same."""
+        if not self.count_all:
+            return len(json.dumps(body.get("messages"))) // 4
+        from ctxd.tokens import TokenCounter
+
+        counted = {k: body[k] for k in ("system", "instructions", "tools", "messages") if k in body}
+        return TokenCounter.for_model("gpt-4o").count(json.dumps(counted))
 
     @staticmethod
     def _error(api: str, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:

@@ -408,3 +408,19 @@ async def test_a_task_bigger_than_the_room_left_is_sent_as_an_excerpt(service: S
         await settle(service)
         await _prompt(service)
     assert refused.value.code == ErrorCode.ContextOverflow and "newest user message alone" in str(refused.value)
+
+async def test_a_session_starts_from_usage_samples_learned_elsewhere(service: Service) -> None:
+    """``usageSamples`` at create: the budget leaves room for what the provider counts
+    beside the messages from the first prompt on, and ``context/stats`` shows the pairs
+    (what a client passes on to the next session of the same client and model)."""
+    learned = [(c, int(c * 1.1) + 6_000) for c in (2_000, 4_000, 6_000, 8_000)]
+    await _create(service, "fresh", window=24_000)
+    await _create(service, "seeded", window=24_000, usageSamples=[list(p) for p in learned + [(10, 5)]])
+    fresh = await stats.stats(service, "fresh")
+    seeded = await stats.stats(service, "seeded")
+    assert fresh.usage_drift.samples == [] and fresh.budget.token_overhead == 0
+    assert seeded.usage_drift.samples == learned  # the pair below 256 counted tokens teaches nothing
+    assert 5_000 <= seeded.budget.token_overhead <= 6_000 and seeded.budget.token_ratio > 1.05
+    assert seeded.budget.max_prompt_tokens < fresh.budget.max_prompt_tokens - 5_000
+    with pytest.raises(msgspec.ValidationError):
+        params("session/create", sessionId="bad", usageSamples=[[-1, 5]])
