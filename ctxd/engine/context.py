@@ -18,6 +18,7 @@ and is what gets stored.
 from __future__ import annotations
 
 from collections.abc import Callable
+import bisect
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -85,6 +86,10 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     """``revision`` when the last snapshot was taken (-1: none yet)."""
     rolled_back: list[tuple[int, int]] = []
     """Ranges of history (inclusive) that a snapshot restore took out of the active context."""
+    superseded: list[int] = []
+    """Messages a client no longer sends because it sends a newer copy (its own working
+    context: the files in its chat, a repository map, a reminder): out of the active
+    context, kept in history (``context/prompt`` ``supersede``). Sorted."""
     clips: list[ClipEvent] = []
     """Recent tool outputs too big for the prompt, sent as excerpts (``engine/clip.py``)."""
 
@@ -103,6 +108,14 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
 
     def is_rolled_back(self, seq: int) -> bool:
         return any(low <= seq <= high for low, high in self.rolled_back)
+
+    def is_superseded(self, seq: int) -> bool:
+        at = bisect.bisect_left(self.superseded, seq)
+        return at < len(self.superseded) and self.superseded[at] == seq
+
+    def is_out(self, seq: int) -> bool:
+        """Out of the active context whatever compression does: rolled back or superseded."""
+        return self.is_rolled_back(seq) or self.is_superseded(seq)
 
     def prune_horizon(self) -> int:
         return self.prunes[-1].through_seq if self.prunes else 0

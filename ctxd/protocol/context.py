@@ -64,6 +64,12 @@ class PromptParams(msgspec.Struct, rename="camel"):
     format: PromptFormat = "openai"
     cache_control: bool = True
     push: list[Message] | None = None
+    supersede: list[str] | None = None
+    """Idempotency keys of stored messages the client no longer sends because it sends a
+    newer copy (its working context: the files in its chat, a repository map, a trailing
+    reminder): taken out of the active context before ``push`` (history keeps them, with
+    status ``superseded``), so the prompt shows and the budget counts only the newest
+    copy. Keys of no stored message are ignored."""
 
 
 class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=True):

@@ -27,10 +27,12 @@ class HistoryEntry(msgspec.Struct, rename="camel", omit_defaults=True):
     created_at: str
     tokens: int
     message: Message
-    status: Literal["context", "kept", "compressed", "rolled_back"]
+    status: Literal["context", "kept", "compressed", "rolled_back", "superseded"]
     """``context``: sent as is (maybe pruned/filtered); ``kept``: behind the compression
     boundary but sent verbatim (user words, pins); ``compressed``: stands in a checkpoint;
-    ``rolled_back``: after a snapshot that was restored, no longer in the active context."""
+    ``rolled_back``: after a snapshot that was restored, no longer in the active context;
+    ``superseded``: a client's working context it replaced with a newer copy
+    (``context/prompt`` ``supersede``), no longer in the active context."""
     pruned: bool = False
     filtered: bool = False
 

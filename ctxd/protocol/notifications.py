@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-UpdateReason = Literal["push", "compressed", "restored", "watermark", "pin", "goal", "updated"]
+UpdateReason = Literal["push", "compressed", "restored", "watermark", "pin", "goal", "updated", "supersede"]
 
 
 class SessionUpdated(msgspec.Struct, rename="camel"):

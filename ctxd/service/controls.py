@@ -138,7 +138,7 @@ async def pin(svc: Service, params: PinParams) -> PinResult:
                         pinned.add(seq)
                         unfold(ctx, seq, state.counter.count)
                         if seq <= ctx.state.boundary and not any(e.seq == seq for e in ctx.kept) \
-                                and not ctx.state.is_rolled_back(seq):
+                                and not ctx.state.is_out(seq):
                             ctx.kept.append(entries[seq])
                     else:
                         pinned.discard(seq)
@@ -157,3 +157,33 @@ async def pin(svc: Service, params: PinParams) -> PinResult:
             compression.schedule(svc, state)
         return PinResult(session_id=state.id, seq=params.seq, pinned=params.pinned, pinned_tokens=ctx.pinned_tokens,
                          seqs=seqs)
+
+
+async def supersede(svc: Service, session_id: str, keys: list[str]) -> list[int]:
+    """Take the stored messages with these idempotency keys out of the active context (a
+    client's working context it now sends a newer copy of: ``context/prompt``
+    ``supersede``); history keeps them. A pin on them goes with them. The seqs newly
+    superseded."""
+    state = await svc.cache.get(session_id)
+    async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
+        async with state.lock:
+            found = await svc.db.read(message_store.find_keys, state.id, list(dict.fromkeys(keys)),
+                                      state.row.last_seq)
+            ctx = await svc.cache.context(state)
+            seqs = sorted({seq for seq, _ in found.values()} - set(ctx.state.superseded))
+            if not seqs:
+                return []
+            out = set(seqs)
+            ctx.recent = [e for e in ctx.recent if e.seq not in out]
+            ctx.kept = [e for e in ctx.kept if e.seq not in out]
+            ctx.state.kept_seqs = [e.seq for e in ctx.kept]
+            ctx.state.pinned = [seq for seq in ctx.state.pinned if seq not in out]
+            # Those already behind the boundary and not kept stand in a checkpoint: only
+            # the ones still shown need remembering.
+            ctx.state.superseded = sorted(set(ctx.state.superseded) | {s for s in out if s > ctx.state.boundary}
+                                          | {s for s in ctx.state.superseded if s > ctx.state.boundary})
+            svc.cache.refresh(state, system=True)
+            await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
+                               context_tokens=state.row.context_tokens)
+    notify.updated(svc, state, "supersede")
+    return seqs

@@ -39,6 +39,8 @@ MAX_HITS = 200
 def status_of(cstate: CompressionState, seq: int) -> str:
     if cstate.is_rolled_back(seq):
         return "rolled_back"
+    if cstate.is_superseded(seq):
+        return "superseded"
     if seq <= cstate.boundary:
         return "kept" if seq in cstate.kept_seqs else "compressed"
     return "context"

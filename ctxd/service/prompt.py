@@ -16,7 +16,7 @@ from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.formats.anthropic import cache_breakpoints
 from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, PromptParams, PromptResult
 from ctxd.protocol.session import SessionPushParams
-from ctxd.service import compression, ingest
+from ctxd.service import compression, controls, ingest
 from ctxd.service.core import Service
 from ctxd.service.notify import session_reliability
 from ctxd.service.state import SessionState
@@ -92,6 +92,8 @@ def _appended_to(before: tuple[object, ...], now: tuple[object, ...], ctx: Activ
 
 
 async def prompt(svc: Service, params: PromptParams) -> PromptResult:
+    if params.supersede:  # the client's older copies of what it sends anew
+        await controls.supersede(svc, params.session_id, params.supersede)
     if params.push:  # one round trip for a turn: the push, then the prompt that includes it
         await ingest.push(svc, SessionPushParams(session_id=params.session_id, messages=params.push))
     state = await svc.cache.get(params.session_id)

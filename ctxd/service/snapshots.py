@@ -157,7 +157,7 @@ async def get(svc: Service, params: SnapshotRef) -> SnapshotContent:
     last = snap.info.last_seq
     recent = await svc.db.read(message_store.load_range, state.id, stored.boundary, last, None)
     kept = await svc.db.read(message_store.load_seqs, state.id, list(stored.kept_seqs)) if stored.kept_seqs else []
-    context_seqs = {m.seq for m in kept} | {m.seq for m in recent if not stored.is_rolled_back(m.seq)}
+    context_seqs = {m.seq for m in kept} | {m.seq for m in recent if not stored.is_out(m.seq)}
     all_users = await svc.db.read(_user_messages, state.id, last)
     users = [SnapshotMessage(seq=m.seq, message=m.message, tokens=m.tokens.total, in_context=m.seq in context_seqs)
              for m in all_users if not stored.is_rolled_back(m.seq)]

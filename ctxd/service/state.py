@@ -174,7 +174,7 @@ def _prompt_shape(c: CompressionState) -> tuple[object, ...]:
     two daemons each bump their own count, so another's pin can leave it where this one's
     memory already is."""
     return (c.boundary, c.kept_seqs, c.pinned, c.watermark_seq, c.watermark_tool_use_id, c.prunes,
-            c.compression_count, c.rolled_back, c.clips)
+            c.compression_count, c.rolled_back, c.clips, c.superseded)
 
 
 def context_moved(state: SessionState, stored: CompressionState, goal: Goal | None) -> bool:
@@ -365,8 +365,8 @@ class SessionCache:
                 break
             recent += more
             loaded = more[-1].seq
-        if cstate.rolled_back:
-            recent = [m for m in recent if not cstate.is_rolled_back(m.seq)]
+        if cstate.rolled_back or cstate.superseded:
+            recent = [m for m in recent if not cstate.is_out(m.seq)]
         if state.ctx is not None:  # loaded by another request meanwhile
             return state.ctx
         ctx = ActiveContext(

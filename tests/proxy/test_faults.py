@@ -71,7 +71,8 @@ async def test_a_cut_stream_is_an_error_and_pushes_no_partial_reply(proxy, upstr
 async def test_a_client_that_hangs_up_cancels_the_upstream(proxy, upstream, ctxd_daemon) -> None:
     upstream.mode = "slow"
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "A slow answer, please."}]}
-    async with httpx.AsyncClient(timeout=30) as http:
+    # (the key the SDK sends below: a session is continued only under its own key)
+    async with httpx.AsyncClient(timeout=30, headers={"authorization": "Bearer sk-x"}) as http:
         async with http.stream("POST", proxy.url + "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
             async for chunk in response.aiter_raw():

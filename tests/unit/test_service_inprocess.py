@@ -424,3 +424,40 @@ async def test_a_session_starts_from_usage_samples_learned_elsewhere(service: Se
     assert seeded.budget.max_prompt_tokens < fresh.budget.max_prompt_tokens - 5_000
     with pytest.raises(msgspec.ValidationError):
         params("session/create", sessionId="bad", usageSamples=[[-1, 5]])
+
+
+async def test_superseded_copies_leave_the_prompt_and_stay_in_history(service: Service) -> None:
+    """A client's working context it sends anew each turn (the files in its chat): the
+    older copy, named by its idempotency key in ``context/prompt`` ``supersede``, leaves
+    the active context (prompt and budget), stays in history as ``superseded``, and stays
+    out after the context is read again from storage."""
+    from ctxd.service import history
+
+    files = "Here are the files:\nsrc/app.py\n" + "def handler(): return 1\n" * 40
+    await _create(service, window=32_000)
+    await _push(service, [
+        {"role": "user", "content": files, "idempotencyKey": "files-1"},
+        {"role": "assistant", "content": "Ok, I will edit those files.", "idempotencyKey": "ack"},
+        {"role": "user", "content": "Rename handler.", "idempotencyKey": "ask-1"},
+        {"role": "assistant", "content": "Renamed.", "idempotencyKey": "reply-1"}])
+    await controls.pin(service, params("message/pin", sessionId=SID, seq=1, pinned=True))
+    before = await prompt.prompt(service, params("context/prompt", sessionId=SID))
+    edited = files.replace("handler", "renamed")
+    after = await prompt.prompt(service, params("context/prompt", sessionId=SID, supersede=["files-1", "nope"], push=[
+        {"role": "user", "content": edited, "idempotencyKey": "files-2"},
+        {"role": "user", "content": "Now test it.", "idempotencyKey": "ask-2"}]))
+    contents = [m.content for m in after.messages]
+    assert files not in contents and edited in contents and contents.count(edited) == 1
+    assert after.tokens < before.tokens + 40  # the old copy's tokens are no longer counted
+    assert after.budget.pinned_tokens == 0  # its pin went with it
+    page = await history.history(service, params("session/history", sessionId=SID))
+    assert [e.status for e in page.messages] == ["superseded", "context", "context", "context", "context",
+                                                 "context"]
+    # Superseding again changes nothing; the state is stored: a context read afresh agrees.
+    again = await prompt.prompt(service, params("context/prompt", sessionId=SID, supersede=["files-1"]))
+    assert [m.content for m in again.messages] == contents
+    state = await service.cache.get(SID)
+    state.drop_context()
+    service.cache.forget(SID)
+    reloaded = await prompt.prompt(service, params("context/prompt", sessionId=SID))
+    assert [m.content for m in reloaded.messages] == contents and reloaded.tokens == after.tokens
