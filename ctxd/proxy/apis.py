@@ -11,6 +11,7 @@ from typing import Any
 
 from ctxd.formats import anthropic, chain_part, ollama, openai, projection, responses, usage
 from ctxd.formats.common import Api, canonical_json, parts_text
+from ctxd.proxy.identity import Ident, compose, ident_of
 
 ALIGN_RUN = 32
 
@@ -114,6 +115,35 @@ class Alignment:
 
 
 @dataclass
+class Order:
+    """What the alignment knows of the client's messages besides their bytes: their
+    identities (identity.py), the shape of the copy stored for each (``shapes[j]``: what
+    ctxd renders when it leaves the message as it is), and whether the request was a
+    plain extension of its session (else ctxd's prompt goes in the client's order,
+    :func:`identity.compose`)."""
+
+    api: Api
+    idents: list[Ident | None]  # per client message (None: one with nothing ctxd keeps)
+    shapes: list[str | None]
+    extends: bool = True
+    anchors: list[bool] | None = None
+
+    def identify(self, message: dict[str, Any]) -> Ident | None:
+        part = chain_part(self.api, message)
+        return ident_of(self.api, message, part) if part is not None else None
+
+    def same(self, rendered: dict[str, Any], j: int) -> bool:
+        """Whether ctxd's ``rendered`` message is the client's ``j``-th as stored: the same
+        identity, rendered as the stored copy (a message the client sends back with a
+        field the model did not write, ``"replace_all": false``, is still the client's)."""
+        mine = self.idents[j]
+        if mine is None:
+            return False
+        ident = self.identify(rendered)
+        return ident is not None and ident.key == mine.key and ident.shape == self.shapes[j]
+
+
+@dataclass
 class AlignMemo:
     """A request's link to the previous request of its conversation (``Sessions.read``):
     that request's alignment, and how many of this request's messages it starts with
@@ -127,7 +157,8 @@ class AlignMemo:
     current: Alignment | None = None
 
 
-def _walk(api: Api, rendered: list[Any], client: list[Any], memo: AlignMemo | None) -> tuple[int, int]:
+def _walk(api: Api, rendered: list[Any], client: list[Any], memo: AlignMemo | None,
+          order: Order | None = None) -> tuple[int, int]:
     """Where the walk from the end stops: ``rendered[r:]`` and ``client[c:]`` are aligned."""
     r, c = len(rendered), len(client)
     jump = -1
@@ -152,22 +183,28 @@ def _walk(api: Api, rendered: list[Any], client: list[Any], memo: AlignMemo | No
             r, c = r - ALIGN_RUN, c - ALIGN_RUN
             continue
         a, b = rendered[r - 1], client[c - 1]
-        # Equal as JSON is equal as ctxd models them: the projection only when they differ.
-        if a != b and projection(api, a) != projection(api, b):
+        # Equal as JSON is equal as ctxd models them: the projection only when they differ,
+        # then the identity (the same ids, rendered as stored).
+        if a != b and projection(api, a) != projection(api, b) and \
+                (order is None or c - 1 >= len(order.idents) or not order.same(a, c - 1)):
             break
         r, c = r - 1, c - 1
     return r, c
 
 
 def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]],
-           memo: AlignMemo | None = None) -> list[Any]:
+           memo: AlignMemo | None = None, order: Order | None = None) -> list[Any]:
     """ctxd's rendered conversation, with each message of its tail that ctxd renders as the
     client sent it replaced by the client's own message (byte for byte: unmodelled blocks,
     thinking signatures, ``cache_control`` included). Stops at the first difference.
     ``memo``: the previous request's alignment is built on (and this one's kept in it)."""
     if api == "responses":
         return _align_items(rendered, client)
-    r, c = _walk(api, rendered, client, memo)
+    if order is not None and not order.extends and len(order.idents) == len(client):
+        if memo is not None:
+            memo.current = None  # (nothing for the next request to build on)
+        return compose(api, rendered, client, order.idents, order.shapes, order.identify, order.anchors)
+    r, c = _walk(api, rendered, client, memo, order)
     if memo is not None:
         memo.current = Alignment(rendered, client, (r, c))
     out = rendered[:r] + client[c:]
@@ -230,7 +267,7 @@ def _align_items(rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -
 
 
 def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str, Any] | None,
-                  memo: AlignMemo | None = None) -> dict[str, Any]:
+                  memo: AlignMemo | None = None, order: Order | None = None) -> dict[str, Any]:
     """The request sent upstream: the client's body with its system part and messages
     replaced by ctxd's prompt (``prompt`` None: the client's body as it is). ``memo``: see
     :class:`AlignMemo`."""
@@ -241,7 +278,7 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
         system = prompt.get("system")
         system_text = system if isinstance(system, str) else \
             "\n\n".join(b.get("text", "") for b in system or [] if isinstance(b, dict))
-        messages = _align(api, list(prompt["messages"]), parts.conversation, memo)
+        messages = _align(api, list(prompt["messages"]), parts.conversation, memo, order)
         in_messages = None
         if memo is not None and memo.current is not None:
             memo.current.breakpoints = sums = _client_breakpoints(parts.conversation, memo)
@@ -261,14 +298,27 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
     system_msgs: list[Any] = []
     if rendered and rendered[0].get("role") == "system":
         system_msgs = [rendered.pop(0)]
-    conversation = _align(api, rendered, parts.conversation, memo)
+    conversation = _align(api, rendered, parts.conversation, memo, order)
     system_text = system_msgs[0].get("content") if system_msgs else ""
+    addition = _addition(system_text if isinstance(system_text, str) else "", parts.system_text)
     if system_text == parts.system_text:
         system_msgs = list(parts.system_raw)
+    elif addition is not None:
+        # ctxd's goal and checkpoints after the client's own system messages, which stay
+        # as sent: the prefix a provider caches is the client's.
+        system_msgs = list(parts.system_raw) + [{"role": parts.system_role, "content": addition}]
     elif system_msgs and parts.system_role != "system":
         system_msgs = [dict(system_msgs[0], role=parts.system_role)]
     out["messages"] = system_msgs + conversation
     return out
+
+
+def _addition(system_text: str, client_text: str) -> str | None:
+    """What ctxd's system text adds to the client's (a goal, checkpoints), when it is the
+    client's followed by more; None otherwise."""
+    if client_text and system_text.startswith(client_text + "\n\n") and len(system_text) > len(client_text) + 2:
+        return system_text[len(client_text) + 2:]
+    return None
 
 
 def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any]) -> dict[str, Any]:
@@ -281,8 +331,13 @@ def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any]) -
         system_text = parts_text(rendered.pop(0).get("content"))
     items = [item for message in rendered for item in responses.items_of(message)]
     conversation = _align("responses", items, parts.conversation)
+    addition = _addition(system_text, parts.system_text)
     if system_text == parts.system_text:
         leading = list(parts.system_raw)
+    elif addition is not None:
+        # The client's ``instructions`` and leading items as sent, then ctxd's goal and
+        # checkpoints as one developer item: never folded into the client's.
+        leading = list(parts.system_raw) + [{"role": "developer", "content": addition}]
     else:
         leading = []
         if system_text:

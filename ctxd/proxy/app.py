@@ -151,7 +151,7 @@ class Proxy:
         except (DaemonUnavailable, OSError) as exc:
             return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
                                 status_code=503)
-        out = apis.upstream_body(api, body, parts, prompt, conv.align)
+        out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None  # (what the next request builds on is conv.align.current)
         log.debug("session %s: %d messages from the client, %d sent upstream (%d tokens)", tracked.id,
                   len(parts.conversation), len(out.get("input" if api == "responses" else "messages") or []),
@@ -359,10 +359,10 @@ class Proxy:
         body, parts, conv = read
         out = body
         try:
-            tracked, held = await self.sessions.peek(conv)
-            if tracked is not None and held >= 0:
+            tracked, plan = await self.sessions.peek(conv)
+            if tracked is not None and plan is not None:
                 prompt = await self.sessions.prompt(tracked, api)
-                new_raw = [raw_message for _, _, raw_message in conv.items[held:]]
+                new_raw = [conv.items[j][2] for j in plan.new]
                 prompt = dict(prompt, messages=list(prompt["messages"]) + new_raw)
                 out = apis.upstream_body(api, body, parts, prompt)
         except Refused as exc:
@@ -416,6 +416,26 @@ class Proxy:
 
         return StreamingResponse(relay(), status_code=response.status_code,
                                  headers=self.back_headers(response, decoded=False))
+
+
+def order_of(conv: Conversation) -> apis.Order | None:
+    """What the alignment needs of the request's plan (identity.py), per client message."""
+    if conv.plan is None:
+        return None
+    idents: list[Any] = []
+    shapes: list[str | None] = []
+    anchors: list[bool] = []
+    counts = conv.counts
+    for i in range(len(conv.parts.conversation)):
+        if counts[i + 1] > counts[i]:
+            idents.append(conv.idents[counts[i]])
+            shapes.append(conv.shapes[counts[i]])
+            anchors.append(conv.anchors[counts[i]])
+        else:
+            idents.append(None)
+            shapes.append(None)
+            anchors.append(False)
+    return apis.Order(conv.api, idents, shapes, conv.plan.extends, anchors)
 
 
 def build_app(proxy: Proxy) -> Starlette:

@@ -26,6 +26,7 @@ from ctxd.formats import Api, chain_part, to_ctxd
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy.apis import AlignMemo, Split
 from ctxd.proxy.convert import chain_hash
+from ctxd.proxy.identity import Ident, Plan, Stored, ident_of, match
 
 log = logging.getLogger("ctxd.proxy")
 
@@ -116,6 +117,7 @@ class Pending:
 
     task: asyncio.Task[Any]
     before: list[str]
+    entries: int = 0  # len(Tracked.entries) before it
 
 
 @dataclass
@@ -131,6 +133,7 @@ class Tracked:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pending: Pending | None = None
     credential: str | None = None  # the creating key's fingerprint; None: not recorded (made elsewhere)
+    entries: list[Stored] = field(default_factory=list)  # one per ``chain`` key: identity, anchor, live
 
 
 @dataclass
@@ -145,6 +148,7 @@ class Conversation:
     parts: Split
     items: list[tuple[dict[str, Any], list[Any], dict[str, Any]]]  # (ctxd message, chain part, raw)
     chain: list[str]
+    idents: list[Ident]  # one per item (identity.py)
     counts: list[int] = field(default_factory=list)  # counts[i]: len(items) after the first i client messages
     output: int | None = None  # the request's reply limit (apis.reply_limit)
     align: AlignMemo = field(default_factory=AlignMemo)  # (apis.upstream_body)
@@ -152,6 +156,9 @@ class Conversation:
     profile: str = ""  # the client and model (profile_of)
     prompt_tokens: int | None = None  # ctxd's count of the prompt this request got, and its window
     prompt_window: int = 0
+    plan: Plan | None = None  # what this request did to its session (identity.match)
+    shapes: list[str | None] = field(default_factory=list)  # per item: the stored copy's shape
+    anchors: list[bool] = field(default_factory=list)  # per item: an anchor (identity.py)
 
 
 def _output_of(info: dict[str, Any]) -> int | None:
@@ -160,9 +167,19 @@ def _output_of(info: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _extends(chain: list[str], known: list[str]) -> bool:
-    """Whether a client's chain starts with a session's."""
-    return len(known) <= len(chain) and chain[:len(known)] == known
+def _stored_of(entry: dict[str, Any]) -> Stored | None:
+    """A history entry's side of the proxy (``metadata.ctxdProxy``), None for a message
+    another client pushed. One pushed before identities were kept is an anchor whose
+    identity nothing matches (such a conversation forks once)."""
+    message = entry.get("message") or {}
+    meta = (message.get("metadata") or {}).get(META) or {}
+    if not isinstance(meta, dict) or not isinstance(meta.get("hash"), str):
+        return None
+    ident = meta.get("id")
+    if not isinstance(ident, str):
+        return Stored(meta["hash"], "legacy:" + meta["hash"], True, "")
+    return Stored(meta["hash"], ident, bool(meta.get("anchor")) or bool(meta.get("ids")),
+                  str(meta.get("shape") or ""), entry.get("status") != "superseded")
 
 
 def derive_session_id(api: Api, model: str | None, parts: Split, credential: str = "") -> str:
@@ -182,6 +199,7 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
     reused for the messages both start with (equal as decoded JSON)."""
     model = body.get("model") if isinstance(body.get("model"), str) else None
     items: list[tuple[dict[str, Any], list[Any], dict[str, Any]]] = []
+    idents: list[Ident] = []
     call_ids: dict[int, list[str]] = {}
     chain: list[str] = []
     counts = [0]
@@ -199,6 +217,7 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
             start = same
             n = previous.counts[start]
             items, chain, counts = previous.items[:n], previous.chain[:n], previous.counts[:start + 1]
+            idents = previous.idents[:n]
     for position in range(start, len(client)):
         raw = client[position]
         message = to_ctxd(api, raw, call_ids=call_ids, position=offset + position)
@@ -206,14 +225,15 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
         if message is not None and part is not None:
             chain.append(chain_hash(chain[-1] if chain else "", part))
             items.append((message, part, raw))
+            idents.append(ident_of(api, raw, part))
         counts.append(len(items))
     base = session if session else derive_session_id(api, model, parts, credential)
-    return Conversation(api, model, base, bool(session), window, parts, items, chain, counts, output, align,
-                        credential, profile_of(api, user_agent, model))
+    return Conversation(api, model, base, bool(session), window, parts, items, chain, idents, counts, output,
+                        align, credential, profile_of(api, user_agent, model))
 
 
-def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[Any]]]:
-    """The reply as ctxd stores it, and the chain parts (as the client will send it back):
+def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Ident]]:
+    """The reply as ctxd stores it, and its identity (as the client will send it back):
     one message, or for the Responses API one per output item (reasoning left out)."""
     call_ids: dict[int, list[str]] = {}
     offset = len(conv.parts.system_raw) if isinstance(conv.parts.system_raw, list) and api != "anthropic" else 0
@@ -222,7 +242,7 @@ def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) ->
         converted = to_ctxd(api, message, call_ids=call_ids, position=offset + len(conv.parts.conversation) + n)
         part = chain_part(api, message)
         if converted is not None and part is not None:
-            out.append((converted, part))
+            out.append((converted, ident_of(api, message, part)))
     return out
 
 
@@ -273,20 +293,21 @@ class Sessions:
     async def _load(self, info: dict[str, Any]) -> Tracked:
         """A stored session's chain, from the hashes its pushed messages carry."""
         session_id = info["sessionId"]
-        chain: list[str] = []
+        entries: list[Stored] = []
         next_seq: int | None = 1
         while next_seq is not None:
             page = await self.link.request(session_id, "session/history",
                                            {"sessionId": session_id, "from": next_seq, "limit": 500})
             for entry in page.get("messages") or []:
-                meta = ((entry.get("message") or {}).get("metadata") or {}).get(META) or {}
-                if isinstance(meta, dict) and isinstance(meta.get("hash"), str):
-                    chain.append(meta["hash"])
+                stored = _stored_of(entry)
+                if stored is not None:
+                    entries.append(stored)
             next_seq = page.get("nextSeq")
+        chain = [e.key for e in entries]
         own = (info.get("metadata") or {}).get(META)
         credential = own.get("credential") if isinstance(own, dict) else None
         return Tracked(session_id, chain, info.get("systemPrompt"), _output_of(info),
-                       credential=credential if isinstance(credential, str) else None)
+                       credential=credential if isinstance(credential, str) else None, entries=entries)
 
     async def resolve(self, base_id: str) -> Tracked | None:
         """The session a conversation continues (following forks), or None."""
@@ -398,7 +419,7 @@ class Sessions:
             n += 1
         log.warning("session %s: the client's history differs from the session's at message %d "
                     "(client %d messages, session %d); continuing in new session %s",
-                    old.id, at + 1, len(conv.chain), len(old.chain), candidate)
+                    old.id, at + 1, len(conv.items), len(old.chain), candidate)
         tracked = await self._create(conv, candidate, {"forkedFrom": old.id, "forkedAt": at + 1})
         info = await self._get(old.id)
         metadata = dict((info or {}).get("metadata") or {})
@@ -466,21 +487,32 @@ class Sessions:
                 self._tracked[tracked.id] = self._tracked.pop(tracked.id)
             async with tracked.lock:
                 await self._settle(tracked)
-                if _extends(conv.chain, tracked.chain):
-                    return tracked, *await self._push_and_prompt(conv, tracked, fmt)
-            earlier = await self._continued(conv, tracked)
+                plan = match(tracked.entries, conv.idents)
+                if plan is not None and plan.extends:
+                    return tracked, *await self._push_and_prompt(conv, tracked, fmt, plan)
+            # An earlier branch the request extends exactly is preferred to one it only
+            # continues by superseding (a client back on the branch it left).
+            earlier = await self._continued(conv, tracked, exactly=plan is not None)
             if earlier is not None:
                 async with earlier.lock:
                     await self._settle(earlier)  # (checked again in the same hold as the push)
-                    if _extends(conv.chain, earlier.chain):
-                        return earlier, *await self._push_and_prompt(conv, earlier, fmt)
+                    again = match(earlier.entries, conv.idents)
+                    if again is not None and (again.extends or plan is None):
+                        return earlier, *await self._push_and_prompt(conv, earlier, fmt, again)
+            if plan is not None:
+                async with tracked.lock:
+                    await self._settle(tracked)
+                    plan = match(tracked.entries, conv.idents)
+                    if plan is not None:
+                        return tracked, *await self._push_and_prompt(conv, tracked, fmt, plan)
             async with tracked.lock:
-                known = tracked.chain
-                at = next((i for i, (a, b) in enumerate(zip(known, conv.chain)) if a != b),
-                          min(len(known), len(conv.chain)))
+                live = [e.ident for e in tracked.entries if e.live]
+                at = next((i for i, (a, b) in enumerate(zip(live, conv.idents)) if a != b.key),
+                          min(len(live), len(conv.idents)))
                 fork = await self._fork(conv, tracked, at)
                 async with fork.lock:
-                    return fork, *await self._push_and_prompt(conv, fork, fmt)
+                    return fork, *await self._push_and_prompt(conv, fork, fmt,
+                                                              Plan(new=list(range(len(conv.items))), extends=True))
 
     def _forget_idle(self) -> None:
         """Forget the least recently used sessions (down to three quarters of
@@ -500,7 +532,7 @@ class Sessions:
                 if idle(self._earlier[sid]):
                     del self._earlier[sid]
 
-    async def _continued(self, conv: Conversation, current: Tracked) -> Tracked | None:
+    async def _continued(self, conv: Conversation, current: Tracked, *, exactly: bool = False) -> Tracked | None:
         """The newest earlier session of the conversation's line (the session its id
         names, then each fork that followed) whose messages the client's conversation
         starts with: a client back on a branch it left (its history as it was before an
@@ -522,12 +554,13 @@ class Sessions:
                 continue
             async with earlier.lock:
                 await self._settle(earlier)
-                if _extends(conv.chain, earlier.chain):
+                plan = match(earlier.entries, conv.idents)
+                if plan is not None and (plan.extends or not exactly):
                     return earlier
         return None
 
-    async def _push_and_prompt(self, conv: Conversation, tracked: Tracked,
-                               fmt: Api) -> tuple[list[str], dict[str, Any]]:
+    async def _push_and_prompt(self, conv: Conversation, tracked: Tracked, fmt: Api,
+                               plan: Plan) -> tuple[list[str], dict[str, Any]]:
         # What the session is told besides the messages, only when it changed (so a turn
         # stays one round trip): a new system prompt, another reply limit (the budget
         # reserves it; a request without one leaves the session's as it is).
@@ -543,32 +576,54 @@ class Sessions:
                 log.debug("session %s: %d tokens reserved for the reply (was %s)", tracked.id, conv.output,
                           tracked.output)
                 tracked.output = conv.output
-        begin = len(tracked.chain)
-        while len(conv.items) - begin > PUSH_BATCH:  # a long history the session lacks: all but the last batch
-            batch = [self._stamped(conv.items[i][0], conv.chain[i]) for i in range(begin, begin + PUSH_BATCH)]
-            await self.link.request(tracked.id, "session/push", {"sessionId": tracked.id, "messages": batch})
-            begin += PUSH_BATCH
-            tracked.chain = conv.chain[:begin]
-        last = [self._stamped(conv.items[i][0], conv.chain[i]) for i in range(begin, len(conv.items))]
+        # The client's new messages, each keyed by the chain of identities in the order
+        # pushed (a push repeated after a crash carries the same keys: stored once).
+        stamped: list[tuple[dict[str, Any], Stored]] = []
+        key = tracked.chain[-1] if tracked.chain else ""
+        for j in plan.new:
+            message, _, _ = conv.items[j]
+            ident = conv.idents[j]
+            key = chain_hash(key, [ident.key])
+            entry = Stored(key, ident.key, ident.ids, ident.shape)
+            stamped.append((self._stamped(message, entry), entry))
+        supersede = [f"ctxd-proxy:{tracked.entries[i].key}" for i in plan.superseded]  # (their idempotency keys)
+        conv.plan = plan
+        conv.shapes = [tracked.entries[plan.matched[j]].shape if j in plan.matched else ident.shape
+                       for j, ident in enumerate(conv.idents)]
+        conv.anchors = [tracked.entries[plan.matched[j]].anchor if j in plan.matched else ident.ids
+                        for j, ident in enumerate(conv.idents)]
+        while len(stamped) > PUSH_BATCH:  # a long history the session lacks: all but the last batch
+            batch, stamped = stamped[:PUSH_BATCH], stamped[PUSH_BATCH:]
+            await self.link.request(tracked.id, "session/push",
+                                    {"sessionId": tracked.id, "messages": [m for m, _ in batch]})
+            tracked.chain += [e.key for _, e in batch]
+            tracked.entries += [e for _, e in batch]
+        last = [m for m, _ in stamped]
         try:
-            prompt = await self.prompt(tracked, fmt, push=last)
+            prompt = await self.prompt(tracked, fmt, push=last, supersede=supersede)
         except BaseException:
-            if last:
+            if last or supersede:
                 # Stored or not is unknown (the push may have committed before the prompt
                 # failed): the chain is read again from history by the next request.
                 self._tracked.pop(tracked.id, None)
                 self._earlier.pop(tracked.id, None)
             raise
-        tracked.chain = list(conv.chain)
+        for i in plan.superseded:
+            tracked.entries[i].live = False
+        tracked.chain += [e.key for _, e in stamped]
+        tracked.entries += [e for _, e in stamped]
         conv.prompt_tokens = prompt.get("tokens")
         conv.prompt_window = (prompt.get("budget") or {}).get("contextWindow") or 0
         return list(tracked.chain), prompt
 
     @staticmethod
-    def _stamped(message: dict[str, Any], hash_: str, usage: dict[str, int] | None = None) -> dict[str, Any]:
+    def _stamped(message: dict[str, Any], entry: Stored, usage: dict[str, int] | None = None) -> dict[str, Any]:
         out = dict(message)
         metadata = dict(out.pop("metadata", None) or {})
-        own: dict[str, Any] = {"hash": hash_}
+        hash_ = entry.key
+        own: dict[str, Any] = {"hash": hash_, "id": entry.ident, "shape": entry.shape}
+        if entry.anchor:
+            own["anchor"] = True
         if "ctxdProxyUnkept" in metadata:
             own["unkept"] = metadata.pop("ctxdProxyUnkept")
         metadata[META] = own
@@ -578,10 +633,13 @@ class Sessions:
             out["usage"] = usage
         return out
 
-    async def prompt(self, tracked: Tracked, fmt: Api, *, push: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    async def prompt(self, tracked: Tracked, fmt: Api, *, push: list[dict[str, Any]] | None = None,
+                     supersede: list[str] | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"sessionId": tracked.id, "format": "openai" if fmt == "responses" else fmt}
         if fmt == "anthropic":
             params["cacheControl"] = False  # the proxy places breakpoints (apis.py)
+        if supersede:
+            params["supersede"] = supersede
         if push:
             params["push"] = push
         return await self.link.request(tracked.id, "context/prompt", params)
@@ -605,13 +663,17 @@ class Sessions:
                 return False
             chain = list(chain_then)
             stamped = []
-            for n, (converted, part) in enumerate(items):
-                chain.append(chain_hash(chain[-1] if chain else "", part))
-                stamped.append(self._stamped(converted, chain[-1], usage if n == len(items) - 1 else None))
+            entries = []
+            for n, (converted, ident) in enumerate(items):
+                chain.append(chain_hash(chain[-1] if chain else "", [ident.key]))
+                entries.append(Stored(chain[-1], ident.key, True, ident.shape))  # a reply: an anchor
+                stamped.append(self._stamped(converted, entries[-1], usage if n == len(items) - 1 else None))
             task = asyncio.get_running_loop().create_task(
                 self.link.request(tracked.id, "session/push", {"sessionId": tracked.id, "messages": stamped}))
             tracked.chain = chain
-            tracked.pending = Pending(task, list(chain_then))
+            before = len(tracked.entries)
+            tracked.entries += entries
+            tracked.pending = Pending(task, list(chain_then), before)
             self._pushing.add(task)
             task.add_done_callback(lambda done: self._pushed(tracked, done))
             return True
@@ -635,9 +697,9 @@ class Sessions:
             if not pending.task.done():
                 tracked.pending = pending  # this request was cancelled; the push goes on
                 raise
-            tracked.chain = pending.before
+            tracked.chain, tracked.entries = pending.before, tracked.entries[:pending.entries]
         except Exception:  # logged by _pushed
-            tracked.chain = pending.before
+            tracked.chain, tracked.entries = pending.before, tracked.entries[:pending.entries]
 
     async def drain(self, timeout: float = 30.0) -> None:
         """Wait for every reply push in flight (before the proxy closes its daemon link),
@@ -648,21 +710,22 @@ class Sessions:
             if late:
                 log.warning("%d reply pushes unanswered after %g s; not waiting for them", len(late), timeout)
 
-    async def peek(self, conv: Conversation) -> tuple[Tracked | None, int]:
-        """For count_tokens: the session as it is (nothing pushed, nothing created) and how
-        many of the client's messages it already holds (-1: it disagrees)."""
+    async def peek(self, conv: Conversation) -> tuple[Tracked | None, Plan | None]:
+        """For count_tokens: the session as it is (nothing pushed, nothing created) and
+        what the request would push to it (None: it disagrees)."""
         base = await self._named(conv.base_id) if conv.explicit else conv.base_id
         async with self.lock(base):
             tracked = await self.resolve(base)
             if tracked is None:
-                return None, -1
+                return None, None
             if tracked.credential is not None and tracked.credential != conv.credential:
                 raise Refused(403, f"ctxd proxy: session {tracked.id} belongs to another API key")
             async with tracked.lock:
                 await self._settle(tracked)
-            if not _extends(conv.chain, tracked.chain):
+            plan = match(tracked.entries, conv.idents)
+            if plan is None:
                 earlier = await self._continued(conv, tracked)
                 if earlier is None:
-                    return tracked, -1
-                tracked = earlier
-        return tracked, len(tracked.chain)
+                    return tracked, None
+                tracked, plan = earlier, match(earlier.entries, conv.idents)
+        return tracked, plan

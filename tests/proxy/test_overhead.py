@@ -57,10 +57,11 @@ async def test_a_fork_and_a_new_conversation_start_with_what_was_learned(start_p
         await _turns(client, messages, 14, 0)
         grown = [upstream.input_tokens(r.json) for r in upstream.chats()]
         assert max(grown) > WINDOW * 0.8  # the conversation reached the window
-        # The agent edits an early message: the conversation forks, the fork starts with
+        # The agent rewrites an early reply: the conversation forks, the fork starts with
         # the whole history, and knows the tools' weight from its first request on.
-        second = next(i for i, m in enumerate(messages) if m["content"] == "Step 1: please use the tool on file 1.")
-        messages[second] = {"role": "user", "content": "Step 1: please use the tool on file 1 (edited)."}
+        reply = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        messages[reply] = {"role": "assistant", "content": [{"type": "text", "text": "A rewritten answer."}]}
+        messages[reply + 1:reply + 2] = []  # (and its tool call's result goes with the call)
         forked_at = len(upstream.chats())
         await _turns(client, messages, 3, 14)
         infos = [s["sessionId"] for s in await sessions(ctxd_daemon)]

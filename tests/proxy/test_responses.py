@@ -149,8 +149,10 @@ def test_reasoning_items_stay_with_the_item_they_precede() -> None:
                            {"role": "user", "content": "[checkpoint 1]"},
                            {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Next."}]}
     out = apis.upstream_body("responses", body, parts, prompt)
-    assert out["input"] == [{"role": "user", "content": "[checkpoint 1]"}, reasoning, answer, client[-1]]
-    assert out["instructions"] == "Agent.\n\nCheckpoint: the work so far."
+    # The client's instructions as sent; ctxd's checkpoint after them, a developer item.
+    assert out["input"] == [{"role": "developer", "content": "Checkpoint: the work so far."},
+                            {"role": "user", "content": "[checkpoint 1]"}, reasoning, answer, client[-1]]
+    assert out["instructions"] == "Agent."
     # Unchanged by ctxd: the client's items and instructions exactly.
     same = {"messages": [{"role": "system", "content": "Agent."}, {"role": "user", "content": "First, a long request."},
                          {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Next."}]}
@@ -165,3 +167,32 @@ def test_requests_that_are_not_a_conversation_pass_through() -> None:
     assert apis.messages_of("responses", {"input": [], "previous_response_id": "resp_1"}) is None
     assert apis.messages_of("responses", {"input": [], "conversation": "conv_1"}) is None
     assert apis.messages_of("responses", {"model": MODEL}) is None
+
+
+def test_the_checkpoint_goes_after_the_clients_fixed_prefix() -> None:
+    """Codex's shape: ``instructions`` and two leading developer items, then user items.
+    ctxd's checkpoint never joins them: they go as sent, in their place, and ctxd's text
+    follows them (Responses: a developer item; Chat Completions: a system message after
+    the client's own)."""
+    from ctxd.proxy import apis
+
+    developer = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: on."}]},
+                 {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "AGENTS.md"}]}]
+    users = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>"}]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the bug."}]}]
+    body = {"model": MODEL, "instructions": "You are Codex.", "input": developer + users}
+    parts = apis.split("responses", body)
+    prompt = {"messages": [{"role": "system", "content": parts.system_text + "\n\n## Earlier: the work so far."},
+                           {"role": "user", "content": "<environment_context>"},
+                           {"role": "user", "content": "Fix the bug."}]}
+    out = apis.upstream_body("responses", dict(body), parts, prompt)
+    assert out["instructions"] == "You are Codex."
+    assert out["input"] == developer + [{"role": "developer", "content": "## Earlier: the work so far."}] + users
+    chat = {"model": MODEL, "messages": [{"role": "system", "content": "You are an agent."},
+                                         {"role": "user", "content": "Go."}]}
+    parts = apis.split("openai", chat)
+    prompt = {"messages": [{"role": "system", "content": "You are an agent.\n\n## Earlier: done."},
+                           {"role": "user", "content": "Go."}]}
+    out = apis.upstream_body("openai", dict(chat), parts, prompt)
+    assert out["messages"] == [chat["messages"][0], {"role": "system", "content": "## Earlier: done."},
+                               chat["messages"][1]]

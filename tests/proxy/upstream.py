@@ -72,6 +72,8 @@ def _thinking_on(api: str, body: Any) -> bool:
 def _last_user_text(api: str, body: dict[str, Any]) -> tuple[str, bool]:
     """The last message's user text, and whether it is a user message with text (not a tool result)."""
     messages = body.get("messages") or []
+    while messages and messages[-1].get("role") == "system":  # (a trailing reminder: the user's is answered)
+        messages = messages[:-1]
     if not messages:
         return "", False
     last = messages[-1]
@@ -91,6 +93,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.mode = "ok"
         self.models = {MODEL}  # the models it serves (others get a 400, as a provider answers)
+        self.padding = ""  # appended to every answer (a long reply)
         self.count_all = False  # input tokens: of the messages only, or (True) of everything, as providers count
         self.received: list[Received] = []
         self.disconnects = 0
@@ -216,7 +219,7 @@ class FakeUpstream:
                 return self._error(api, 400, problem, "invalid_request_error")
         text, from_user = _last_user_text(api, body)
         tool = (from_user and "use the tool" in text) or (thinking and _calls_to_go(body))
-        answer = "Answer to: " + " ".join(text.split())[:60]
+        answer = "Answer to: " + " ".join(text.split())[:60] + self.padding
         input_tokens = self.input_tokens(body)
         stream = body.get("stream") is not False if api == "ollama" else body.get("stream") is True
         if not stream:

@@ -1,0 +1,128 @@
+"""Request sequences shaped as real agents send them, through ``ctxd proxy``: one session
+per conversation, nothing stored twice, the client's newest context intact upstream.
+
+* aider (aider/coders/base_coder.py ``format_chat_chunks``, chat_chunks.py): every
+  request is rebuilt as system, repository map pair, the done messages, the files in the
+  chat as a user/assistant pair (the file's current text), the current message, and a
+  trailing system reminder; the files pair moves after the done messages each turn and
+  changes when the file is edited.
+* Claude Code: its copy of an Edit call carries ``"replace_all": false``, which the
+  model's ``tool_use`` did not; long tool definitions.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from tests.proxy.conftest import history, sessions
+from tests.proxy.upstream import MODEL
+
+REMINDER = "Reminder: reply with SEARCH/REPLACE blocks for every change. " * 3
+
+
+def _source(turn: int) -> str:
+    """src/app.py as aider's chat shows it after ``turn`` edits: it grows."""
+    return "".join(f"def handler_{n}(request):\n    return render(request, 'page_{n}.html')\n\n"
+                   for n in range(30 + 6 * turn))
+
+
+def _aider_request(turn: int, done: list[dict[str, Any]], cur: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": "Act as an expert software developer. Use SEARCH/REPLACE blocks."},
+        {"role": "user", "content": "Here are summaries of some files present in my git repository:\n"
+                                    "src/app.py:\n  def handler_0(request)\nsrc/util.py:\n  def helper()"},
+        {"role": "assistant", "content": "Ok, I won't try and edit those files without asking first."},
+        *done,
+        {"role": "user", "content": f"I have *added these files to the chat*:\n\nsrc/app.py\n```\n{_source(turn)}```"},
+        {"role": "assistant", "content": "Ok, any changes I propose will be to those files."},
+        {"role": "user", "content": cur},
+        {"role": "system", "content": REMINDER},
+    ]
+
+
+async def test_aider_one_session_its_files_intact_nothing_piled_up(proxy, upstream, ctxd_daemon) -> None:
+    window = 8_000
+    upstream.count_all = True
+    upstream.padding = " The change adds a handler and its template, and keeps the others." * 40
+    done: list[dict[str, Any]] = []
+    turns = 14
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        for turn in range(turns):
+            cur = f"Turn {turn}: add handler_{30 + 6 * turn} to src/app.py and explain the change in detail."
+            messages = _aider_request(turn, done, cur)
+            body = {"model": MODEL, "messages": messages, "max_tokens": 1000, "stream": turn % 2 == 1}
+            reply = await client.post("/v1/chat/completions", content=json.dumps(body).encode(),
+                                      headers={"authorization": "Bearer sk-aider", "user-agent": "aider/0.86",
+                                               "x-ctxd-context-window": str(window)})
+            assert reply.status_code == 200, reply.text
+            if body["stream"]:
+                text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                               for line in reply.text.splitlines()
+                               if line.startswith("data: {") and json.loads(line[6:])["choices"])
+            else:
+                text = reply.json()["choices"][0]["message"]["content"]
+            done += [{"role": "user", "content": cur}, {"role": "assistant", "content": text}]
+    infos = await sessions(ctxd_daemon)
+    assert len(infos) == 1, [s["sessionId"] for s in infos]  # one conversation, no fork
+    stored = await history(ctxd_daemon, infos[0]["sessionId"])
+    # Stored: the repo map pair, the files' acknowledgement and the reminder once, each
+    # turn's files copy (the file changed every turn), each request and reply once.
+    assert len(stored) == 4 + turns * 3, len(stored)
+    sent = upstream.chats()
+    assert len(sent) == turns
+    for turn, request in enumerate(sent):
+        out = request.json["messages"]
+        # The newest files message and the newest request reach the upstream intact, in
+        # the client's order, the reminder last.
+        files = f"I have *added these files to the chat*:\n\nsrc/app.py\n```\n{_source(turn)}```"
+        contents = [m.get("content") for m in out]
+        assert files in contents, f"turn {turn}: the file is not in the request"
+        assert contents.count(files) == 1 and not any(f"```\n{_source(turn - 1)}```" == c for c in contents[:-3])
+        assert contents[-2].startswith(f"Turn {turn}:") and contents[-1] == REMINDER
+        assert contents.index(files) in (len(contents) - 4, len(contents) - 3)  # (its ack, once compressed: gone)
+        # The upstream's order is the client's: each request before its reply.
+        asked = [c for c in contents if c.startswith("Turn ")]
+        assert asked == sorted(asked, key=lambda c: int(c.split()[1].rstrip(":")))
+        assert upstream.input_tokens(request.json) <= window, (turn, upstream.input_tokens(request.json))
+    # Over the window by the end as the client sends it: ctxd compressed the older turns.
+    assert upstream.input_tokens({"messages": _aider_request(turns - 1, done, "x")}) > window
+
+
+async def test_claude_code_edit_copies_stay_in_their_session(proxy, upstream, ctxd_daemon) -> None:
+    """The model's tool_use comes back from the client with ``"replace_all": false`` added
+    (and a cache breakpoint): the same message, no fork, and the upstream gets the
+    client's copy of it, byte for byte."""
+    messages: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        for turn in range(4):
+            messages.append({"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>Today is Monday.</system-reminder>"},
+                {"type": "text", "text": f"Edit step {turn}: please use the tool."}]})
+            body = {"model": MODEL, "max_tokens": 8000, "system": "You are Claude Code.", "messages": messages}
+            reply = await client.post("/v1/messages", content=json.dumps(body).encode(),
+                                      headers={"x-api-key": "sk-ant-cc", "anthropic-version": "2023-06-01",
+                                               "user-agent": "claude-cli/2.1.3 (external, cli)"})
+            assert reply.status_code == 200, reply.text
+            content = reply.json()["content"]
+            call = next(b for b in content if b["type"] == "tool_use")
+            # Claude Code's copy: the optional field written out, a breakpoint on it.
+            copy = [dict(b, input=dict(b["input"], replace_all=False)) if b["type"] == "tool_use" else b
+                    for b in content]
+            messages.append({"role": "assistant", "content": copy})
+            messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
+                                                          "content": f"edited step {turn}"}]})
+            body["messages"] = messages
+            reply = await client.post("/v1/messages", content=json.dumps(body).encode(),
+                                      headers={"x-api-key": "sk-ant-cc", "anthropic-version": "2023-06-01"})
+            assert reply.status_code == 200, reply.text
+            messages.append({"role": "assistant", "content": reply.json()["content"]})
+    infos = await sessions(ctxd_daemon)
+    assert len(infos) == 1, [s["sessionId"] for s in infos]
+    assert len(await history(ctxd_daemon, infos[0]["sessionId"])) == len(messages)
+    last = upstream.chats()[-1].json["messages"]
+    copies = [m for m in last if m["role"] == "assistant" and any(b.get("type") == "tool_use" for b in m["content"])]
+    assert len(copies) == 4
+    assert all(b["input"].get("replace_all") is False for m in copies for b in m["content"] if b["type"] == "tool_use")
