@@ -262,6 +262,8 @@ class Sessions:
         self._remembered = remembered
         self._pushing: set[asyncio.Task[Any]] = set()
         self._learned: dict[str, list[tuple[int, int]]] = {}  # per profile: (ctxd's count, provider's)
+        self._owners: dict[str, str] = {}  # a derived session's newest anchor (identity) -> its id
+        self._newest: dict[str, str] = {}  # the reverse
         self._looked_up: set[str] = set()
 
     def read(self, api: Api, body: dict[str, Any], parts: Split, *, session: str | None,
@@ -480,6 +482,8 @@ class Sessions:
         base = await self._named(conv.base_id) if conv.explicit else conv.base_id
         async with self.lock(base):
             tracked = await self.resolve(base)
+            if tracked is None and not conv.explicit:
+                tracked = self._owned(conv, base)
             if tracked is None:
                 tracked = await self._create(conv, base, {})
             await self._admit(conv, tracked)
@@ -514,6 +518,35 @@ class Sessions:
                     return fork, *await self._push_and_prompt(conv, fork, fmt,
                                                               Plan(new=list(range(len(conv.items))), extends=True))
 
+    def _note_newest(self, tracked: Tracked) -> None:
+        """Remember a derived session's newest anchor (its last reply, as a rule), which a
+        request continuing its conversation carries whatever else it changed."""
+        if not tracked.id.startswith("proxy-"):
+            return
+        newest = next((e.ident for e in reversed(tracked.entries) if e.anchor and e.live), None)
+        old = self._newest.pop(tracked.id, None)
+        if old is not None and self._owners.get(old) == tracked.id:
+            del self._owners[old]
+        if newest is not None:
+            self._newest[tracked.id] = newest
+            self._owners[newest] = tracked.id
+
+    def _owned(self, conv: Conversation, base: str) -> Tracked | None:
+        """The session a request whose derived id is new continues all the same: one whose
+        newest anchor it carries and whose history it continues (the first user message,
+        part of the derived id, is the client's own context in some agents: aider's
+        repository map, which changes with the code). Then the derived id names it."""
+        for ident in reversed(conv.idents):
+            session_id = self._owners.get(ident.key)
+            tracked = self._tracked.get(session_id) if session_id is not None else None
+            if tracked is None or not tracked.id.startswith(f"proxy-{conv.api}-") or \
+                    tracked.credential not in (None, conv.credential) or match(tracked.entries, conv.idents) is None:
+                continue
+            log.info("session %s: continued by a request whose derived id is %s", tracked.id, base)
+            self._aliases[base] = tracked.id
+            return tracked
+        return None
+
     def _forget_idle(self) -> None:
         """Forget the least recently used sessions (down to three quarters of
         :attr:`TRACKED`) that nothing is using: no request of their conversation running,
@@ -527,6 +560,9 @@ class Sessions:
         excess = len(self._tracked) - self.TRACKED * 3 // 4
         for session_id in [sid for sid, t in self._tracked.items() if idle(t)][:max(0, excess)]:
             del self._tracked[session_id]
+            newest = self._newest.pop(session_id, None)
+            if newest is not None and self._owners.get(newest) == session_id:
+                del self._owners[newest]
             root = session_id.split("~", 1)[0]
             for sid in [sid for sid in self._earlier if sid.split("~", 1)[0] == root]:
                 if idle(self._earlier[sid]):
@@ -612,6 +648,7 @@ class Sessions:
             tracked.entries[i].live = False
         tracked.chain += [e.key for _, e in stamped]
         tracked.entries += [e for _, e in stamped]
+        self._note_newest(tracked)
         conv.prompt_tokens = prompt.get("tokens")
         conv.prompt_window = (prompt.get("budget") or {}).get("contextWindow") or 0
         return list(tracked.chain), prompt
@@ -674,6 +711,7 @@ class Sessions:
             before = len(tracked.entries)
             tracked.entries += entries
             tracked.pending = Pending(task, list(chain_then), before)
+            self._note_newest(tracked)
             self._pushing.add(task)
             task.add_done_callback(lambda done: self._pushed(tracked, done))
             return True

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.proxy.conftest import history, sessions
 from tests.proxy.upstream import MODEL
@@ -29,11 +30,15 @@ def _source(turn: int) -> str:
                    for n in range(30 + 6 * turn))
 
 
-def _aider_request(turn: int, done: list[dict[str, Any]], cur: str) -> list[dict[str, Any]]:
+def _aider_request(turn: int, done: list[dict[str, Any]], cur: str, *, changing_map: bool = False
+                   ) -> list[dict[str, Any]]:
+    """``changing_map``: the repository map (the first user message) lists the handler
+    added last, as aider's does once the code changed."""
+    newest = f"  def handler_{30 + 6 * turn}(request)\n" if changing_map else ""
     return [
         {"role": "system", "content": "Act as an expert software developer. Use SEARCH/REPLACE blocks."},
         {"role": "user", "content": "Here are summaries of some files present in my git repository:\n"
-                                    "src/app.py:\n  def handler_0(request)\nsrc/util.py:\n  def helper()"},
+                                    f"src/app.py:\n  def handler_0(request)\n{newest}src/util.py:\n  def helper()"},
         {"role": "assistant", "content": "Ok, I won't try and edit those files without asking first."},
         *done,
         {"role": "user", "content": f"I have *added these files to the chat*:\n\nsrc/app.py\n```\n{_source(turn)}```"},
@@ -43,7 +48,9 @@ def _aider_request(turn: int, done: list[dict[str, Any]], cur: str) -> list[dict
     ]
 
 
-async def test_aider_one_session_its_files_intact_nothing_piled_up(proxy, upstream, ctxd_daemon) -> None:
+@pytest.mark.parametrize("changing_map", [False, True])
+async def test_aider_one_session_its_files_intact_nothing_piled_up(proxy, upstream, ctxd_daemon,
+                                                                   changing_map: bool) -> None:
     window = 8_000
     upstream.count_all = True
     upstream.padding = " The change adds a handler and its template, and keeps the others." * 40
@@ -52,7 +59,7 @@ async def test_aider_one_session_its_files_intact_nothing_piled_up(proxy, upstre
     async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
         for turn in range(turns):
             cur = f"Turn {turn}: add handler_{30 + 6 * turn} to src/app.py and explain the change in detail."
-            messages = _aider_request(turn, done, cur)
+            messages = _aider_request(turn, done, cur, changing_map=changing_map)
             body = {"model": MODEL, "messages": messages, "max_tokens": 1000, "stream": turn % 2 == 1}
             reply = await client.post("/v1/chat/completions", content=json.dumps(body).encode(),
                                       headers={"authorization": "Bearer sk-aider", "user-agent": "aider/0.86",
@@ -69,8 +76,9 @@ async def test_aider_one_session_its_files_intact_nothing_piled_up(proxy, upstre
     assert len(infos) == 1, [s["sessionId"] for s in infos]  # one conversation, no fork
     stored = await history(ctxd_daemon, infos[0]["sessionId"])
     # Stored: the repo map pair, the files' acknowledgement and the reminder once, each
-    # turn's files copy (the file changed every turn), each request and reply once.
-    assert len(stored) == 4 + turns * 3, len(stored)
+    # turn's files copy (the file changed every turn), each request and reply once (and
+    # each turn's repository map when it changed).
+    assert len(stored) == 4 + turns * (4 if changing_map else 3) - (1 if changing_map else 0), len(stored)
     sent = upstream.chats()
     assert len(sent) == turns
     for turn, request in enumerate(sent):
