@@ -87,6 +87,9 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     rolled_back: list[tuple[int, int]] = []
     """Ranges of history (inclusive) that a snapshot restore took out of the active context."""
     superseded: list[int] = []
+    current: list[int] = []
+    """Messages pinned because a client named them its current working context
+    (``context/prompt`` ``current``): unpinned when it no longer does. Sorted."""
     """Messages a client no longer sends because it sends a newer copy (its own working
     context: the files in its chat, a repository map, a reminder): out of the active
     context, kept in history (``context/prompt`` ``supersede``). Sorted."""

@@ -134,6 +134,7 @@ class Tracked:
     pending: Pending | None = None
     credential: str | None = None  # the creating key's fingerprint; None: not recorded (made elsewhere)
     entries: list[Stored] = field(default_factory=list)  # one per ``chain`` key: identity, anchor, live
+    current: list[str] | None = None  # the keys last named the client's current context (None: not yet)
 
 
 @dataclass
@@ -628,6 +629,13 @@ class Sessions:
                        for j, ident in enumerate(conv.idents)]
         conv.anchors = [tracked.entries[plan.matched[j]].anchor if j in plan.matched else ident.ids
                         for j, ident in enumerate(conv.idents)]
+        # The client's own messages after its newest anchor, stored earlier: what it shows
+        # the model now (aider's files and their acknowledgement, its reminder), kept
+        # verbatim by the daemon while they are (``context/prompt`` ``current``).
+        newest = max((j for j, anchor in enumerate(conv.anchors) if anchor), default=-1)
+        current = [f"ctxd-proxy:{tracked.entries[i].key}" for j, i in sorted(plan.matched.items())
+                   if j > newest and not tracked.entries[i].anchor]
+        send_current = current != (tracked.current or []) or (tracked.current is None and current)
         while len(stamped) > PUSH_BATCH:  # a long history the session lacks: all but the last batch
             batch, stamped = stamped[:PUSH_BATCH], stamped[PUSH_BATCH:]
             await self.link.request(tracked.id, "session/push",
@@ -636,9 +644,10 @@ class Sessions:
             tracked.entries += [e for _, e in batch]
         last = [m for m, _ in stamped]
         try:
-            prompt = await self.prompt(tracked, fmt, push=last, supersede=supersede)
+            prompt = await self.prompt(tracked, fmt, push=last, supersede=supersede,
+                                       current=current if send_current else None)
         except BaseException:
-            if last or supersede:
+            if last or supersede or send_current:
                 # Stored or not is unknown (the push may have committed before the prompt
                 # failed): the chain is read again from history by the next request.
                 self._tracked.pop(tracked.id, None)
@@ -648,6 +657,7 @@ class Sessions:
             tracked.entries[i].live = False
         tracked.chain += [e.key for _, e in stamped]
         tracked.entries += [e for _, e in stamped]
+        tracked.current = current
         self._note_newest(tracked)
         conv.prompt_tokens = prompt.get("tokens")
         conv.prompt_window = (prompt.get("budget") or {}).get("contextWindow") or 0
@@ -671,12 +681,14 @@ class Sessions:
         return out
 
     async def prompt(self, tracked: Tracked, fmt: Api, *, push: list[dict[str, Any]] | None = None,
-                     supersede: list[str] | None = None) -> dict[str, Any]:
+                     supersede: list[str] | None = None, current: list[str] | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"sessionId": tracked.id, "format": "openai" if fmt == "responses" else fmt}
         if fmt == "anthropic":
             params["cacheControl"] = False  # the proxy places breakpoints (apis.py)
         if supersede:
             params["supersede"] = supersede
+        if current is not None:
+            params["current"] = current
         if push:
             params["push"] = push
         return await self.link.request(tracked.id, "context/prompt", params)

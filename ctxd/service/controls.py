@@ -178,6 +178,7 @@ async def supersede(svc: Service, session_id: str, keys: list[str]) -> list[int]
             ctx.kept = [e for e in ctx.kept if e.seq not in out]
             ctx.state.kept_seqs = [e.seq for e in ctx.kept]
             ctx.state.pinned = [seq for seq in ctx.state.pinned if seq not in out]
+            ctx.state.current = [seq for seq in ctx.state.current if seq not in out]
             # Those already behind the boundary and not kept stand in a checkpoint: only
             # the ones still shown need remembering.
             ctx.state.superseded = sorted(set(ctx.state.superseded) | {s for s in out if s > ctx.state.boundary}
@@ -187,3 +188,59 @@ async def supersede(svc: Service, session_id: str, keys: list[str]) -> list[int]
                                context_tokens=state.row.context_tokens)
     notify.updated(svc, state, "supersede")
     return seqs
+
+
+async def keep_current(svc: Service, session_id: str, keys: list[str]) -> list[int]:
+    """Pin the stored messages with these idempotency keys as the client's current working
+    context (``context/prompt`` ``current``), newest first while the pins take at most
+    ``PIN_SHARE`` of the prompt; unpin those an earlier call pinned that these keys no
+    longer name (the user's own pins are left alone). The seqs pinned as current now."""
+    state = await svc.cache.get(session_id)
+    async with svc.cache.changing(state):
+        async with state.lock:
+            found = await svc.db.read(message_store.find_keys, state.id, list(dict.fromkeys(keys)),
+                                      state.row.last_seq)
+            ctx = await svc.cache.context(state)
+            cstate = ctx.state
+            wanted = sorted({seq for seq, _ in found.values()} - set(cstate.superseded), reverse=True)
+            pinned = set(cstate.pinned)
+            before = set(cstate.current)
+            drop = before - set(wanted)
+            budget = svc.cache.budget(state)
+            room = math.floor(PIN_SHARE * budget.max_prompt_tokens) - ctx.system_tokens - ctx.pinned_tokens
+            room += sum(e.tokens.context for e in ctx.entries() if e.seq in drop and e.seq in pinned)
+            tokens = {seq: t for seq, t in found.values()}
+            add: list[int] = []
+            current: set[int] = set()
+            for seq in wanted:  # (newest first)
+                if seq in before:
+                    current.add(seq)  # pinned as current already
+                    continue
+                if seq in pinned or tokens[seq] > room:  # (a pin of the user's own stays theirs)
+                    continue
+                room -= tokens[seq]
+                add.append(seq)
+                current.add(seq)
+            if not add and not drop:
+                return sorted(current)
+            kept_users = {e.seq for e in ctx.kept if never_compressed(e)}
+            for seq in drop:
+                pinned.discard(seq)
+                ctx.kept = [e for e in ctx.kept if e.seq != seq or e.seq in kept_users]
+            if add:
+                behind = [s for s in add if s <= cstate.boundary and not any(e.seq == s for e in ctx.kept)]
+                if behind:
+                    for m in await svc.db.read(message_store.load_seqs, state.id, behind):
+                        ctx.kept.append(Entry.of(m.seq, m.message, m.tokens))
+                for seq in add:
+                    pinned.add(seq)
+                    unfold(ctx, seq, state.counter.count)
+            ctx.kept.sort(key=lambda e: e.seq)
+            cstate.pinned = sorted(pinned)
+            cstate.current = sorted(current)
+            cstate.kept_seqs = [e.seq for e in ctx.kept]
+            svc.cache.refresh(state, system=True)
+            await svc.db.write(session_store.save_context, state.id, context_state=state.encoded_state(),
+                               context_tokens=state.row.context_tokens)
+    notify.updated(svc, state, "pin")
+    return sorted(current)

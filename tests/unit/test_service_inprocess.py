@@ -461,3 +461,27 @@ async def test_superseded_copies_leave_the_prompt_and_stay_in_history(service: S
     service.cache.forget(SID)
     reloaded = await prompt.prompt(service, params("context/prompt", sessionId=SID))
     assert [m.content for m in reloaded.messages] == contents and reloaded.tokens == after.tokens
+
+
+async def test_the_clients_current_context_is_pinned_while_it_is_current(service: Service) -> None:
+    """``context/prompt`` ``current``: stored messages the client shows the model again
+    (its files, unchanged since stored) are pinned, so compression sends them verbatim;
+    unpinned once no longer named; a pin of the user's own is left alone."""
+    files = "Here are the files:\nsrc/app.py\n" + "def handler(): return 1\n" * 30
+    await _create(service, window=4096)
+    await _push(service, [{"role": "user", "content": files, "idempotencyKey": "files"},
+                          {"role": "assistant", "content": "Ok.", "idempotencyKey": "ack"}])
+    await _push(service, chat(0, 3))
+    await controls.pin(service, params("message/pin", sessionId=SID, seq=2, pinned=True))  # the user's own
+    await prompt.prompt(service, params("context/prompt", sessionId=SID, current=["files", "ack", "nope"]))
+    state = await service.cache.get(SID)
+    assert state.cstate.pinned == [1, 2] and state.cstate.current == [1]
+    # Pushed far past the window: compression leaves the current context verbatim.
+    for n in range(6):
+        await _push(service, chat(10 + 4 * n, 4, answer_words=120))
+    await settle(service)
+    out = await prompt.prompt(service, params("context/prompt", sessionId=SID, current=["files", "ack"]))
+    assert out.compression_count >= 1 and files in [m.content for m in out.messages]
+    # No longer current: unpinned; the user's pin stays.
+    await prompt.prompt(service, params("context/prompt", sessionId=SID, current=[]))
+    assert state.cstate.pinned == [2] and state.cstate.current == []
