@@ -199,7 +199,7 @@ def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]
     thinking signatures, ``cache_control`` included). Stops at the first difference.
     ``memo``: the previous request's alignment is built on (and this one's kept in it)."""
     if api == "responses":
-        return _align_items(rendered, client)
+        return _align_items(rendered, client, order)
     if order is not None and not order.extends and len(order.idents) == len(client):
         if memo is not None:
             memo.current = None  # (nothing for the next request to build on)
@@ -207,7 +207,10 @@ def _align(api: Api, rendered: list[dict[str, Any]], client: list[dict[str, Any]
     r, c = _walk(api, rendered, client, memo, order)
     if memo is not None:
         memo.current = Alignment(rendered, client, (r, c))
-    out = rendered[:r] + client[c:]
+    head = rendered[:r]
+    if order is not None and r and c and len(order.idents) == len(client):
+        head = own_bytes(head, client[:c], order)
+    out = head + client[c:]
     if api == "anthropic" and r:
         _client_step(out, r, client, c)
     return out
@@ -236,6 +239,32 @@ def _client_step(out: list[Any], r: int, client: list[Any], c: int) -> None:
         out[i] = client[j]
 
 
+def own_bytes(rendered: list[Any], client: list[Any], order: Order, *, skipped: bool = False) -> list[Any]:
+    """Before where the walk from the end stopped (what ctxd compressed, and the client's
+    fixed prefix it kept verbatim: Codex's leading user items, aider's repository map),
+    each message ctxd renders as stored is the client's own bytes all the same, in ctxd's
+    order (matched by identity, from the end: ctxd keeps the newest of equal ones).
+    ``skipped``: the client's items ctxd keeps none of (Responses reasoning) just before
+    such a message go with it."""
+    positions: dict[str, list[int]] = {}
+    for j, ident in enumerate(order.idents[:len(client)]):
+        if ident is not None:
+            positions.setdefault(ident.key, []).append(j)
+    out: list[Any] = []
+    for message in reversed(rendered):
+        ident = order.identify(message)
+        queue = positions.get(ident.key) if ident is not None else None
+        if not queue or ident is None or ident.shape != order.shapes[queue[-1]]:
+            out.append(message)
+            continue
+        j = queue.pop()
+        out.append(client[j])
+        while skipped and j > 0 and order.idents[j - 1] is None and chain_part(order.api, client[j - 1]) is None:
+            j -= 1
+            out.append(client[j])
+    return out[::-1]
+
+
 def _client_breakpoints(client: list[Any], memo: AlignMemo) -> list[int]:
     """``out[i]``: the cache breakpoints in ``client[:i]``, counted again only for the
     messages the previous request did not start with."""
@@ -247,7 +276,8 @@ def _client_breakpoints(client: list[Any], memo: AlignMemo) -> list[int]:
     return sums
 
 
-def _align_items(rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -> list[Any]:
+def _align_items(rendered: list[dict[str, Any]], client: list[dict[str, Any]],
+                 order: Order | None = None) -> list[Any]:
     """``_align`` for Responses API items: items ctxd leaves out (reasoning) that sit
     before an item taken from the client are taken with it, in place, as they belong to it."""
     tail: list[Any] = []
@@ -263,7 +293,10 @@ def _align_items(rendered: list[dict[str, Any]], client: list[dict[str, Any]]) -
             tail.append(client[c])
             c -= 1
         r -= 1
-    return list(rendered[:r + 1]) + tail[::-1]
+    head = list(rendered[:r + 1])
+    if order is not None and head and c >= 0 and len(order.idents) == len(client):
+        head = own_bytes(head, client[:c + 1], order, skipped=True)
+    return head + tail[::-1]
 
 
 def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str, Any] | None,
@@ -293,7 +326,7 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
                                                       in_messages=in_messages)
         return out
     if api == "responses":
-        return _responses_body(out, parts, prompt)
+        return _responses_body(out, parts, prompt, order)
     rendered = list(prompt["messages"])
     system_msgs: list[Any] = []
     if rendered and rendered[0].get("role") == "system":
@@ -321,7 +354,8 @@ def _addition(system_text: str, client_text: str) -> str | None:
     return None
 
 
-def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any]) -> dict[str, Any]:
+def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any],
+                    order: Order | None = None) -> dict[str, Any]:
     """ctxd's prompt as a Responses API request: its system text as ``instructions`` (the
     client's own ``instructions`` and leading system items when ctxd's system text is the
     client's), the conversation as input items, aligned with the client's."""
@@ -330,7 +364,7 @@ def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any]) -
     if rendered and rendered[0].get("role") == "system":
         system_text = parts_text(rendered.pop(0).get("content"))
     items = [item for message in rendered for item in responses.items_of(message)]
-    conversation = _align("responses", items, parts.conversation)
+    conversation = _align("responses", items, parts.conversation, order=order)
     addition = _addition(system_text, parts.system_text)
     if system_text == parts.system_text:
         leading = list(parts.system_raw)

@@ -629,12 +629,15 @@ class Sessions:
                        for j, ident in enumerate(conv.idents)]
         conv.anchors = [tracked.entries[plan.matched[j]].anchor if j in plan.matched else ident.ids
                         for j, ident in enumerate(conv.idents)]
-        # The client's own messages after its newest anchor, stored earlier: what it shows
-        # the model now (aider's files and their acknowledgement, its reminder), kept
-        # verbatim by the daemon while they are (``context/prompt`` ``current``).
+        # The client's own messages before its first anchor (its fixed prefix: Codex's
+        # leading user items, aider's repository map) and after its newest (what it shows
+        # the model now: aider's files and their acknowledgement, its reminder), stored
+        # earlier: kept verbatim, in their place, by the daemon while they are
+        # (``context/prompt`` ``current``).
+        first = next((j for j, anchor in enumerate(conv.anchors) if anchor), len(conv.anchors))
         newest = max((j for j, anchor in enumerate(conv.anchors) if anchor), default=-1)
         current = [f"ctxd-proxy:{tracked.entries[i].key}" for j, i in sorted(plan.matched.items())
-                   if j > newest and not tracked.entries[i].anchor]
+                   if (j < first or j > newest) and not tracked.entries[i].anchor]
         send_current = current != (tracked.current or []) or (tracked.current is None and current)
         while len(stamped) > PUSH_BATCH:  # a long history the session lacks: all but the last batch
             batch, stamped = stamped[:PUSH_BATCH], stamped[PUSH_BATCH:]

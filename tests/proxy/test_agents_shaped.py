@@ -137,3 +137,49 @@ async def test_claude_code_edit_copies_stay_in_their_session(proxy, upstream, ct
     copies = [m for m in last if m["role"] == "assistant" and any(b.get("type") == "tool_use" for b in m["content"])]
     assert len(copies) == 4
     assert all(b["input"].get("replace_all") is False for m in copies for b in m["content"] if b["type"] == "tool_use")
+
+
+async def test_codex_keeps_its_prefix_in_shape_and_place(proxy, upstream, ctxd_daemon) -> None:
+    """Codex's shape on the Responses API: ``instructions``, a leading developer item, two
+    leading user items (AGENTS.md, the environment), then the task and tool exchanges.
+    Compressed at a small window, the upstream still gets the instructions and the three
+    leading items as sent and in their place, ctxd's checkpoint after them as a developer
+    item, the two user items never joined."""
+    window = 6_000
+    upstream.padding = " The build is fine and the tests pass." * 30
+    developer = {"type": "message", "role": "developer",
+                 "content": [{"type": "input_text", "text": "<permissions>sandbox: workspace-write</permissions>"}]}
+    agents = {"type": "message", "role": "user",
+              "content": [{"type": "input_text", "text": "# AGENTS.md instructions\n\nRun the tests with make."}]}
+    environment = {"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": "<environment_context>cwd: /repo</environment_context>"}]}
+    items: list[dict[str, Any]] = [developer, agents, environment]
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        for turn in range(12):
+            items.append({"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": f"Task {turn}: please use the tool."}]})
+            for _ in range(2):
+                body = {"model": MODEL, "instructions": "You are Codex.", "input": items, "store": False,
+                        "max_output_tokens": 1000}
+                reply = await client.post("/v1/responses", content=json.dumps(body).encode(),
+                                          headers={"authorization": "Bearer sk-codex",
+                                                   "user-agent": "codex_cli_rs/0.171.0",
+                                                   "x-ctxd-context-window": str(window)})
+                assert reply.status_code == 200, reply.text
+                output = reply.json()["output"]
+                items += output
+                calls = [o for o in output if o["type"] == "function_call"]
+                if not calls:
+                    break
+                items += [{"type": "function_call_output", "call_id": c["call_id"],
+                           "output": "ok " * 300} for c in calls]
+    [info] = await sessions(ctxd_daemon)
+    assert info["compressionCount"] >= 1
+    for request in upstream.chats("/v1/responses"):
+        sent = request.json
+        assert sent["instructions"] == "You are Codex."
+        assert sent["input"][:1] == [developer]
+        rest = sent["input"][1:]
+        if rest and rest[0].get("role") == "developer":  # ctxd's checkpoint, after the client's prefix
+            rest = rest[1:]
+        assert rest[:2] == [agents, environment]
