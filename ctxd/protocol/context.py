@@ -71,10 +71,10 @@ class PromptParams(msgspec.Struct, rename="camel"):
     status ``superseded``), so the prompt shows and the budget counts only the newest
     copy. Keys of no stored message are ignored."""
     current: Union[list[str], None] = None
-    """Idempotency keys of stored messages that are the client's current working context
-    (what it shows the model now besides the conversation: the files in its chat that did
-    not change since they were stored): pinned, so they are sent verbatim whatever
-    compression does, while the pins take at most half the prompt (the newest first);
+    """Idempotency keys of stored messages (``push``'s included) that are the client's
+    current working context (what it shows the model now besides the conversation: the
+    files in its chat): pinned after the push, so they are sent verbatim whatever
+    compression does, in the order named while the pins take at most half the prompt;
     those a previous ``current`` named and this one does not are unpinned. Absent: no
     change."""
 

@@ -72,6 +72,7 @@ class Plan:
     superseded: list[int] = field(default_factory=list)
     matched: dict[int, int] = field(default_factory=dict)
     extends: bool = False
+    anchors: set[str] = field(default_factory=set)  # identities to store as anchors (a fork's replies)
 
 
 def match(stored: list[Stored], client: list[Ident]) -> Plan | None:

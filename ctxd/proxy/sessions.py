@@ -515,9 +515,11 @@ class Sessions:
                 at = next((i for i, (a, b) in enumerate(zip(live, conv.idents)) if a != b.key),
                           min(len(live), len(conv.idents)))
                 fork = await self._fork(conv, tracked, at)
+                # (the replies it held stay anchors in the fork)
+                plan = Plan(new=list(range(len(conv.items))), extends=True,
+                            anchors={e.ident for e in tracked.entries if e.anchor})
                 async with fork.lock:
-                    return fork, *await self._push_and_prompt(conv, fork, fmt,
-                                                              Plan(new=list(range(len(conv.items))), extends=True))
+                    return fork, *await self._push_and_prompt(conv, fork, fmt, plan)
 
     def _note_newest(self, tracked: Tracked) -> None:
         """Remember a derived session's newest anchor (its last reply, as a rule), which a
@@ -621,23 +623,34 @@ class Sessions:
             message, _, _ = conv.items[j]
             ident = conv.idents[j]
             key = chain_hash(key, [ident.key])
-            entry = Stored(key, ident.key, ident.ids, ident.shape)
+            entry = Stored(key, ident.key, ident.ids or ident.key in plan.anchors, ident.shape)
             stamped.append((self._stamped(message, entry), entry))
         supersede = [f"ctxd-proxy:{tracked.entries[i].key}" for i in plan.superseded]  # (their idempotency keys)
         conv.plan = plan
         conv.shapes = [tracked.entries[plan.matched[j]].shape if j in plan.matched else ident.shape
                        for j, ident in enumerate(conv.idents)]
-        conv.anchors = [tracked.entries[plan.matched[j]].anchor if j in plan.matched else ident.ids
-                        for j, ident in enumerate(conv.idents)]
-        # The client's own messages before its first anchor (its fixed prefix: Codex's
-        # leading user items, aider's repository map) and after its newest (what it shows
-        # the model now: aider's files and their acknowledgement, its reminder), stored
-        # earlier: kept verbatim, in their place, by the daemon while they are
-        # (``context/prompt`` ``current``).
-        first = next((j for j, anchor in enumerate(conv.anchors) if anchor), len(conv.anchors))
-        newest = max((j for j, anchor in enumerate(conv.anchors) if anchor), default=-1)
-        current = [f"ctxd-proxy:{tracked.entries[i].key}" for j, i in sorted(plan.matched.items())
-                   if (j < first or j > newest) and not tracked.entries[i].anchor]
+        conv.anchors = [tracked.entries[plan.matched[j]].anchor if j in plan.matched
+                        else ident.ids or ident.key in plan.anchors for j, ident in enumerate(conv.idents)]
+        # The client's own messages before its first anchor or reply (its fixed prefix:
+        # Codex's leading user items, aider's read-only files) and after its newest (what it shows
+        # the model now: aider's files and their acknowledgement, its reminder, its
+        # request): kept verbatim, in their place, by the daemon while they are
+        # (``context/prompt`` ``current``, applied after the push).
+        # (A history of no anchors, one the proxy never saw answered: its assistant
+        # messages bound the two instead, so that not all of it is "current". A fork's
+        # anchors are the session's it leaves: ``Plan.anchors``.)
+        anchored = [j for j, anchor in enumerate(conv.anchors) if anchor]
+        spoken = [j for j, (message, _, _) in enumerate(conv.items) if message.get("role") == "assistant"]
+        first = anchored[0] if anchored else spoken[0] if spoken else len(conv.items)
+        newest = anchored[-1] if anchored else spoken[-1] if spoken else -1
+        keys = {j: tracked.entries[i].key for j, i in plan.matched.items()}
+        keys.update((j, entry.key) for j, (_, entry) in zip(plan.new, stamped))
+        # In the order they are pinned while they fit: the newest turn first (from the end,
+        # the newest anchor included: the newest tool result is never cut for the rest),
+        # then the prefix, newest first.
+        tail = [j for j in sorted(keys, reverse=True) if j >= max(newest, 0) and (j == newest or not conv.anchors[j])]
+        head = [j for j in sorted(keys, reverse=True) if j < first and not conv.anchors[j] and j not in tail]
+        current = [f"ctxd-proxy:{keys[j]}" for j in tail + head]
         send_current = current != (tracked.current or []) or (tracked.current is None and current)
         while len(stamped) > PUSH_BATCH:  # a long history the session lacks: all but the last batch
             batch, stamped = stamped[:PUSH_BATCH], stamped[PUSH_BATCH:]

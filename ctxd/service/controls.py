@@ -192,8 +192,8 @@ async def supersede(svc: Service, session_id: str, keys: list[str]) -> list[int]
 
 async def keep_current(svc: Service, session_id: str, keys: list[str]) -> list[int]:
     """Pin the stored messages with these idempotency keys as the client's current working
-    context (``context/prompt`` ``current``), newest first while the pins take at most
-    ``PIN_SHARE`` of the prompt; unpin those an earlier call pinned that these keys no
+    context (``context/prompt`` ``current``), in the order named while the pins take at
+    most ``PIN_SHARE`` of the prompt; unpin those an earlier call pinned that these keys no
     longer name (the user's own pins are left alone). The seqs pinned as current now."""
     state = await svc.cache.get(session_id)
     async with svc.cache.changing(state):
@@ -202,7 +202,9 @@ async def keep_current(svc: Service, session_id: str, keys: list[str]) -> list[i
                                       state.row.last_seq)
             ctx = await svc.cache.context(state)
             cstate = ctx.state
-            wanted = sorted({seq for seq, _ in found.values()} - set(cstate.superseded), reverse=True)
+            # In the order named (the client's priority), each once.
+            out_of = set(cstate.superseded)
+            wanted = list(dict.fromkeys(found[k][0] for k in keys if k in found and found[k][0] not in out_of))
             pinned = set(cstate.pinned)
             before = set(cstate.current)
             drop = before - set(wanted)
@@ -212,7 +214,7 @@ async def keep_current(svc: Service, session_id: str, keys: list[str]) -> list[i
             tokens = {seq: t for seq, t in found.values()}
             add: list[int] = []
             current: set[int] = set()
-            for seq in wanted:  # (newest first)
+            for seq in wanted:
                 if seq in before:
                     current.add(seq)  # pinned as current already
                     continue

@@ -94,10 +94,10 @@ def _appended_to(before: tuple[object, ...], now: tuple[object, ...], ctx: Activ
 async def prompt(svc: Service, params: PromptParams) -> PromptResult:
     if params.supersede:  # the client's older copies of what it sends anew
         await controls.supersede(svc, params.session_id, params.supersede)
-    if params.current is not None:  # what the client shows the model now, stored earlier
-        await controls.keep_current(svc, params.session_id, params.current)
     if params.push:  # one round trip for a turn: the push, then the prompt that includes it
         await ingest.push(svc, SessionPushParams(session_id=params.session_id, messages=params.push))
+    if params.current is not None:  # what the client shows the model now (this push's included)
+        await controls.keep_current(svc, params.session_id, params.current)
     state = await svc.cache.get(params.session_id)
     if not state.compress_lock.locked():  # (a pass of this daemon is mid-way: memory is ahead, not behind)
         await svc.cache.catch_up(state)  # shared storage: another daemon may have changed it

@@ -162,7 +162,9 @@ def measure(run: dict[str, Any]) -> RunMeasures:
         requests=len(exchanges), task_requests=len(task), refused=len(exchanges) - len(ok),
         refusals=sorted({e["error"][:160] for e in exchanges if e["status"] != 200}),
         tokens=tokens, max_tokens=max((e["tokens"] for e in ok), default=0),
-        over_window=sum(1 for e in ok if e["tokens"] > window), bill=round(bill, 1),
+        # (the window is the main model's: its side models pass through at their own)
+        over_window=sum(1 for e in ok if e["tokens"] > window and e["body"].get("model") in (None, run.get("model"))),
+        bill=round(bill, 1),
         cached_share=round(cached / tokens, 4) if tokens else 0.0, prefix_kept=prefix_kept, prefix_pairs=pairs,
         newest_intact=intact, newest_pairs=newest_pairs, files_intact=files, files_pairs=files_pairs,
         diff=run.get("diff", ""), final_output=(run.get("stdout") or "").strip()[-300:], per_request=per_request)

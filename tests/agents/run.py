@@ -85,7 +85,7 @@ def run_isolated(cli: str, via: str, out: Path, window: int | None = None, plan:
 class Proxy:
     """``ctxd proxy`` with its daemon in its process, on a data directory of its own."""
 
-    def __init__(self, base: Path, upstream_url: str, window: int) -> None:
+    def __init__(self, base: Path, upstream_url: str, window: int, model: str) -> None:
         self.socket_path = base / "run" / "ctxd.sock"
         self.log_path = base / "proxy.log"
         (base / "run").mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,10 @@ class Proxy:
                         "--data-dir", str(base / "data"), "-v",
                         "--set", f"proxy.openai_base_url={upstream_url}/v1",
                         "--set", f"proxy.anthropic_base_url={upstream_url}",
-                        "--set", f"proxy.context_window={window}"]
+                        # The window for the CLI's main model only, as its user would set it:
+                        # its side models (aider's summarizer, Claude Code's small fast
+                        # model) are passed through while their requests fit their own.
+                        "--set", f"proxy.context_window={json.dumps({model: window})}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CTXD_")}
         env.update(XDG_CONFIG_HOME=str(base / "config"), XDG_STATE_HOME=str(base / "state"),
                    XDG_DATA_HOME=str(base / "xdg-data"), XDG_RUNTIME_DIR=str(base / "run"),
@@ -194,7 +197,7 @@ def _run(cli: str, via: str, window: int, base: Path, plan: str) -> dict[str, An
     playbook = script.for_cli(cli, str(repo), plan)
     result: dict[str, Any] = {"cli": cli, "via": via, "window": window, "plan": plan, "model": clis.MODELS[cli]}
     with ScriptedUpstream(playbook, repo) as upstream:
-        proxy = Proxy(base / "ctxd", upstream.url, window) if via == "proxy" else None
+        proxy = Proxy(base / "ctxd", upstream.url, window, clis.MODELS[cli]) if via == "proxy" else None
         try:
             if proxy is not None:
                 upstream.target = proxy.url
