@@ -647,8 +647,10 @@ class Sessions:
         keys.update((j, entry.key) for j, (_, entry) in zip(plan.new, stamped))
         # In the order they are pinned while they fit: the newest turn first (from the end,
         # the newest anchor included: the newest tool result is never cut for the rest),
-        # then the prefix, newest first.
-        tail = [j for j in sorted(keys, reverse=True) if j >= max(newest, 0) and (j == newest or not conv.anchors[j])]
+        # then the prefix, newest first. A plain extension (Claude Code, Codex) names its
+        # prefix alone, which does not change from turn to turn (nothing to write then).
+        tail = [] if plan.extends else \
+            [j for j in sorted(keys, reverse=True) if j >= max(newest, 0) and (j == newest or not conv.anchors[j])]
         head = [j for j in sorted(keys, reverse=True) if j < first and not conv.anchors[j] and j not in tail]
         current = [f"ctxd-proxy:{keys[j]}" for j in tail + head]
         send_current = current != (tracked.current or []) or (tracked.current is None and current)
