@@ -268,7 +268,7 @@ class ProxyConfig(_Section):
     """Upstream of ``/v1/messages`` and requests carrying ``anthropic-version``."""
     ollama_base_url: str = "http://127.0.0.1:11434"
     """Upstream of ``/api/chat`` and the other ``/api/*`` paths."""
-    context_window: Union[Annotated[int, msgspec.Meta(ge=0)], dict[str, Annotated[int, msgspec.Meta(ge=0)]]] = 0
+    context_window: Annotated[int, msgspec.Meta(ge=0)] | dict[str, Annotated[int, msgspec.Meta(ge=0)]] = 0
     """Window of the sessions the proxy creates: one number for every model, or a table by
     model, ``{"claude-sonnet-4*" = 48000, "gpt-5-mini" = 0}`` (a model name, or a pattern
     with ``*``/``?``; an exact name first, else the longest matching pattern; 0: the model's

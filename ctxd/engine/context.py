@@ -17,8 +17,8 @@ and is what gets stored.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 

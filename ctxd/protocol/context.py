@@ -70,7 +70,7 @@ class PromptParams(msgspec.Struct, rename="camel"):
     reminder): taken out of the active context before ``push`` (history keeps them, with
     status ``superseded``), so the prompt shows and the budget counts only the newest
     copy. Keys of no stored message are ignored."""
-    current: Union[list[str], None] = None
+    current: list[str] | None = None
     """Idempotency keys of stored messages (``push``'s included) that are the client's
     current working context (what it shows the model now besides the conversation: the
     files in its chat): pinned after the push, so they are sent verbatim whatever

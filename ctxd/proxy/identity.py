@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ctxd.formats import ids_of, projection
 from ctxd.formats.common import Api, canonical_json

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.cli.ids import short_form_of
-from ctxd.engine import calibration
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
+from ctxd.engine import calibration
 from ctxd.formats import Api, chain_part, to_ctxd
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy.apis import AlignMemo, Split

@@ -10,8 +10,9 @@ squeeze the others' requests into it.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ctxd.models import model_facts
 
@@ -69,7 +70,7 @@ class Windows:
         self._count = counter or _count
 
     @classmethod
-    def from_config(cls, config: Any) -> "Windows":
+    def from_config(cls, config: Any) -> Windows:
         models = config.models
         return cls(config.proxy.context_window,
                    known=lambda model: model_facts(model, models.context_windows,

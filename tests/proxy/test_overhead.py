@@ -22,7 +22,8 @@ TOOLS = [{"name": f"tool_{n}", "description": f"Tool {n}. " + "Use it to inspect
 TOOLS.append({"name": "get_weather", "description": "Weather.", "input_schema": {"type": "object"}})
 SYSTEM = "You are a coding agent. " * 40
 OUTPUT = "src/app.py:{n}: def handler_{n}(request): return render(request, 'page_{n}.html')\n"
-HEADERS = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01", "user-agent": "claude-cli/2.1.3 (external, cli)",
+HEADERS = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01",
+           "user-agent": "claude-cli/2.1.3 (external, cli)",
            "x-ctxd-context-window": str(WINDOW)}
 
 

@@ -207,7 +207,8 @@ class FakeUpstream:
             body = _responses_as_messages(body)
             if body is None:
                 return self._error(api, 400, "bad request: input items", "invalid_request_error")
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("model") not in self.models:
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) \
+                or body.get("model") not in self.models:
             return self._error(api, 400, "bad request", "invalid_request_error")
         if api == "anthropic" and not isinstance(body.get("max_tokens"), int):
             return self._error(api, 400, "max_tokens: Field required", "invalid_request_error")

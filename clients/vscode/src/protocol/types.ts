@@ -418,7 +418,7 @@ export interface HistoryEntry {
   createdAt: string;
   tokens: number;
   message: Message;
-  status: "compressed" | "context" | "kept" | "rolled_back";
+  status: "compressed" | "context" | "kept" | "rolled_back" | "superseded";
   pruned?: boolean;
   filtered?: boolean;
 }
@@ -725,6 +725,8 @@ export interface PromptParams {
   format?: PromptFormat;
   cacheControl?: boolean;
   push?: Message[] | null;
+  supersede?: string[] | null;
+  current?: string[] | null;
 }
 
 export interface PushResult {
@@ -847,6 +849,7 @@ export interface SessionCreateParams {
   tags?: string[] | null;
   metadata?: Record<string, unknown> | null;
   settings?: SessionSettings | null;
+  usageSamples?: ([number, number])[] | null;
 }
 
 export interface SessionDeleteResult {
@@ -965,7 +968,7 @@ export interface SessionUpdateParams {
  */
 export interface SessionUpdated {
   sessionId: string;
-  reason: "compressed" | "goal" | "pin" | "push" | "restored" | "updated" | "watermark";
+  reason: "compressed" | "goal" | "pin" | "push" | "restored" | "supersede" | "updated" | "watermark";
   lastSeq: number;
   messageCount: number;
   tokenCount: number;
@@ -1177,6 +1180,7 @@ export interface UsageDrift {
   inputRatio?: number | null;
   appliedRatio?: number;
   appliedOverhead?: number;
+  samples?: ([number, number])[];
 }
 
 /**
