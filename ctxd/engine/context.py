@@ -87,12 +87,12 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     rolled_back: list[tuple[int, int]] = []
     """Ranges of history (inclusive) that a snapshot restore took out of the active context."""
     superseded: list[int] = []
-    current: list[int] = []
-    """Messages pinned because a client named them its current working context
-    (``context/prompt`` ``current``): unpinned when it no longer does. Sorted."""
     """Messages a client no longer sends because it sends a newer copy (its own working
     context: the files in its chat, a repository map, a reminder): out of the active
     context, kept in history (``context/prompt`` ``supersede``). Sorted."""
+    current: list[int] = []
+    """Messages pinned because a client named them its current working context
+    (``context/prompt`` ``current``): unpinned when it no longer does. Sorted."""
     clips: list[ClipEvent] = []
     """Recent tool outputs too big for the prompt, sent as excerpts (``engine/clip.py``)."""
 
@@ -177,7 +177,7 @@ class Entry:
                     signed = signed or bool(block.signature)
         for call in message.tool_calls or ():
             calls.append(call.id)
-            names.append(call.function.name)
+            names.append(call.name)
         if message.role == "tool" and message.tool_call_id:
             results.append(message.tool_call_id)
         return cls(seq, message, tokens, tuple(calls), tuple(results), tuple(names),
