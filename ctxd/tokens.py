@@ -241,7 +241,7 @@ class TokenCounter:
                 elif isinstance(block, ImageBlock):
                     text += count(image_text(block))  # sent as a line of text
         for call in message.tool_calls or ():
-            tool_call += TOOL_BLOCK_OVERHEAD + count(call.function.name) + count(call.function.arguments)
+            tool_call += TOOL_BLOCK_OVERHEAD + count(call.name) + count(call.text)
         if message.role == "tool":
             # An OpenAI tool reply is all tool output, whatever form its content takes.
             tool_result += text

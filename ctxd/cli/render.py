@@ -518,8 +518,8 @@ def message_text(message: dict[str, Any]) -> str:
             elif kind == "image":
                 parts.append(f"[image: {block.get('description', '')}]" if block.get("description") else "[image]")
     for call in message.get("toolCalls") or ():
-        function = call.get("function") or {}
-        parts.append(f"[tool call {function.get('name')}({function.get('arguments', '')})]")
+        function = call.get("function") or call.get("custom") or {}
+        parts.append(f"[tool call {function.get('name')}({function.get('arguments', function.get('input', ''))})]")
     return " ".join(p for p in parts if p)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from ctxd.protocol.message import (
+    CustomCall,
     FunctionCall,
     Message,
     TextBlock,
@@ -208,11 +209,15 @@ def clip_any(message: Message, tokens: MessageTokens, max_tokens: int,
     if calls:
         new_calls = []
         for call in calls:
-            before = count(call.function.arguments)
-            cut = _arguments_excerpt(call.function.arguments, share_of(before), count)
+            before = count(call.text)
+            if isinstance(call.custom, CustomCall):  # freeform text: an excerpt of it as it is
+                cut = excerpt(call.text, share_of(before), count)
+                replaced = ToolCall(id=call.id, type="custom", custom=CustomCall(name=call.name, input=cut))
+            else:
+                cut = _arguments_excerpt(call.text, share_of(before), count)
+                replaced = ToolCall(id=call.id, function=FunctionCall(name=call.name, arguments=cut))
             delta += count(cut) - before
-            new_calls.append(call if cut == call.function.arguments else ToolCall(
-                id=call.id, function=FunctionCall(name=call.function.name, arguments=cut), type=call.type))
+            new_calls.append(call if cut == call.text else replaced)
         calls = new_calls
     if delta >= 0:
         return view, cost

@@ -392,7 +392,7 @@ def extract(messages: Sequence[Message] | Iterable[Message], *, max_items: int =
     for message in messages:
         calls = message.tool_calls or ()
         for call in calls:
-            out.tool_call(call.id, call.function.name, _decode_args(call.function.arguments))
+            out.tool_call(call.id, call.name, call.text if call.type == "custom" else _decode_args(call.text))
         content = message.content
         if content is None:
             continue

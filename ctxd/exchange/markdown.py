@@ -104,8 +104,8 @@ def _body(m: Message, names: dict[str, str]) -> list[str]:
         elif isinstance(block, ToolResultBlock):
             out.append(_result(block.tool_use_id, tool_result_text(block), block.is_error, names))
     for call in m.tool_calls or ():
-        names[call.id] = call.function.name
-        out.append(_call(call.function.name, call.function.arguments))
+        names[call.id] = call.name
+        out.append(_call(call.name, call.text))
     return out
 
 

@@ -166,8 +166,9 @@ def message_body(message: dict[str, Any]) -> str:
             elif kind == "image":
                 parts.append(f"[image: {block.get('description', '')}]" if block.get("description") else "[image]")
     for call in message.get("toolCalls") or ():
-        function = call.get("function", {})
-        parts.append(f"[tool call {call.get('id', '')}] {function.get('name', '')}({function.get('arguments', '')})")
+        function = call.get("function") or call.get("custom") or {}
+        text = function.get("arguments", function.get("input", ""))
+        parts.append(f"[tool call {call.get('id', '')}] {function.get('name', '')}({text})")
     if message.get("toolCallId") and message.get("role") == "tool":
         parts.insert(0, f"[tool result {message['toolCallId']}]")
     return "\n".join(parts) if parts else "(empty)"

@@ -75,12 +75,46 @@ class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
     arguments: str = ""
 
 
+class CustomCall(msgspec.Struct, forbid_unknown_fields=True):
+    """OpenAI ``custom`` of a freeform tool call (a ``custom`` tool: Codex's ``apply_patch``
+    on the Responses API, ``type: "custom"`` calls on Chat Completions): the text the
+    model wrote for the tool, kept verbatim; it is no JSON."""
+
+    name: str
+    input: str = ""
+
+
 class ToolCall(msgspec.Struct, forbid_unknown_fields=True):
-    """A tool call in OpenAI style (``toolCalls`` of an assistant message)."""
+    """A tool call in OpenAI style (``toolCalls`` of an assistant message): a function call
+    (``function``, JSON arguments) or a freeform call (``type: "custom"``, ``custom``).
+    Either way its result is a ``tool`` message answering its ``id``. The field a call
+    does not have is absent (never ``null``)."""
 
     id: str
-    function: FunctionCall
-    type: Literal["function"] = "function"
+    function: FunctionCall | msgspec.UnsetType = msgspec.UNSET
+    type: Literal["function", "custom"] = "function"
+    custom: CustomCall | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        if self.type == "function" and (self.function is msgspec.UNSET or self.custom is not msgspec.UNSET):
+            raise ValueError("a function tool call has `function` and no `custom`")
+        if self.type == "custom" and (self.custom is msgspec.UNSET or self.function is not msgspec.UNSET):
+            raise ValueError("a custom tool call has `custom` and no `function`")
+
+    @property
+    def name(self) -> str:
+        """The tool's name, whichever kind of call."""
+        if isinstance(self.custom, CustomCall):
+            return self.custom.name
+        return self.function.name if isinstance(self.function, FunctionCall) else ""
+
+    @property
+    def text(self) -> str:
+        """What the model wrote for the tool: a function's JSON ``arguments``, a freeform
+        call's ``input``."""
+        if isinstance(self.custom, CustomCall):
+            return self.custom.input
+        return self.function.arguments if isinstance(self.function, FunctionCall) else ""
 
 
 class Usage(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):
@@ -162,5 +196,5 @@ def message_text(message: Message) -> str:
         elif isinstance(block, ImageBlock):
             parts.append(image_text(block))
     for call in message.tool_calls or ():
-        parts.append(f"{call.function.name}({call.function.arguments})")
+        parts.append(f"{call.name}({call.text})")
     return "\n".join(parts)

@@ -18,10 +18,20 @@ class OpenAIFunction(msgspec.Struct):
     arguments: str
 
 
+class OpenAICustom(msgspec.Struct):
+    """A freeform (custom tool) call's name and the model's text for it."""
+
+    name: str
+    input: str
+
+
 class OpenAIToolCall(msgspec.Struct):
+    """A function call (``function``) or a freeform one (``type: "custom"``, ``custom``)."""
+
     id: str
-    function: OpenAIFunction
-    type: Literal["function"] = "function"
+    function: OpenAIFunction | msgspec.UnsetType = msgspec.UNSET
+    type: Literal["function", "custom"] = "function"
+    custom: OpenAICustom | msgspec.UnsetType = msgspec.UNSET
 
 
 class OpenAIMessage(msgspec.Struct, omit_defaults=True):

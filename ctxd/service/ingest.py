@@ -181,7 +181,7 @@ def rough_size(messages: list[Message], enough: int) -> int:
                          or getattr(block, "content", None))
                 size += len(value) if isinstance(value, str) else 256
         for call in message.tool_calls or ():
-            size += len(call.function.arguments)
+            size += len(call.text)
         if size > enough:
             break
     return size

@@ -256,7 +256,7 @@ def tool_names(messages: Sequence[Message]) -> dict[str, str]:
     names: dict[str, str] = {}
     for message in messages:
         for call in message.tool_calls or ():
-            names[call.id] = call.function.name
+            names[call.id] = call.name
         if isinstance(message.content, list):
             for block in message.content:
                 if isinstance(block, ToolUseBlock):
@@ -296,7 +296,7 @@ def render_message(message: Message, *, tool_names: Mapping[str, str] | None = N
                 if block.thinking.strip():
                     lines.append(f"{role} (thinking): {cut_middle(block.thinking.strip(), THINKING_CHARS)}")
     for call in message.tool_calls or ():
-        lines.append(f"→ tool {call.function.name}({cut_middle(call.function.arguments, args_chars)})")
+        lines.append(f"→ tool {call.name}({cut_middle(call.text, args_chars)})")
     return "\n".join(lines)
 
 

@@ -75,9 +75,10 @@ function M.content_lines(message)
     end
   end
   for _, call_ in ipairs(message.toolCalls or message.tool_calls or {}) do
-    local fn = call_['function'] or {}
+    local fn = call_['function'] or call_.custom or {}
+    local text = fn.arguments or fn.input
     table.insert(lines, string.format('(tool call %s %s)', call_.id or '', fn.name or call_.name or ''))
-    append(lines, split(type(fn.arguments) == 'string' and fn.arguments or vim.inspect(fn.arguments or call_)))
+    append(lines, split(type(text) == 'string' and text or vim.inspect(text or call_)))
   end
   return lines
 end

@@ -298,6 +298,16 @@ export interface ContextStatsResult {
 }
 
 /**
+ * OpenAI ``custom`` of a freeform tool call (a ``custom`` tool: Codex's ``apply_patch``
+ * on the Responses API, ``type: "custom"`` calls on Chat Completions): the text the
+ * model wrote for the tool, kept verbatim; it is no JSON.
+ */
+export interface CustomCall {
+  name: string;
+  input?: string;
+}
+
+/**
  * ``daemon/status``: enough for ``ctxd-cli daemon status`` and for health checks.
  */
 export interface DaemonStatusResult {
@@ -590,6 +600,14 @@ export interface OllamaToolCall {
   function: OllamaFunction;
 }
 
+/**
+ * A freeform (custom tool) call's name and the model's text for it.
+ */
+export interface OpenAICustom {
+  name: string;
+  input: string;
+}
+
 export interface OpenAIFunction {
   name: string;
   arguments: string;
@@ -620,10 +638,14 @@ export interface OpenAIPrompt {
   checkpointCount: number;
 }
 
+/**
+ * A function call (``function``) or a freeform one (``type: "custom"``, ``custom``).
+ */
 export interface OpenAIToolCall {
   id: string;
-  function: OpenAIFunction;
-  type?: "function";
+  function?: OpenAIFunction;
+  type?: "custom" | "function";
+  custom?: OpenAICustom;
 }
 
 /**
@@ -1115,12 +1137,16 @@ export interface ThresholdNotification {
 }
 
 /**
- * A tool call in OpenAI style (``toolCalls`` of an assistant message).
+ * A tool call in OpenAI style (``toolCalls`` of an assistant message): a function call
+ * (``function``, JSON arguments) or a freeform call (``type: "custom"``, ``custom``).
+ * Either way its result is a ``tool`` message answering its ``id``. The field a call
+ * does not have is absent (never ``null``).
  */
 export interface ToolCall {
   id: string;
-  function: FunctionCall;
-  type?: "function";
+  function?: FunctionCall;
+  type?: "custom" | "function";
+  custom?: CustomCall;
 }
 
 /**

@@ -231,7 +231,8 @@ export function messageText(m: Message): string {
     }
   }
   for (const call of m.toolCalls ?? []) {
-    parts.push(`→ ${call.function.name}(${call.function.arguments ?? ""})`);
+    const text = call.custom ? call.custom.input : call.function?.arguments;
+    parts.push(`→ ${call.custom?.name ?? call.function?.name ?? ""}(${text ?? ""})`);
   }
   return parts.join("\n\n");
 }
