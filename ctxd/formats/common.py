@@ -186,12 +186,15 @@ def usage_struct(counts: dict[str, int]) -> Usage | None:
 @dataclass(slots=True)
 class Call:
     """A tool call, whichever style stored it: ``input`` for Anthropic and Ollama,
-    ``arguments`` (JSON text) for OpenAI."""
+    ``arguments`` (JSON text) for OpenAI. ``custom``: a freeform call (OpenAI custom tools),
+    whose ``arguments`` is the model's text as it is; the shapes that have no freeform
+    calls (Anthropic, Ollama) get it as ``{"input": text}``."""
 
     id: str
     name: str
     input: dict[str, Any]
     arguments: str
+    custom: bool = False
 
 
 @dataclass(slots=True)
@@ -257,8 +260,10 @@ def turn_of(message: Message) -> Turn:
             elif isinstance(block, ThinkingBlock) and block.signature and role == "assistant":
                 turn.thinking.append(block)
     for call in message.tool_calls or ():
-        turn.calls.append(Call(call.id, call.function.name, arguments_to_input(call.function.arguments),
-                               call.function.arguments))
+        if call.type == "custom":
+            turn.calls.append(Call(call.id, call.name, {"input": call.text}, call.text, custom=True))
+        else:
+            turn.calls.append(Call(call.id, call.name, arguments_to_input(call.text), call.text))
     return turn
 
 

@@ -24,6 +24,7 @@ import msgspec
 
 from ctxd.formats.common import (
     Api,
+    Call,
     Ref,
     Turn,
     UsageField,
@@ -39,8 +40,8 @@ from ctxd.formats.common import (
     text_of,
     turn_of,
 )
-from ctxd.protocol.message import FunctionCall, Message, Role, TextBlock, ThinkingBlock, ToolCall
-from ctxd.protocol.providers import OpenAIFunction, OpenAIMessage, OpenAIToolCall
+from ctxd.protocol.message import CustomCall, FunctionCall, Message, Role, TextBlock, ThinkingBlock, ToolCall
+from ctxd.protocol.providers import OpenAICustom, OpenAIFunction, OpenAIMessage, OpenAIToolCall
 
 ROLES = ("system", "user", "assistant", "tool")  # (a tuple: a role may be any JSON value)
 
@@ -94,9 +95,13 @@ def parts(message: dict[str, Any], *, with_unmodeled: bool, api: Api = "openai")
     for call in message.get("tool_calls") or ():
         if not isinstance(call, dict):
             continue
+        call_id = call.get("id") if api == "openai" else None
+        if call.get("type") == "custom":  # (a fifth field: function calls' parts stay as they were)
+            custom = call.get("custom") or {}
+            out.append(("u", call_id, custom.get("name"), text_of(custom.get("input")), "custom"))
+            continue
         function = call.get("function") or {}
-        out.append(("u", call.get("id") if api == "openai" else None, function.get("name"),
-                    canonical_arguments(function.get("arguments"))))
+        out.append(("u", call_id, function.get("name"), canonical_arguments(function.get("arguments"))))
     if not with_unmodeled and unknown and not any(p[0] != "x" for p in out):
         out = [("t", placeholder(unknown))]
     return role, out
@@ -146,9 +151,14 @@ def to_ctxd(message: dict[str, Any], *, call_ids: dict[int, list[str]] | None = 
     for n, call in enumerate(message.get("tool_calls") or ()):
         if not isinstance(call, dict):
             continue
+        call_id = call.get("id") if api == "openai" else f"ollama-{position}-{n}"
+        if call.get("type") == "custom" and api == "openai":
+            custom = call.get("custom") or {}
+            calls.append({"id": str(call_id), "type": "custom",
+                          "custom": {"name": str(custom.get("name")), "input": text_of(custom.get("input"))}})
+            continue
         function = call.get("function") or {}
         arguments = function.get("arguments")
-        call_id = call.get("id") if api == "openai" else f"ollama-{position}-{n}"
         calls.append({"id": str(call_id), "type": "function",
                       "function": {"name": str(function.get("name")),
                                    "arguments": arguments if isinstance(arguments, str)
@@ -221,6 +231,12 @@ def system_text(leading: list[dict[str, Any]]) -> str:
 # --- rendering ctxd's turns -----------------------------------------------------------------
 
 
+def _call(c: Call) -> OpenAIToolCall:
+    if c.custom:
+        return OpenAIToolCall(id=c.id, type="custom", custom=OpenAICustom(name=c.name, input=c.arguments))
+    return OpenAIToolCall(id=c.id, function=OpenAIFunction(name=c.name, arguments=c.arguments))
+
+
 def emit(turns: Iterable[Turn]) -> list[OpenAIMessage]:
     """Turns as Chat Completions messages: each result a ``tool`` message (before the
     turn's text, where a user message carried results), an assistant's calls in
@@ -232,8 +248,7 @@ def emit(turns: Iterable[Turn]) -> list[OpenAIMessage]:
         if turn.role == "assistant":
             if not turn.texts and not turn.calls:
                 continue
-            calls = [OpenAIToolCall(id=c.id, function=OpenAIFunction(name=c.name, arguments=c.arguments))
-                     for c in turn.calls] or None
+            calls = [_call(c) for c in turn.calls] or None
             out.append(OpenAIMessage(role="assistant", content=join(turn.texts) if turn.texts else None,
                                      name=turn.name, tool_calls=calls))
         elif turn.texts and turn.role != "results":
@@ -256,8 +271,9 @@ def plain_line(m: Message) -> dict[str, Any]:
     if m.name is not None:
         line["name"] = m.name
     if m.tool_calls is not None:
-        line["tool_calls"] = [{"id": c.id, "type": "function",
-                               "function": {"name": c.function.name, "arguments": c.function.arguments}}
+        line["tool_calls"] = [{"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.text}}
+                              if c.type == "custom" else
+                              {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.text}}
                               for c in m.tool_calls]
     if m.tool_call_id is not None:
         line["tool_call_id"] = m.tool_call_id
@@ -298,13 +314,19 @@ def tool_calls(raw: Any, where: str, warn: Warn, index: int = 0) -> list[ToolCal
         if not isinstance(call, dict):
             warn(f"{where}: tool call {number} is not an object, ignored")
             continue
-        function = call.get("function") or {}
-        if not isinstance(function, dict):
-            function = {}
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id:
             call_id = f"call_{index}_{number}"
             warn(f"{where}: tool call {number} has no id, using {call_id!r}")
+        if call.get("type") == "custom":  # a freeform call: its text as written
+            custom = call.get("custom")
+            custom = custom if isinstance(custom, dict) else {}
+            calls.append(ToolCall(id=call_id, type="custom", custom=CustomCall(name=text_of(custom.get("name")),
+                                                                               input=text_of(custom.get("input")))))
+            continue
+        function = call.get("function") or {}
+        if not isinstance(function, dict):
+            function = {}
         arguments = function.get("arguments", "")
         if not isinstance(arguments, str):
             arguments = text_of(arguments)

@@ -1,10 +1,11 @@
 """OpenAI Responses API: a conversation of typed input items (``message`` with
 ``input_text``/``output_text`` parts, ``function_call``, ``function_call_output``,
-``reasoning``, ...), ``instructions`` beside them, and its usage object.
+``custom_tool_call``, ``custom_tool_call_output``, ``reasoning``, ...), ``instructions``
+beside them, and its usage object.
 
 An item is read as the Chat Completions message it stands for (:func:`as_chat`), so one
 reading (``openai.py``) serves both; ctxd's prompt, rendered in the Chat Completions
-shape, is written back as items by :func:`items_of`.
+shape, is written back as items by :func:`items_of_prompt`.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def usage(raw: Any) -> dict[str, int]:
 def as_chat(item: dict[str, Any]) -> dict[str, Any]:
     """An input (or output) item as the Chat Completions message it stands for: a message
     item keeps its role and its text parts (``input_text``/``output_text`` read as text),
-    ``function_call`` is an assistant tool call, ``function_call_output`` a tool message;
-    any other item type is a message made of one block ctxd does not model (placeholder,
-    chain entry by type)."""
+    ``function_call`` is an assistant tool call and ``custom_tool_call`` a freeform one
+    (``type: "custom"``, as Chat Completions spells it), ``function_call_output`` and
+    ``custom_tool_call_output`` a tool message; any other item type is a message made of
+    one block ctxd does not model (placeholder, chain entry by type)."""
     kind = item.get("type")
     if kind in (None, "message") and "role" in item:
         content = item.get("content")
@@ -50,7 +52,11 @@ def as_chat(item: dict[str, Any]) -> dict[str, Any]:
         return {"role": "assistant", "content": None,
                 "tool_calls": [{"id": item.get("call_id"), "type": "function",
                                 "function": {"name": item.get("name"), "arguments": item.get("arguments")}}]}
-    if kind == "function_call_output":
+    if kind == "custom_tool_call":
+        return {"role": "assistant", "content": None,
+                "tool_calls": [{"id": item.get("call_id"), "type": "custom",
+                                "custom": {"name": item.get("name"), "input": item.get("input")}}]}
+    if kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
         if isinstance(output, list):
             output = [dict(part, type="text") if isinstance(part, dict) and part.get("type") == "input_text"
@@ -124,12 +130,16 @@ def system_text(instructions: Any, leading: list[dict[str, Any]]) -> str:
     return "\n\n".join(t for t in texts if t)
 
 
-def items_of(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """One message of ctxd's prompt in the Chat Completions shape as input items."""
+def items_of(message: dict[str, Any], custom: set[str] | None = None) -> list[dict[str, Any]]:
+    """One message of ctxd's prompt in the Chat Completions shape as input items: a
+    freeform call as ``custom_tool_call``, and a result as ``custom_tool_call_output`` when
+    it answers one of the ``custom`` call ids (the API pairs each output with a call of its
+    kind). Use :func:`items_of_prompt` for a whole prompt."""
     role = message.get("role")
     if role == "tool":
-        return [{"type": "function_call_output", "call_id": message.get("tool_call_id"),
-                 "output": parts_text(message.get("content"))}]
+        call_id = message.get("tool_call_id")
+        kind = "custom_tool_call_output" if custom is not None and call_id in custom else "function_call_output"
+        return [{"type": kind, "call_id": call_id, "output": parts_text(message.get("content"))}]
     items: list[dict[str, Any]] = []
     content = message.get("content")
     if isinstance(content, list):
@@ -138,9 +148,39 @@ def items_of(message: dict[str, Any]) -> list[dict[str, Any]]:
     if content:
         items.append({"role": role, "content": content})
     for call in message.get("tool_calls") or []:
+        if call.get("type") == "custom":
+            freeform = call.get("custom") or {}
+            items.append({"type": "custom_tool_call", "call_id": call.get("id"), "name": freeform.get("name"),
+                          "input": freeform.get("input") or ""})
+            if custom is not None:
+                custom.add(call.get("id"))
+            continue
         function = call.get("function") or {}
         items.append({"type": "function_call", "call_id": call.get("id"), "name": function.get("name"),
                       "arguments": function.get("arguments") or "{}"})
     if not items:
         items.append({"role": role, "content": ""})
     return items
+
+
+def items_of_prompt(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ctxd's prompt (Chat Completions messages, system part left out) as input items."""
+    custom: set[str] = set()
+    return [item for message in messages for item in items_of(message, custom)]
+
+
+def keep_ids(items: list[Any], client: list[Any]) -> list[Any]:
+    """``items`` with each call or output ctxd wrote itself (a pruned output, an excerpt)
+    given the ``id`` the client's item of the same type and ``call_id`` carries: what ctxd
+    renders of an item is still that item."""
+    ids = {(c.get("type"), c.get("call_id")): c["id"] for c in client
+           if isinstance(c, dict) and isinstance(c.get("call_id"), str) and isinstance(c.get("id"), str)}
+    if not ids:
+        return items
+    out = []
+    for item in items:
+        if isinstance(item, dict) and "id" not in item and (item.get("type"), item.get("call_id")) in ids:
+            item = {"type": item["type"], "id": ids[item["type"], item["call_id"]],
+                    **{k: v for k, v in item.items() if k != "type"}}
+        out.append(item)
+    return out

@@ -135,3 +135,54 @@ def test_a_message_openai_cannot_hold_is_exported_as_the_prompt_renders_it():
 def test_system_text_of_leading_messages():
     assert openai.system_text([{"role": "system", "content": "a"},
                                {"role": "developer", "content": [{"type": "text", "text": "b"}]}]) == "a\n\nb"
+
+
+FREEFORM = [
+    {"role": "user", "content": "fix the rounding"},
+    {"role": "assistant",
+     "tool_calls": [{"id": "call_p", "type": "custom",
+                     "custom": {"name": "apply_patch", "input": "*** Begin Patch\n*** Update File: a.py\n-x\n+y\n"}}]},
+    {"role": "tool", "tool_call_id": "call_p", "content": "Done."},
+]
+
+
+def test_a_freeform_call_is_kept_as_sent_and_comes_back_in_its_shape():
+    call = formats.to_ctxd("openai", FREEFORM[1])
+    assert call == {"role": "assistant", "toolCalls": [FREEFORM[1]["tool_calls"][0]]}
+    message = msgspec.convert(call, Message)
+    assert message.tool_calls is not None and message.tool_calls[0].type == "custom"
+    assert message.tool_calls[0].name == "apply_patch" and message.tool_calls[0].text.startswith("*** Begin")
+    messages, _ = rendered("openai", stored("openai", FREEFORM))
+    assert messages == FREEFORM
+    # Its result answers it under its own role; ids and the projection see it as a call.
+    assert formats.ids_of("openai", FREEFORM[1]) == [("call", "call_p")]
+    assert formats.projection("openai", FREEFORM[1]) == \
+        ["assistant", [("u", "call_p", "apply_patch", FREEFORM[1]["tool_calls"][0]["custom"]["input"], "custom")]]
+    assert formats.projection("openai", FREEFORM[1]) != formats.projection("openai", {
+        "role": "assistant", "tool_calls": [{"id": "call_p", "type": "function", "function": {
+            "name": "apply_patch", "arguments": FREEFORM[1]["tool_calls"][0]["custom"]["input"]}}]})
+
+
+def test_a_freeform_call_elsewhere():
+    warnings: list[str] = []
+    message = openai.to_message(FREEFORM[1], "line 2", warnings.append)
+    assert message is not None and warnings == [] and openai.export_lines(message) == [dict(FREEFORM[1], content=None)]
+    # Anthropic has no freeform calls: the text goes as the tool_use's one field.
+    anthropic_messages, _ = rendered("anthropic", stored("openai", FREEFORM))
+    assert anthropic_messages[1]["content"] == [
+        {"type": "tool_use", "id": "call_p", "name": "apply_patch",
+         "input": {"input": FREEFORM[1]["tool_calls"][0]["custom"]["input"]}}]
+
+
+def test_a_tool_call_is_a_function_or_a_freeform_one_never_both():
+    for bad in ({"id": "c", "type": "custom"}, {"id": "c"},
+                {"id": "c", "type": "custom", "custom": {"name": "p"}, "function": {"name": "p"}}):
+        try:
+            msgspec.convert(bad, ToolCall)
+        except msgspec.ValidationError as exc:
+            assert "tool call has" in str(exc)
+        else:
+            raise AssertionError(bad)
+    # A function call is written as before (no "custom" key).
+    assert msgspec.to_builtins(ToolCall(id="c", function=FunctionCall(name="f", arguments="{}"))) == \
+        {"id": "c", "function": {"name": "f", "arguments": "{}"}, "type": "function"}

@@ -64,3 +64,30 @@ def test_system_text_is_instructions_then_leading_system_items():
     leading = responses.leading_system(items)
     assert leading == items[:1]
     assert responses.system_text("be brief", leading) == "be brief\n\nrules"
+
+
+PATCH = "*** Begin Patch\n*** Update File: src/app.py\n@@\n-    return a\n+    return b\n*** End Patch\n"
+FREEFORM = [
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
+    {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_p", "name": "apply_patch", "input": PATCH},
+    {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Success. Updated src/app.py"},
+    {"type": "function_call", "id": "fc_2", "call_id": "call_t", "name": "shell", "arguments": '{"cmd":"make"}'},
+    {"type": "function_call_output", "call_id": "call_t", "output": "ok"},
+]
+
+
+def test_freeform_calls_and_outputs_are_kept_and_come_back_as_sent():
+    call, output = formats.to_ctxd("responses", FREEFORM[1]), formats.to_ctxd("responses", FREEFORM[2])
+    assert call == {"role": "assistant", "toolCalls": [
+        {"id": "call_p", "type": "custom", "custom": {"name": "apply_patch", "input": PATCH}}]}
+    assert output == {"role": "tool", "toolCallId": "call_p", "content": "Success. Updated src/app.py"}
+    messages, _ = rendered("openai", stored("responses", FREEFORM))
+    back = responses.items_of_prompt(messages)
+    assert back[1:] == [
+        {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Success. Updated src/app.py"},
+        {"type": "function_call", "call_id": "call_t", "name": "shell", "arguments": '{"cmd":"make"}'},
+        {"type": "function_call_output", "call_id": "call_t", "output": "ok"}]
+    assert [formats.projection("responses", i) for i in back] == \
+        [formats.projection("responses", i) for i in FREEFORM]
+    assert formats.ids_of("responses", FREEFORM[1]) == [("item", "ctc_1"), ("call", "call_p")]
