@@ -363,8 +363,9 @@ def _responses_body(out: dict[str, Any], parts: Split, prompt: dict[str, Any],
     system_text = ""
     if rendered and rendered[0].get("role") == "system":
         system_text = parts_text(rendered.pop(0).get("content"))
-    items = [item for message in rendered for item in responses.items_of(message)]
-    conversation = _align("responses", items, parts.conversation, order=order)
+    items = responses.items_of_prompt(rendered)
+    conversation = responses.keep_ids(_align("responses", items, parts.conversation, order=order),
+                                      parts.conversation)
     addition = _addition(system_text, parts.system_text)
     if system_text == parts.system_text:
         leading = list(parts.system_raw)
@@ -516,14 +517,18 @@ class Assembler:
             if isinstance(delta.get("content"), str):
                 self._text.append(delta["content"])
             for call in delta.get("tool_calls") or []:
-                slot = self._calls.setdefault(call.get("index", 0), {"id": None, "name": "", "arguments": []})
+                slot = self._calls.setdefault(call.get("index", 0),
+                                              {"id": None, "name": "", "arguments": [], "custom": False})
                 if call.get("id"):
                     slot["id"] = call["id"]
-                function = call.get("function") or {}
+                if call.get("type") == "custom" or call.get("custom"):  # a freeform call: its input in pieces
+                    slot["custom"] = True
+                function = call.get("custom") or call.get("function") or {}
                 if function.get("name"):
                     slot["name"] += function["name"]
-                if function.get("arguments"):
-                    slot["arguments"].append(function["arguments"])
+                piece = function.get("input") if slot["custom"] else function.get("arguments")
+                if piece:
+                    slot["arguments"].append(piece)
             if choice.get("finish_reason"):
                 self._finish_openai()
 
@@ -531,6 +536,9 @@ class Assembler:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self._text) or None}
         if self._calls:
             message["tool_calls"] = [
+                {"id": slot["id"], "type": "custom",
+                 "custom": {"name": slot["name"], "input": "".join(slot["arguments"])}}
+                if slot["custom"] else
                 {"id": slot["id"], "type": "function",
                  "function": {"name": slot["name"], "arguments": "".join(slot["arguments"])}}
                 for _, slot in sorted(self._calls.items())]

@@ -183,3 +183,62 @@ async def test_codex_keeps_its_prefix_in_shape_and_place(proxy, upstream, ctxd_d
         if rest and rest[0].get("role") == "developer":  # ctxd's checkpoint, after the client's prefix
             rest = rest[1:]
         assert rest[:2] == [agents, environment]
+
+
+async def test_codex_freeform_calls_kept_as_sent(proxy, upstream, ctxd_daemon) -> None:
+    """Codex's ``apply_patch`` is a freeform tool: ``custom_tool_call`` items and their
+    ``custom_tool_call_output``. Stored as ctxd's typed freeform call and a tool result
+    (never a placeholder, never under ``assistant``); upstream, where ctxd writes an item
+    itself (an output it cleared to fit the window), it is of the same type and keeps the
+    client's item id, so every request pairs each output with a call of its kind."""
+    window = 6_000
+    upstream.padding = " The patch applies cleanly and the tests pass." * 30
+    tools = [{"type": "custom", "name": "apply_patch", "description": "edit files"}]
+    items: list[dict[str, Any]] = [{"type": "message", "role": "developer",
+                                    "content": [{"type": "input_text", "text": "<permissions>on</permissions>"}]}]
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        for turn in range(10):
+            items.append({"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": f"Change {turn}: use the patch tool."}]})
+            for _ in range(2):
+                body = {"model": MODEL, "instructions": "You are Codex.", "input": items, "store": False,
+                        "tools": tools, "max_output_tokens": 1000, "stream": turn % 2 == 1}
+                reply = await client.post("/v1/responses", content=json.dumps(body).encode(),
+                                          headers={"authorization": "Bearer sk-codex",
+                                                   "user-agent": "codex_cli_rs/0.171.0",
+                                                   "x-ctxd-context-window": str(window)})
+                assert reply.status_code == 200, reply.text
+                if body["stream"]:
+                    [done] = [json.loads(line[6:]) for line in reply.text.splitlines()
+                              if line.startswith("data: ") and '"response.completed"' in line]
+                    output = done["response"]["output"]
+                else:
+                    output = reply.json()["output"]
+                items += output
+                calls = [o for o in output if o["type"] == "custom_tool_call"]
+                if not calls:
+                    break
+                size = 3000 if turn == 6 else 600  # (turn 6's: too big for the window, sent as an excerpt)
+                items += [{"type": "custom_tool_call_output", "id": f"ctco_{c['call_id']}", "call_id": c["call_id"],
+                           "output": f"Success. Updated the following files:\nM src/app.py\n{'ok ' * size}"}
+                          for c in calls]
+    [info] = await sessions(ctxd_daemon)
+    assert info["compressionCount"] >= 1
+    stored = await history(ctxd_daemon, info["sessionId"])
+    assert not any("not kept by ctxd" in json.dumps(m) for m in stored)
+    freeform = [m for m in stored if any(c.get("type") == "custom" for c in m.get("toolCalls") or ())]
+    assert len(freeform) == 10 and all(m["role"] == "assistant" for m in freeform)
+    assert freeform[0]["toolCalls"][0]["custom"]["input"].startswith("*** Begin Patch")
+    answered = {c["id"] for m in freeform for c in m["toolCalls"]}
+    assert {m["toolCallId"] for m in stored if m["role"] == "tool"} == answered
+    client_ids = {(i["type"], i["call_id"]): i["id"] for i in items if "call_id" in i and "id" in i}
+    rewritten = 0
+    for request in upstream.chats("/v1/responses"):
+        for item in request.json["input"]:
+            if "call_id" not in item:
+                continue
+            assert item["type"] in ("custom_tool_call", "custom_tool_call_output"), item
+            assert item.get("id") == client_ids[item["type"], item["call_id"]]  # the client's id, kept
+            if item["type"] == "custom_tool_call_output" and "ok " * 600 not in item["output"]:
+                rewritten += 1  # an output ctxd cleared or cut: still the client's item, of its type
+    assert rewritten > 0

@@ -66,3 +66,24 @@ def test_reuse_on_responses_items_and_a_different_api() -> None:
     # A previous reading of another API is not reused.
     other = read("openai", [{"role": "user", "content": "Hi."}])
     same(read("responses", grown, previous=other, key="input"), read("responses", grown, key="input"))
+
+
+def test_a_streamed_freeform_call_is_read_as_one() -> None:
+    """Chat Completions: a custom tool's call streamed in pieces is the reply's freeform
+    call (``type: "custom"``), as the client sends it back."""
+    import json
+
+    def chunk(delta: dict, finish: str | None = None) -> bytes:
+        return b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() \
+            + b"\n\n"
+
+    assembler = apis.Assembler("openai")
+    for data in (chunk({"role": "assistant", "content": None}),
+                 chunk({"tool_calls": [{"index": 0, "id": "call_p", "type": "custom",
+                                        "custom": {"name": "apply_patch", "input": "*** Begin"}}]}),
+                 chunk({"tool_calls": [{"index": 0, "custom": {"input": " Patch\n"}}]}),
+                 chunk({}, "tool_calls"), b"data: [DONE]\n\n"):
+        assembler.feed(data)
+    reply = assembler.finish()
+    assert reply.message == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_p", "type": "custom", "custom": {"name": "apply_patch", "input": "*** Begin Patch\n"}}]}

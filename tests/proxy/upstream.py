@@ -219,7 +219,9 @@ class FakeUpstream:
                 self.refused.append(problem)
                 return self._error(api, 400, problem, "invalid_request_error")
         text, from_user = _last_user_text(api, body)
-        tool = (from_user and "use the tool" in text) or (thinking and _calls_to_go(body))
+        tool: bool | str = (from_user and "use the tool" in text) or (thinking and _calls_to_go(body))
+        if api == "responses" and from_user and "use the patch tool" in text:
+            tool = FREEFORM_TOOL  # a freeform call (Codex's apply_patch)
         answer = "Answer to: " + " ".join(text.split())[:60] + self.padding
         input_tokens = self.input_tokens(body)
         stream = body.get("stream") is not False if api == "ollama" else body.get("stream") is True
@@ -257,7 +259,7 @@ class FakeUpstream:
         return JSONResponse(payload, status_code=status, headers=headers)
 
     @staticmethod
-    def _whole(api: str, answer: str, tool: bool, input_tokens: int) -> dict[str, Any]:
+    def _whole(api: str, answer: str, tool: bool | str, input_tokens: int) -> dict[str, Any]:
         out_tokens = max(1, len(answer) // 4)
         if api == "responses":
             return _response_object("completed", _response_output(answer, tool), input_tokens, out_tokens)
@@ -287,7 +289,7 @@ class FakeUpstream:
         return {"model": MODEL, "created_at": "2025-01-01T00:00:00Z", "message": message, "done": True,
                 "done_reason": "stop", "prompt_eval_count": input_tokens, "eval_count": out_tokens}
 
-    async def _stream(self, api: str, answer: str, tool: bool, input_tokens: int, body: dict[str, Any],
+    async def _stream(self, api: str, answer: str, tool: bool | str, input_tokens: int, body: dict[str, Any],
                       mode: str) -> AsyncIterator[bytes]:
         events = list(self._events(api, answer, tool, input_tokens, body))
         finished = False
@@ -305,7 +307,7 @@ class FakeUpstream:
                 self.disconnects += 1
 
     @staticmethod
-    def _events(api: str, answer: str, tool: bool, input_tokens: int, body: dict[str, Any]) -> Any:
+    def _events(api: str, answer: str, tool: bool | str, input_tokens: int, body: dict[str, Any]) -> Any:
         pieces = [answer[i:i + 8] for i in range(0, len(answer), 8)]
         out_tokens = max(1, len(answer) // 4)
         if api == "responses":
@@ -400,6 +402,7 @@ def _responses_as_messages(body: dict[str, Any]) -> dict[str, Any] | None:
         return None
     messages: list[dict[str, Any]] = []
     calls: set[str] = set()
+    freeform: set[str] = set()
     for item in items:
         if not isinstance(item, dict):
             return None
@@ -422,16 +425,30 @@ def _responses_as_messages(body: dict[str, Any]) -> dict[str, Any] | None:
                 return None
             calls.add(item["call_id"])
             messages.append({"role": "assistant", "content": None})
-        elif kind == "function_call_output":
-            if item.get("call_id") not in calls:
-                return None  # what OpenAI answers: no tool call found for function call output
+        elif kind == "custom_tool_call":
+            if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "input")):
+                return None
+            freeform.add(item["call_id"])
+            messages.append({"role": "assistant", "content": None})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            # What OpenAI answers otherwise: no tool call found for (custom tool) call output:
+            # an output answers a call of its own kind.
+            if item.get("call_id") not in (calls if kind == "function_call_output" else freeform):
+                return None
             messages.append({"role": "tool", "content": str(item.get("output"))})
         elif kind != "reasoning":
             return None
     return dict(body, messages=messages)
 
 
-def _response_output(answer: str, tool: bool) -> list[dict[str, Any]]:
+FREEFORM_TOOL = "apply_patch"
+PATCH = "*** Begin Patch\n*** Update File: src/app.py\n@@\n-    return a\n+    return b\n*** End Patch\n"
+
+
+def _response_output(answer: str, tool: bool | str) -> list[dict[str, Any]]:
+    if isinstance(tool, str):
+        return [{"type": "custom_tool_call", "id": f"ctc_{uuid.uuid4().hex[:8]}",
+                 "call_id": f"call_{uuid.uuid4().hex[:8]}", "name": tool, "input": PATCH, "status": "completed"}]
     if tool:
         return [{"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:8]}", "call_id": f"call_{uuid.uuid4().hex[:8]}",
                  "name": "get_weather", "arguments": '{"city": "Paris"}', "status": "completed"}]
@@ -448,7 +465,8 @@ def _response_object(status: str, output: list[dict[str, Any]], input_tokens: in
                       "total_tokens": input_tokens + out_tokens}}
 
 
-def _response_events(answer: str, pieces: list[str], tool: bool, input_tokens: int, out_tokens: int) -> Any:
+def _response_events(answer: str, pieces: list[str], tool: bool | str, input_tokens: int, out_tokens: int
+                     ) -> Any:
     """A streamed Responses API answer, event by event as OpenAI sends them."""
     seq = iter(range(1_000_000))
 
@@ -460,7 +478,15 @@ def _response_events(answer: str, pieces: list[str], tool: bool, input_tokens: i
     item = output[0]
     yield event("response.created", {"response": _response_object("in_progress", [], 0, 0)})
     yield event("response.in_progress", {"response": _response_object("in_progress", [], 0, 0)})
-    if tool:
+    if isinstance(tool, str):
+        yield event("response.output_item.added", {"output_index": 0, "item": dict(item, input="",
+                                                                                   status="in_progress")})
+        for at in range(0, len(PATCH), 16):
+            yield event("response.custom_tool_call_input.delta", {"output_index": 0, "item_id": item["id"],
+                                                                  "delta": PATCH[at:at + 16]})
+        yield event("response.custom_tool_call_input.done", {"output_index": 0, "item_id": item["id"],
+                                                             "input": PATCH})
+    elif tool:
         yield event("response.output_item.added", {"output_index": 0, "item": dict(item, arguments="",
                                                                                    status="in_progress")})
         for part in ('{"city"', ': "Par', 'is"}'):
