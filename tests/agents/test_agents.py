@@ -40,7 +40,8 @@ NOT_YET: dict[str, dict[str, str]] = {
                          "words first; main sent both, over the window)",
     },
     "codex": {
-        "newest_intact": ISSUE_21 + "Responses items lose their 'id' where ctxd renders them (items kept as sent)",
+        "newest_intact": ISSUE_21 + "the newest tool result (a ~5.5K-token test run or file read) is sent as an "
+                         "excerpt at this 16K window (its item and id are kept)",
         "files_intact": ISSUE_21 + "a file Codex showed whole (its `sed -n` of the file it edits) is folded out "
                         "of the prompt",
     },
