@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from ctxd import __version__
-from ctxd.ownership import me, owner
+from ctxd.loopback import server_uid
+from ctxd.ownership import UnsafeDirectory, check_shared_dir, me, open_private_log, owner
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -82,6 +83,34 @@ def check_peer(writer: asyncio.StreamWriter, path: str | Path) -> None:
                                 f"(--socket, daemon.socket)")
 
 
+async def check_server(writer: asyncio.StreamWriter, where: str, *, unchecked: bool = False) -> None:
+    """Talk over TCP only to a server of this user's, before anything (the token) is sent:
+    127.0.0.1 is every local user's, and whoever listens on the port first receives what
+    the client sends. The kernel names the owner of the server's end of this connection
+    (``loopback.server_uid``: sock_diag, else /proc/net/tcp). Closes the connection and
+    raises ForeignDaemon when it is another user's, or when the kernel cannot say (not
+    Linux; a server not on this machine) unless ``unchecked``."""
+    sock = writer.get_extra_info("socket")
+    try:
+        mine, theirs = sock.getsockname()[:2], sock.getpeername()[:2]
+        uid = await server_uid(mine, theirs)
+    except OSError as exc:
+        if unchecked:
+            log.warning("cannot tell which user serves %s (%s); daemon.tcp_allow_unchecked: connecting anyway",
+                        where, exc)
+            return
+        writer.close()
+        raise ForeignDaemon(f"cannot tell which user serves {where} ({exc}), so the token was not sent: another "
+                            f"user could be listening there. Use the Unix socket, or set "
+                            f"daemon.tcp_allow_unchecked = true to send it anyway") from None
+    if uid != os.geteuid():
+        writer.close()
+        who = owner(uid) if uid is not None else "no process the kernel names"
+        raise ForeignDaemon(f"{where} is served by {who}, not by this user ({me()}): nothing was sent to it "
+                            f"(not the token). Another user may have taken the port: start ctxd --tcp on "
+                            f"another port, or use the Unix socket")
+
+
 class Client:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  process: asyncio.subprocess.Process | None = None) -> None:
@@ -114,11 +143,15 @@ class Client:
         return cls(reader, writer)
 
     @classmethod
-    async def connect_tcp(cls, port: int, host: str = "127.0.0.1") -> Client:
+    async def connect_tcp(cls, port: int, host: str = "127.0.0.1", *, unchecked: bool = False) -> Client:
+        """A connection to a TCP daemon, once the kernel says its server is this user's
+        (:func:`check_server`: the token goes only there). ``unchecked``
+        (``daemon.tcp_allow_unchecked``): where the kernel cannot say, connect anyway."""
         try:
             reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
         except OSError as exc:
             raise DaemonUnavailable(f"no ctxd daemon at {host}:{port} ({exc.strerror})") from None
+        await check_server(writer, f"{host}:{port}", unchecked=unchecked)
         log.info("connected to %s:%d", host, port)
         return cls(reader, writer)
 
@@ -298,6 +331,30 @@ def daemon_log_path(socket_path: Path, log_file: str | Path | None = None) -> Pa
     return Path(log_file).expanduser() if log_file else socket_path.with_name("daemon.log")
 
 
+def open_daemon_log(socket_path: Path, log_path: Path) -> int:
+    """The daemon's stderr log, opened for appending only once the socket's directory is
+    known to be safe as the daemon itself will judge it (``ownership.check_shared_dir``:
+    ours or root's, nobody else's to write in unless sticky), and the file itself without
+    following a link, ours and 0600 from its first byte (the log may name sessions): a
+    ``daemon.log`` planted in another user's directory, or a link to one of this user's
+    files, is never written through. Raises DaemonUnavailable saying why."""
+    directory = socket_path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise DaemonUnavailable(f"cannot create the socket directory {directory}: {exc.strerror or exc}") from None
+    try:
+        check_shared_dir(directory, "the socket directory", "choose another --socket path")
+        if log_path.parent != directory:
+            log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            check_shared_dir(log_path.parent, "the log's directory", "choose another --socket path")
+        return open_private_log(log_path)
+    except UnsafeDirectory as exc:
+        raise DaemonUnavailable(f"ctxd was not started: {exc}") from None
+    except OSError as exc:
+        raise DaemonUnavailable(f"cannot create {log_path.parent}: {exc.strerror or exc}") from None
+
+
 def spawn_daemon(socket_path: Path, *, data_dir: str | None = None, config_file: str | None = None,
                  idle_exit: float | None = None, autostarted: bool = True,
                  log_path: Path | None = None) -> subprocess.Popen[bytes]:
@@ -315,9 +372,7 @@ def spawn_daemon(socket_path: Path, *, data_dir: str | None = None, config_file:
     if config_file:
         args += ["--config", config_file]
     stderr_path = socket_path.with_name("daemon.log") if log_path is None else log_path
-    stderr_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # 0600 from its first byte, whatever the caller's umask (the log may name sessions).
-    stderr = os.fdopen(os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600), "ab")
+    stderr = os.fdopen(open_daemon_log(socket_path, stderr_path), "ab")
     try:
         return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                                 start_new_session=True, close_fds=True)
@@ -375,7 +430,10 @@ async def start_daemon(socket_path: Path, *, data_dir: str | None = None, config
     log_path = daemon_log_path(socket_path, log_file)
     stderr_path = socket_path.with_name("daemon.log")
     # Startup errors are on stderr (they come before logging is set up): read that file.
-    offset = stderr_path.stat().st_size if stderr_path.exists() else 0
+    try:
+        offset = os.lstat(stderr_path).st_size
+    except OSError:
+        offset = 0
     try:
         process = spawn_daemon(socket_path, data_dir=data_dir, config_file=config_file, idle_exit=idle_exit,
                                autostarted=autostarted, log_path=stderr_path)
@@ -411,9 +469,9 @@ async def connect_or_start(socket_path: Path, *, autostart: bool = True, data_di
 def _log_tail(path: Path, offset: int) -> str:
     """The last non-blank line written to ``path`` after ``offset`` ("" when none)."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
             f.seek(offset)
-            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+            lines = [line for line in f.read(1 << 20).decode("utf-8", "replace").splitlines() if line.strip()]
     except OSError:
         return ""
     return lines[-1] if lines else ""

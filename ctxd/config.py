@@ -38,6 +38,10 @@ class DaemonConfig(_Section):
     """Unix socket path. Empty: ``$XDG_RUNTIME_DIR/ctxd/ctxd.sock`` or the user state directory."""
     token_file: str = ""
     """File holding the TCP token (created 0600 if missing). Empty: ``tcp-token`` in the state directory."""
+    tcp_allow_unchecked: bool = False
+    """``ctxd-cli --tcp`` and ``ctxd --remote tcp:`` send the token only to a server the kernel
+    names as this user's (another user may listen on the port first). Where the kernel cannot
+    say (not Linux, or a server on another machine), send it anyway; off: refuse."""
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     """Log level; ``-v`` raises it to info, ``-vv`` to debug."""
     log_file: str = ""
@@ -103,8 +107,9 @@ class LimitsConfig(_Section):
     """A Unix-socket or TCP client whose ``initialize`` has not succeeded this long after it
     connected is disconnected."""
     max_pending_connections: Annotated[int, msgspec.Meta(ge=1)] = 64
-    """Unix-socket (and, counted apart, TCP) connections that may wait for ``initialize`` at
-    once; past it a new connection is closed as soon as it is accepted."""
+    """Unix-socket (and, counted apart, TCP: per uid, so another user fills only their own)
+    connections that may wait for ``initialize`` at once; past it a new connection is closed
+    as soon as it is accepted."""
 
 
 class BudgetConfig(_Section):
@@ -291,6 +296,23 @@ class ProxyConfig(_Section):
     """Where the kernel cannot tell which user a connection comes from (no sock_diag or
     ``/proc/net/tcp``: not Linux), serve anyway: then every local user can use the proxy,
     and through it the sessions' histories. Off: the proxy refuses to start there."""
+    allowed_hosts: list[str] = []
+    """Host names the proxy answers to besides the loopback ones (``localhost``, 127.0.0.0/8,
+    ``[::1]``), e.g. a name of this machine in ``/etc/hosts``; ``"*"``: any. A request for
+    another ``Host`` (a web page's, through DNS rebinding) gets a 403."""
+    allowed_origins: list[str] = []
+    """Web pages that may use the proxy from the owner's browser, as origins
+    (``"http://localhost:3000"``); ``"*"``: any page. Empty: a request carrying an
+    ``Origin`` gets a 403 and a CORS preflight is refused; a page on a loopback address is
+    no exception (any local user can serve one)."""
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024 * 1024
+    """Largest request body: a larger ``Content-Length`` gets a 413 before any of the body
+    is read; a body without one is cut off with a 413 once it passes this."""
+    client_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    """A client's request head must be whole within this long of the connection's
+    opening (or of its previous answer), and a request body may pause no longer than
+    this; then the connection is closed. Another user's connection gets this long for
+    its 403."""
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -4,8 +4,8 @@ Over stdio it serves the one client that spawned it and exits when that client
 sends ``exit``, closes stdin, or (given ``processId``) dies. Over a Unix socket or
 TCP it serves any number of clients until ``daemon/stop``, SIGTERM/SIGINT, or
 ``idle_exit_seconds`` without a connection. Socket clients that have not completed
-``initialize`` are held to ``limits.max_pending_connections`` per transport (see
-``Connection.guarded`` for what else applies to them).
+``initialize`` are held to ``limits.max_pending_connections`` per transport, and over
+TCP per uid (see ``Connection.guarded`` for what else applies to them).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from ctxd.config import Config
 from ctxd.llm.settings import SettingsError
+from ctxd.loopback import peer_uid
 from ctxd.server.app import App
 from ctxd.server.connection import Connection, Writer
 from ctxd.server.subscriptions import Hub
@@ -63,7 +64,9 @@ class Daemon:
         self._clean_exit = False
         self.bound: dict[str, str] = {}
         self._pending: dict[str, set[Connection]] = {}
-        """Per socket transport, the connections whose ``initialize`` has not succeeded yet."""
+        """Per socket transport (over TCP, per uid: ``_group``), the connections whose
+        ``initialize`` has not succeeded yet."""
+        self._group_of: dict[Connection, str] = {}
         self._turned_away: dict[str, int] = {}
 
     # --- what handlers may ask (server.app.DaemonControl) --------------------------------
@@ -121,14 +124,16 @@ class Daemon:
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: Writer, transport: str) -> None:
         guarded = transport != "stdio"
         if guarded:
-            pending = self._pending.setdefault(transport, set())
+            group = self._group(transport, writer)
+            pending = self._pending.setdefault(group, set())
             if len(pending) >= self.config.limits.max_pending_connections:
-                self._turn_away(transport, writer)
+                self._turn_away(group, writer)
                 return
         conn = Connection(self.app, reader, writer, transport=transport, requires_token=(transport == "tcp"),
                           guarded=guarded, on_initialized=self._initialized)
         if guarded:
             pending.add(conn)
+            self._group_of[conn] = group
         self.hub.add(conn)
         log.info("connection %s opened (%s)", conn.id, transport)
         try:
@@ -144,26 +149,45 @@ class Daemon:
                 self._clean_exit = conn.shutdown_requested
                 self.stop()
 
+    @staticmethod
+    def _group(transport: str, writer: Writer) -> str:
+        """Whose waiting slots a new connection takes: over TCP, which every local user
+        can reach, each uid has its own ``limits.max_pending_connections`` (the kernel
+        names the client socket's owner, ``loopback.peer_uid``), so another user who keeps
+        connections open without the token fills only their own; a Unix socket (0600,
+        this user's) is one group."""
+        if transport != "tcp":
+            return transport
+        client, server = writer.extra("peername"), writer.extra("sockname")
+        try:
+            uid = peer_uid(client[:2], server[:2]) if client and server else None
+        except OSError:  # the kernel cannot say (not Linux): one group for all
+            return "tcp"
+        return f"tcp (uid {uid})" if uid is not None else "tcp (uid unknown)"
+
     def _initialized(self, conn: Connection) -> None:
         """``conn`` no longer waits for ``initialize`` (it succeeded, or the connection closed)."""
-        pending = self._pending.get(conn.transport)
+        group = self._group_of.pop(conn, None)
+        pending = self._pending.get(group) if group is not None else None
         if pending is None or conn not in pending:
             return
         pending.discard(conn)
-        turned_away = self._turned_away.pop(conn.transport, 0)
+        if not pending:
+            del self._pending[group]  # (one group per uid seen: none kept once empty)
+        turned_away = self._turned_away.pop(group, 0)  # type: ignore[arg-type]
         if turned_away > 1:
             log.warning("%d %s connection(s) were closed at once while %d waited for initialize",
-                        turned_away, conn.transport, self.config.limits.max_pending_connections)
+                        turned_away, group, self.config.limits.max_pending_connections)
 
-    def _turn_away(self, transport: str, writer: Writer) -> None:
+    def _turn_away(self, group: str, writer: Writer) -> None:
         """A connection past ``limits.max_pending_connections``: closed at once. One warning
         when it starts happening and one count when it stops, whatever the number."""
-        count = self._turned_away.get(transport, 0) + 1
-        self._turned_away[transport] = count
+        count = self._turned_away.get(group, 0) + 1
+        self._turned_away[group] = count
         if count == 1:
             log.warning("%d %s connections are waiting for initialize (limits.max_pending_connections); "
                         "closing new ones at once until some initialize or time out",
-                        len(self._pending.get(transport, ())), transport)
+                        len(self._pending.get(group, ())), group)
         writer.close()
 
     # --- run --------------------------------------------------------------------------

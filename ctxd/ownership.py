@@ -47,6 +47,79 @@ def writable_dir(path: Path, st: os.stat_result) -> bool:
     return True
 
 
+class UnsafeDirectory(Exception):
+    """A directory ctxd will not put its files in; the message says why and what to do."""
+
+
+def check_shared_dir(path: Path, what: str, instead: str) -> None:
+    """The rules for a directory where ctxd puts a socket, its lock and a log: ours (or
+    root's: /tmp, /run), writable by us, and writable by nobody else unless it is sticky
+    like /tmp (then others cannot remove or replace our files there; each file is still
+    opened without following links and checked to be ours). ``what`` names the directory
+    in messages (``the socket directory``), ``instead`` the way out (``choose another
+    --socket path``). Raises UnsafeDirectory."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise UnsafeDirectory(f"{what} {path}: {exc.strerror}") from None
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"{path} is not a directory; {instead}")
+    if foreign(st, root_ok=True):
+        raise UnsafeDirectory(f"{what} {path} belongs to {owner(st.st_uid)}, not to this user, "
+                              f"who could replace the socket; {instead}")
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise UnsafeDirectory(f"{what} {path} is writable by other users (mode {mode:o}) and "
+                              f"not sticky, so they could replace the socket or its lock file; make it "
+                              f"private (chmod 700 {path}) or {instead}")
+    if not writable_dir(path, st):
+        raise UnsafeDirectory(f"{what} {path} is not writable by this user (mode {mode:o}, "
+                              f"owner {owner(st.st_uid)}); {instead}")
+
+
+def open_private_log(path: Path) -> int:
+    """A log file opened for appending, the careful way (it sits beside the socket, maybe
+    in /tmp): created 0600, never through a symbolic link, and used only when it is a
+    regular file of this user's with no other hard links. Returns the descriptor; raises
+    UnsafeDirectory (naming the file) otherwise."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        # (The kernel may refuse first: fs.protected_symlinks and fs.protected_regular
+        # answer EACCES for another user's link or file in a sticky directory.)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if exc.errno == errno.ELOOP or (st is not None and stat.S_ISLNK(st.st_mode)):
+            raise UnsafeDirectory(f"the log file {path} is a symbolic link: ctxd will not write through it; "
+                                  f"remove it or choose another --socket path") from None
+        if st is not None and foreign(st):
+            raise UnsafeDirectory(_not_our_log(path, st)) from None
+        raise UnsafeDirectory(f"cannot open the log file {path}: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(st.st_mode):
+        problem = f"the log file {path} is not a regular file: ctxd will not write to it; remove it or choose " \
+                  f"another --socket path"
+    elif foreign(st):
+        problem = _not_our_log(path, st)
+    elif st.st_nlink != 1:
+        problem = f"the log file {path} has other hard links: ctxd will not write to it; remove it or choose " \
+                  f"another --socket path"
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeDirectory(problem)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _not_our_log(path: Path, st: os.stat_result) -> str:
+    return (f"the log file {path} belongs to {owner(st.st_uid)}, not to this user: ctxd will not write to it; "
+            f"remove it or choose another --socket path")
+
+
 class PrivateFileError(Exception):
     """Why a secret file (the TCP token) was not read; the message names the file and the fix."""
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import msgspec
 
-from ctxd.client import DaemonUnavailable, check_peer, daemon_log_path, start_daemon
+from ctxd.client import DaemonUnavailable, check_peer, check_server, daemon_log_path, start_daemon
 from ctxd.config import Config
 from ctxd.ownership import PrivateFileError, read_private_file
 from ctxd.server.transports import open_stdio
@@ -180,10 +180,13 @@ async def open_daemon(target: Target, config: Config, *, config_file: str | None
     starts the daemon with ctxd-cli's own autostart when none answers on the socket."""
     if target.kind == "tcp":
         try:
-            return await asyncio.open_connection(target.host, target.port, limit=_STREAM_LIMIT)
+            reader, writer = await asyncio.open_connection(target.host, target.port, limit=_STREAM_LIMIT)
         except OSError as exc:
             raise DaemonUnavailable(f"no ctxd daemon answers on {target.describe()} ({exc.strerror or exc}); "
                                     f"start one with: ctxd --tcp {target.port}") from None
+        # Nothing (the editor's initialize, the token) goes to a server of another user's.
+        await check_server(writer, target.describe(), unchecked=config.daemon.tcp_allow_unchecked)
+        return reader, writer
     assert target.path is not None
     try:
         return _checked(await asyncio.open_unix_connection(str(target.path), limit=_STREAM_LIMIT), target.path)

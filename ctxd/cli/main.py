@@ -33,7 +33,15 @@ from typing import IO, Any, TypeVar
 import click
 
 from ctxd.cli.ids import LAST, match_ids
-from ctxd.client import Client, DaemonUnavailable, RpcError, daemon_log_path, start_daemon, try_connect_unix
+from ctxd.client import (
+    Client,
+    DaemonUnavailable,
+    ForeignDaemon,
+    RpcError,
+    daemon_log_path,
+    start_daemon,
+    try_connect_unix,
+)
 from ctxd.config import Config, ConfigError, load_config
 from ctxd.ownership import PrivateFileError, read_private_file
 from ctxd.protocol.errors import ErrorCode
@@ -238,7 +246,9 @@ async def try_connect(settings: Settings) -> Client | None:
     """A connection (not initialized) to the daemon ctxd-cli talks to, or None when none answers."""
     if settings.tcp is not None:
         try:
-            return await Client.connect_tcp(settings.tcp)
+            return await Client.connect_tcp(settings.tcp, unchecked=settings.config.daemon.tcp_allow_unchecked)
+        except ForeignDaemon:
+            raise
         except DaemonUnavailable:
             return None
     return await try_connect_unix(settings.socket_path)

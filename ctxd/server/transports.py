@@ -22,11 +22,12 @@ from ctxd.ownership import (
     LockFile,
     LockHeld,
     PrivateFileError,
+    UnsafeDirectory,
+    check_shared_dir,
     foreign,
     owner,
     pid_of,
     read_private_file,
-    writable_dir,
 )
 from ctxd.server.writer import Writer
 
@@ -129,26 +130,11 @@ def _private_dir(path: Path) -> None:
 
 
 def _check_socket_dir(path: Path) -> None:
-    """The socket's directory must be ours (or root's), writable by us, and writable by
-    nobody else unless it is sticky like /tmp (then others cannot remove or replace our
-    files there, and the lock file and a stale socket are checked to be ours)."""
+    """The socket's directory must be safe to share (``ownership.check_shared_dir``)."""
     try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise TransportError(f"the socket directory {path}: {exc.strerror}") from None
-    mode = stat.S_IMODE(st.st_mode)
-    if not stat.S_ISDIR(st.st_mode):
-        raise TransportError(f"{path} is not a directory; choose another --socket path")
-    if foreign(st, root_ok=True):
-        raise TransportError(f"the socket directory {path} belongs to {owner(st.st_uid)}, not to this user, "
-                             f"who could replace the socket; choose another --socket path")
-    if mode & 0o022 and not mode & stat.S_ISVTX:
-        raise TransportError(f"the socket directory {path} is writable by other users (mode {mode:o}) and "
-                             f"not sticky, so they could replace the socket or its lock file; make it "
-                             f"private (chmod 700 {path}) or choose another --socket path")
-    if not writable_dir(path, st):
-        raise TransportError(f"the socket directory {path} is not writable by this user (mode {mode:o}, "
-                             f"owner {owner(st.st_uid)}); choose another --socket path")
+        check_shared_dir(path, "the socket directory", "choose another --socket path")
+    except UnsafeDirectory as exc:
+        raise TransportError(str(exc)) from None
 
 
 def claim_socket(path: Path) -> SocketLock:
@@ -203,7 +189,7 @@ async def serve_tcp(port: int, on_connection: OnConnection) -> asyncio.Server:
     try:
         return await asyncio.start_server(
             lambda r, w: on_connection(r, Writer(w), "tcp"), host="127.0.0.1", port=port,
-            family=socket.AF_INET, limit=1 << 20, reuse_address=True)
+            family=socket.AF_INET, limit=1 << 20, reuse_address=True, backlog=1024)
     except OSError as exc:
         raise TransportError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
 

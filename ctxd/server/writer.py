@@ -49,6 +49,11 @@ class Writer:
             return False
         return True
 
+    def extra(self, name: str) -> Any:
+        """The transport's ``get_extra_info(name)`` (None for a plain file)."""
+        stream = self._stream
+        return stream.get_extra_info(name) if isinstance(stream, asyncio.StreamWriter) else None
+
     async def drain(self) -> None:
         """Wait until what was written has gone out (or the other side is gone)."""
         if self.closed or not isinstance(self._stream, asyncio.StreamWriter):
