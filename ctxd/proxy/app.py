@@ -16,7 +16,7 @@ from typing import Any, Literal
 import httpx
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -25,7 +25,9 @@ from ctxd.config import ProxyConfig
 from ctxd.formats import Api
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy import apis
-from ctxd.proxy.convert import dumps, loads
+from ctxd.proxy.convert import InvalidUnicode, dumps, loads
+from ctxd.proxy.peers import refusal_body
+from ctxd.proxy.screen import BodyTooLarge
 from ctxd.proxy.sessions import Conversation, Refused, Sessions, Tracked, credential_of
 from ctxd.proxy.windows import Managed, Windows
 
@@ -35,6 +37,17 @@ SESSION_HEADER = "x-ctxd-session"
 WINDOW_HEADER = "x-ctxd-context-window"
 HOP_BY_HOP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "trailers", "transfer-encoding", "upgrade", "content-length"})
+CORS = frozenset({"access-control-allow-origin", "access-control-allow-credentials", "access-control-allow-methods",
+                  "access-control-allow-headers", "access-control-expose-headers", "access-control-max-age"})
+"""An upstream's CORS headers never reach the client: which pages may read the proxy's
+answers is the proxy's to say (screen.py), not the upstream's (``*`` for its own API)."""
+_BACK = HOP_BY_HOP | CORS
+_BACK_DECODED = _BACK | {"content-encoding"}
+MAX_WINDOW = 2**31 - 1
+
+
+class BadRequest(Exception):
+    """A request the proxy cannot act on; the client gets a 400 with this message."""
 
 
 class ClientGone:
@@ -131,7 +144,7 @@ class Proxy:
 
     @staticmethod
     def back_headers(response: httpx.Response, *, decoded: bool) -> dict[str, str]:
-        drop = HOP_BY_HOP | ({"content-encoding"} if decoded else frozenset())
+        drop = _BACK_DECODED if decoded else _BACK
         return {k: v for k, v in response.headers.items() if k.lower() not in drop}
 
     # --- the chat endpoints -----------------------------------------------------------
@@ -182,8 +195,12 @@ class Proxy:
         that is not a chat (it passes through as it is)."""
         try:
             body = loads(raw)
+        except InvalidUnicode as exc:
+            raise BadRequest(f"ctxd proxy: the request body is not valid: {exc}") from None
         except ValueError:
             return None
+        except RecursionError:
+            raise BadRequest("ctxd proxy: the request body is nested too deeply to read") from None
         if not isinstance(body, dict) or apis.messages_of(api, body) is None:
             if isinstance(body, dict) and api == "responses" and body.get("previous_response_id"):
                 log.info("a Responses API request continuing a stored response (previous_response_id) "
@@ -205,13 +222,25 @@ class Proxy:
                 output: int | None) -> Managed | None:
         """The request's window (None: ctxd's rule for the model), first that answers:
         ``X-Ctxd-Context-Window``, Ollama ``options.num_ctx``, ``proxy.context_window``
-        (windows.py); None: a model that table leaves out, passed through."""
+        (windows.py); None: a model that table leaves out, passed through. A header or
+        ``num_ctx`` that is no window (not a whole number of tokens from 1 to 2^31-1) is
+        a 400 naming it."""
         header = request.headers.get(WINDOW_HEADER)
-        if header and header.strip().isdigit():
-            return Managed(int(header))
+        if header is not None and header.strip():
+            text = header.strip()
+            if not (text.isdigit() and len(text) <= 10 and 0 < int(text) <= MAX_WINDOW):
+                raise BadRequest(f"ctxd proxy: X-Ctxd-Context-Window: {text[:40]!r}"
+                                 f"{'...' if len(text) > 40 else ''} is not a window (a whole number of tokens "
+                                 f"from 1 to {MAX_WINDOW})")
+            return Managed(int(text))
         if api == "ollama":
             num_ctx = (body.get("options") or {}).get("num_ctx") if isinstance(body.get("options"), dict) else None
-            if isinstance(num_ctx, int) and num_ctx > 0:
+            if num_ctx is not None:
+                if isinstance(num_ctx, float) and num_ctx.is_integer() and 0 < num_ctx <= MAX_WINDOW:
+                    num_ctx = int(num_ctx)
+                if isinstance(num_ctx, bool) or not isinstance(num_ctx, int) or not 0 < num_ctx <= MAX_WINDOW:
+                    raise BadRequest(f"ctxd proxy: options.num_ctx: {str(num_ctx)[:40]} is not a window (a whole "
+                                     f"number of tokens from 1 to {MAX_WINDOW})")
                 return Managed(num_ctx)
         model = body.get("model")
         return self.windows.decide(model if isinstance(model, str) else None, raw, output)
@@ -337,6 +366,11 @@ class Proxy:
         if exc.code == ErrorCode.ContextOverflow:
             # What the providers answer for a prompt too long: agents compact on it.
             return JSONResponse(apis.error_body(api, 400, f"prompt is too long: {exc.message}"), status_code=400)
+        if exc.code == ErrorCode.InvalidParams:
+            # Something of the request ctxd cannot take (a field too long...): the client's to fix.
+            log.info("ctxd refused the request: %s", exc)
+            return JSONResponse(apis.error_body(api, 400, f"ctxd proxy: ctxd refused the request: {exc}"),
+                                status_code=400)
         log.warning("ctxd refused: %s", exc)
         return JSONResponse(apis.error_body(api, 500, f"ctxd proxy: ctxd refused the request: {exc}"),
                             status_code=500)
@@ -458,7 +492,8 @@ def build_app(proxy: Proxy) -> Starlette:
         return await proxy.passthrough(request)
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-    return Starlette(routes=[
+    return Starlette(exception_handlers={BadRequest: _bad_request, RecursionError: _too_deep,
+                                         BodyTooLarge: _too_large, ClientDisconnect: _client_gone}, routes=[
         Route("/v1/chat/completions", openai, methods=["POST"]),
         Route("/chat/completions", openai, methods=["POST"]),
         Route("/v1/messages", anthropic, methods=["POST"]),
@@ -468,3 +503,37 @@ def build_app(proxy: Proxy) -> Starlette:
         Route("/responses", responses, methods=["POST"]),
         Route("/{path:path}", other, methods=methods),
     ])
+
+
+# --- what the client sent wrong, in one line (never a traceback) ------------------------
+
+
+def _error(request: Request, status: int, message: str) -> Response:
+    """An error in the shape of the API the request was for."""
+    return Response(refusal_body(request.url.path, {k for k, _ in request.headers.raw}, message, status),
+                    status_code=status, media_type="application/json")
+
+
+async def _bad_request(request: Request, exc: Exception) -> Response:
+    log.info("a bad request for %s: %s", request.url.path, exc)
+    return _error(request, 400, str(exc))
+
+
+async def _too_deep(request: Request, exc: Exception) -> Response:
+    log.info("a request for %s nested too deeply to handle", request.url.path)
+    return _error(request, 400, "ctxd proxy: the request is nested too deeply to handle")
+
+
+async def _too_large(request: Request, exc: Exception) -> Response:
+    """The body passed ``proxy.max_body_bytes`` as it was read: 413 (the rest of the body
+    is skipped as it comes, never buffered)."""
+    log.warning("refused a request body larger than %s bytes (proxy.max_body_bytes)",
+                f"{exc.limit:,}" if isinstance(exc, BodyTooLarge) else "?")
+    return _error(request, 413, f"ctxd proxy: {exc}")
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The client hung up before its request's body was whole: nothing was done; the
+    answer goes nowhere."""
+    log.info("the client hung up while sending its request for %s; nothing was done", request.url.path)
+    return Response(status_code=499)

@@ -23,13 +23,26 @@ _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
+class InvalidUnicode(ValueError):
+    """A body whose JSON holds a lone surrogate (``"\\ud800"``): text no provider, nor
+    ctxd's storage, can take."""
+
+
 def loads(raw: bytes) -> Any:
     """A request or reply body: msgspec decodes a long conversation in ~60% of json's
-    time; what it refuses and Python's json accepts (``NaN``, lone surrogates) goes to json."""
+    time; what it refuses and Python's json accepts (``NaN``) goes to json. A lone
+    surrogate, which json would also accept, raises InvalidUnicode."""
     try:
         return _decode(raw)
     except msgspec.DecodeError:
-        return json.loads(raw)
+        value = json.loads(raw)
+    if b"\\u" in raw:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidUnicode(f"the JSON holds a lone surrogate ({exc.object[exc.start:exc.end]!a}): "
+                                 "not valid Unicode") from None
+    return value
 
 
 def dumps(value: Any) -> bytes:

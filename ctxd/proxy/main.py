@@ -140,6 +140,7 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     from ctxd.proxy.app import Proxy, build_app
+    from ctxd.proxy.screen import Screen
     from ctxd.proxy.sessions import Sessions
     from ctxd.proxy.windows import Windows
 
@@ -158,12 +159,16 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
         proxy = Proxy(config.proxy, sessions, transport, timeout, Windows.from_config(config))
         # Only the user running the proxy is served (peers.py): each connection's uid is
         # looked up as it is made, and another user's requests get a 403.
-        gate = peers.PeerGate(check=checked)
+        gate = peers.PeerGate(check=checked, timeout=config.proxy.client_timeout_seconds)
+        # What a request must be before the proxy acts on it: a loopback Host, no web
+        # page's Origin, a JSON body on the chat routes, a path without dot segments, a
+        # body within proxy.max_body_bytes (screen.py).
+        screen = Screen(gate, config.proxy)
         # No X-Forwarded-* rewriting (clients are local) and no Server/Date headers of its
         # own: the upstream's go back as they came.
         # Each response is written in one send (wire.py).
         protocol = wire.coalescing(gate.protocol(AutoHTTPProtocol))
-        server = uvicorn.Server(uvicorn.Config(gate.wrap(build_app(proxy)), http=protocol,
+        server = uvicorn.Server(uvicorn.Config(screen.wrap(build_app(proxy)), http=protocol,
                                                log_level="warning", access_log=False,
                                                lifespan="off", timeout_graceful_shutdown=5, proxy_headers=False,
                                                server_header=False, date_header=False))
@@ -176,6 +181,7 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
             await server.serve(sockets=[sock])
         finally:
             watch.cancel()
+            gate.close()
             await sessions.drain()  # replies pushed and not yet answered
             await link.close()  # (in process: the daemon's own stop path)
             for sig in signals:

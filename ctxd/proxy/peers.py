@@ -1,35 +1,48 @@
-"""Who is on the other end of a connection to the proxy: it serves only the user running it.
+"""Who is on the other end of a connection to the proxy, and how long and how much a
+connection may take: the proxy serves only the user running it.
 
 The proxy listens on 127.0.0.1, which every local user can reach, and a request names a
 session (``X-Ctxd-Session``, or a derived id): without this check another user could push
 into the owner's sessions and have the owner's history sent upstream with their own key
-(issue 12: another local user gets nothing). A client can only be given a base URL and its
-own API key, so no shared secret would do; the kernel knows who owns each loopback socket.
+(another local user gets nothing). A client can only be given a base URL and its own API
+key, so no shared secret would do; the kernel knows who owns each loopback socket
+(ctxd/loopback.py).
 
-On Linux the kernel names the owner of every TCP socket: the client's socket is the one
-whose local end is the connection's peer and whose remote end is the proxy's own address.
-It is asked through sock_diag netlink (an exact lookup, as ``ss`` does), else found in
-``/proc/net/tcp`` (and ``/proc/net/tcp6``, for a v4-mapped IPv6 client). The uid is looked
-up once per connection, when uvicorn's protocol object is made for it, and kept until the
-connection is lost; each request then costs a dictionary lookup. No other connection can
-have the same two ends meanwhile: the proxy's socket holds them until ``connection_lost``
-has run (asyncio closes the socket after it). A connection whose uid cannot be found is
-refused like another user's.
+**At accept time**, as uvicorn's protocol object is made for a connection, the owner of
+the client's socket is looked up (sock_diag, ~13 us). A connection of another uid (or one
+whose owner the kernel does not name) never reaches uvicorn, Starlette or ctxd: it is
+given to :class:`Refusal`, which reads at most ``MAX_FOREIGN_HEAD`` bytes of its request
+head, answers a 403 in the API's error shape and closes (dropping at most ``MAX_DISCARD``
+bytes the client still sends). Each other uid may have
+``FOREIGN_PER_UID`` such connections open at once; past that a new one is closed as soon
+as it is accepted. So another user's half-sent connections, however many, hold a handful
+of descriptors for ``proxy.client_timeout_seconds`` at most, and the owner's requests and
+the daemon in the proxy's process keep theirs.
+
+**The owner's connections** are timed too (a web page in the owner's browser, a stuck
+client): the request head must be whole within ``proxy.client_timeout_seconds`` of the
+connection's opening or of its previous answer, and a body the proxy is reading may not
+pause longer than that; else the connection is closed. A sweep once a second checks it
+(no timer per request). The uid of each connection is kept until it is lost: no other
+connection can have the same two ends meanwhile (the proxy's socket holds them until
+``connection_lost`` has run).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
-import socket
-import struct
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ctxd.loopback import PeerCheckUnavailable, peer_uid, self_test
+
 log = logging.getLogger("ctxd.proxy")
 
-TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+__all__ = ["PeerCheckUnavailable", "PeerGate", "peer_uid", "self_test"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -37,220 +50,286 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 Address = tuple[str, int]
 
-
-class PeerCheckUnavailable(Exception):
-    """The kernel's socket table cannot tell who owns a loopback connection here."""
-
-
-def _hex4(host: str) -> str:
-    """An IPv4 address as /proc/net/tcp writes it: one 32-bit word in host byte order."""
-    return f"{struct.unpack('=I', socket.inet_aton(host))[0]:08X}"
-
-
-def _hex6(host: str) -> str:
-    """An IPv6 address as /proc/net/tcp6 writes it: four 32-bit words in host byte order
-    (an IPv4 address as its v4-mapped form, ``::ffff:a.b.c.d``)."""
-    if ":" not in host:
-        host = "::ffff:" + host
-    return "".join(f"{word:08X}" for word in struct.unpack("=4I", socket.inet_pton(socket.AF_INET6, host)))
+FOREIGN_PER_UID = 4
+"""Connections another uid may have open at once (each waiting for its 403)."""
+MAX_FOREIGN_HEAD = 16 * 1024
+"""Most bytes read from another user's connection: its request head, for the 403's shape."""
+MAX_DISCARD = 1024 * 1024
+"""Most bytes of another user's request dropped after its 403 before the connection is cut."""
+SWEEP_SECONDS = 1.0
+REFUSAL_LOG_SECONDS = 60.0
+"""Another uid's refused connections are logged once, then counted once a minute at most."""
 
 
-def peer_uid(client: Address, server: Address) -> int | None:
-    """The uid owning the live socket whose local end is ``client`` and remote end
-    ``server``; None when there is none (the client already closed it). Asks the kernel's
-    sock_diag netlink (one exact lookup, ~13 us), else reads /proc/net/tcp (the whole
-    table: ~6 ms here). Raises OSError when neither can be asked."""
-    try:
-        return _diag_uid(client, server)
-    except OSError as exc:
-        if isinstance(exc, _NotFound):
-            return None
-    return _proc_uid(client, server)
+class Conn:
+    """An open connection of the owner's: its transport, and what the sweep checks.
+    ``since``: when it began waiting for a request head (opened, or its last answer
+    went); ``busy``: a request is being served; ``waiting``: since when that request has
+    been waiting for body bytes (0: not waiting)."""
 
+    __slots__ = ("transport", "uid", "since", "busy", "waiting")
 
-class _NotFound(OSError):
-    """sock_diag knows no socket with those ends."""
+    def __init__(self, transport: Any, uid: int | None) -> None:
+        self.transport = transport
+        self.uid = uid
+        self.since = time.monotonic()
+        self.busy = False
+        self.waiting = 0.0
 
+    def started(self) -> None:
+        self.busy = True
 
-SOCK_DIAG_BY_FAMILY = 20
-NETLINK_SOCK_DIAG = 4
-NLMSG_ERROR = 2
-NOCOOKIE = 0xFFFFFFFF
-
-
-def _diag_uid(client: Address, server: Address) -> int | None:
-    """One ``inet_diag_req_v2`` exact lookup (what ``ss`` uses): the reply's
-    ``inet_diag_msg`` carries the socket's uid and inode."""
-    family = socket.AF_INET6 if ":" in client[0] else socket.AF_INET
-
-    def packed(host: str) -> bytes:
-        raw = socket.inet_pton(family, host)
-        return raw + bytes(16 - len(raw))
-
-    sockid = (struct.pack("!HH", client[1], server[1]) + packed(client[0]) + packed(server[0])
-              + struct.pack("=III", 0, NOCOOKIE, NOCOOKIE))
-    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
-    header = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, 1, 1, 0)  # NLM_F_REQUEST
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as nl:
-        nl.settimeout(1)
-        nl.sendto(header + request, (0, 0))
-        data = nl.recv(65536)
-    _, kind = struct.unpack_from("=IH", data)
-    if kind == NLMSG_ERROR:
-        errno = -struct.unpack_from("=i", data, 16)[0]
-        if errno == 2:  # ENOENT
-            raise _NotFound(errno, "no such socket")
-        raise OSError(errno, os.strerror(errno))
-    # nlmsghdr (16), family/state/timer/retrans (4), sockid (48), expires/rqueue/wqueue (12)
-    uid, inode = struct.unpack_from("=II", data, 16 + 4 + 48 + 12)
-    return uid if inode else None  # a TIME_WAIT or orphaned socket belongs to nobody now
-
-
-def _proc_uid(client: Address, server: Address) -> int | None:
-    """The same from /proc/net/tcp and /proc/net/tcp6 (the latter for a v4-mapped IPv6
-    client, read only when the first has no row)."""
-    found: int | None = None
-    readable = False
-    for table, encode in zip(TABLES, (_hex4, _hex6)):
-        try:
-            needle = f" {encode(client[0])}:{client[1]:04X} {encode(server[0])}:{server[1]:04X} "
-        except (OSError, ValueError):
-            continue  # an IPv6 peer has no row in the IPv4 table
-        try:
-            with open(table, "rb") as f:
-                text = f.read().decode("ascii", "replace")
-        except FileNotFoundError:
-            continue  # no IPv6 in this kernel
-        readable = True
-        start = text.find(needle)
-        while start >= 0:
-            line_end = text.find("\n", start)
-            fields = text[start:line_end if line_end >= 0 else None].split()
-            # local rem st tx:rx tr:when retrnsmt uid timeout inode: a socket in
-            # TIME_WAIT (or an orphan) has inode 0 and belongs to nobody any more.
-            if len(fields) >= 9 and fields[8] != "0":
-                uid = int(fields[6])
-                if found is not None and found != uid:
-                    return None  # cannot happen for one 4-tuple; refuse rather than guess
-                found = uid
-            start = text.find(needle, start + 1)
-        if found is not None:
-            return found
-    if not readable:
-        raise FileNotFoundError(f"{TABLES[0]} is not available")
-    return found
-
-
-def self_test() -> None:
-    """Checks that this system tells the owner of a loopback connection: a connection this
-    process makes to a listener of its own must be found with its own uid. Raises
-    PeerCheckUnavailable (no /proc/net/tcp: not Linux, or /proc hidden) otherwise."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener, \
-            socket.socket(socket.AF_INET, socket.SOCK_STREAM) as client:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        client.connect(listener.getsockname())
-        try:
-            uid = peer_uid(client.getsockname(), listener.getsockname())
-        except OSError as exc:
-            raise PeerCheckUnavailable(f"cannot read the kernel's socket table: {exc}") from exc
-    if uid != os.geteuid():
-        raise PeerCheckUnavailable(f"the kernel does not show this process's own loopback connection "
-                                   f"with its uid ({uid} for uid {os.geteuid()})")
+    def finished(self) -> None:
+        self.busy = False
+        self.waiting = 0.0
+        self.since = time.monotonic()
 
 
 class PeerGate:
-    """The uid of each open connection, and the ASGI wrapper that refuses another user's
-    requests (403, nothing read past the headers, nothing pushed, nothing forwarded)."""
+    """The uid of each connection as it is accepted, another user's connections refused
+    apart (:class:`Refusal`), and the owner's timed. ``check=False``
+    (``proxy.allow_unchecked``): everyone is served as the owner, timed alike."""
 
-    def __init__(self, owner: int | None = None, *, check: bool = True) -> None:
+    def __init__(self, owner: int | None = None, *, check: bool = True, timeout: float = 10.0) -> None:
         self.owner = os.geteuid() if owner is None else owner
         self.check = check
-        self.uids: dict[Address, int | None] = {}
+        self.timeout = timeout
+        self.conns: dict[Address, Conn] = {}
+        self.foreign: dict[int | None, set[Refusal]] = {}
+        self._refused: dict[int | None, list[float]] = {}  # uid -> [count since last line, when logged]
+        self._sweep: asyncio.TimerHandle | None = None
 
-    def connected(self, client: Address | None, server: Address | None) -> None:
-        if not self.check or client is None or server is None:
-            return
-        self.uids[client] = self._lookup(client, server)
+    # --- accepting ---------------------------------------------------------------------
 
-    def lost(self, client: Address | None) -> None:
-        if client is not None:
-            self.uids.pop(client, None)
-
-    def uid_of(self, client: Address | None, server: Address | None) -> int | None:
+    def uid_at(self, client: Address | None, server: Address | None) -> int | None:
+        if not self.check:
+            return self.owner
         if client is None or server is None:
             return None
-        if client in self.uids:
-            return self.uids[client]
-        return self._lookup(client, server)  # not seen connecting (cannot happen with uvicorn)
-
-    @staticmethod
-    def _lookup(client: Address, server: Address) -> int | None:
         try:
             return peer_uid(client, server)
         except OSError as exc:
             log.warning("cannot tell whose connection %s:%d is (%s); refused", client[0], client[1], exc)
             return None
 
+    def admit(self, transport: Any, client: Address | None, uid: int | None) -> Conn | Refusal | _Closed:
+        """The owner's connection, registered for the sweep; another user's, a
+        :class:`Refusal` (or closed at once past its uid's cap)."""
+        if uid == self.owner and client is not None:
+            conn = self.conns[client] = Conn(transport, uid)
+            self._arm()
+            return conn
+        refusals = self.foreign.setdefault(uid, set())
+        self._note_refused(uid, client)
+        if len(refusals) >= FOREIGN_PER_UID:
+            transport.abort()
+            return _CLOSED
+        refusal = Refusal(self, transport, uid, time.monotonic())
+        refusals.add(refusal)
+        self._arm()
+        return refusal
+
+    def lost(self, client: Address | None) -> None:
+        if client is not None:
+            self.conns.pop(client, None)
+
+    def _note_refused(self, uid: int | None, client: Address | None) -> None:
+        """One WARNING for the first connection of another uid, then one a minute at most
+        with the count: a flood of connections must not become a flood of log lines."""
+        now = time.monotonic()
+        seen = self._refused.get(uid)
+        who = f"uid {uid}" if uid is not None else "a user the kernel does not name"
+        if seen is None:
+            self._refused[uid] = [0, now]
+            where = f"{client[0]}:{client[1]}" if client else "?"
+            log.warning("refused a request from %s (%s): ctxd proxy serves only uid %d", who, where, self.owner)
+            return
+        seen[0] += 1
+        if now - seen[1] >= REFUSAL_LOG_SECONDS:
+            log.warning("refused %d more connections from %s in the last %.0f s", seen[0], who, now - seen[1])
+            seen[0], seen[1] = 0, now
+
+    # --- the sweep ---------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._run_sweep)
+
+    def _run_sweep(self) -> None:
+        self._sweep = None
+        now = time.monotonic()
+        limit = self.timeout
+        slow_heads = slow_bodies = 0
+        for conn in list(self.conns.values()):
+            if conn.busy:
+                if conn.waiting and now - conn.waiting > limit:
+                    slow_bodies += 1
+                    conn.transport.abort()
+            elif now - conn.since > limit:
+                slow_heads += 1
+                conn.transport.abort()
+        for refusals in self.foreign.values():
+            for refusal in list(refusals):
+                if now - refusal.opened > limit:
+                    refusal.transport.abort()
+        if slow_heads or slow_bodies:
+            log.info("closed %d connection(s) whose request head was not whole within %g s and %d whose body "
+                     "paused longer (proxy.client_timeout_seconds)", slow_heads, limit, slow_bodies)
+        if self.conns or any(self.foreign.values()):
+            self._arm()
+
+    def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+
+    # --- uvicorn's protocol ------------------------------------------------------------
+
     def protocol(self, base: type[Any]) -> type[Any]:
-        """uvicorn's HTTP protocol class, recording each connection's uid as it is made."""
+        """uvicorn's HTTP protocol class, each connection's uid looked up as it is made:
+        another user's connection is handed to a :class:`Refusal` and never reaches
+        uvicorn; the owner's is registered for the sweep."""
         gate = self
 
         class CheckedProtocol(base):
+            ctxd_refusal: Refusal | _Closed | None = None
+
             def connection_made(self, transport: Any) -> None:
+                client = _address(transport.get_extra_info("peername"))
+                server = _address(transport.get_extra_info("sockname"))
+                admitted = gate.admit(transport, client, gate.uid_at(client, server))
+                if not isinstance(admitted, Conn):
+                    self.ctxd_refusal = admitted
+                    return
                 super().connection_made(transport)
-                gate.connected(self.client, self.server)
+
+            def data_received(self, data: bytes) -> None:
+                if self.ctxd_refusal is not None:
+                    self.ctxd_refusal.feed(data)
+                    return
+                super().data_received(data)
+
+            def eof_received(self) -> Any:
+                if self.ctxd_refusal is not None:
+                    return None
+                return super().eof_received()
+
+            def pause_writing(self) -> None:
+                if self.ctxd_refusal is None:
+                    super().pause_writing()
+
+            def resume_writing(self) -> None:
+                if self.ctxd_refusal is None:
+                    super().resume_writing()
 
             def connection_lost(self, exc: Exception | None) -> None:
+                if self.ctxd_refusal is not None:
+                    self.ctxd_refusal.lost()
+                    return
                 gate.lost(self.client)
                 super().connection_lost(exc)
 
         CheckedProtocol.__name__ = f"Checked{base.__name__}"
         return CheckedProtocol
 
-    def wrap(self, app: Asgi) -> Asgi:
-        """``app`` behind the check."""
-        if not self.check:
-            return app
+    # --- the ASGI side -----------------------------------------------------------------
 
-        async def checked(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] not in ("http", "websocket"):
-                await app(scope, receive, send)
-                return
-            client, server = scope.get("client"), scope.get("server")
-            uid = self.uid_of((client[0], client[1]) if client else None, (server[0], server[1]) if server else None)
-            if uid == self.owner:
-                await app(scope, receive, send)
-                return
-            who = f"uid {uid}" if uid is not None else "a user the kernel does not name"
-            log.warning("refused a request from %s (%s:%s): ctxd proxy serves only uid %d", who,
-                        client[0] if client else "?", client[1] if client else "?", self.owner)
-            await _refuse(scope, send, f"ctxd proxy serves only its own user (uid {self.owner}); "
-                                       f"this connection is from {who}")
-
-        return checked
+    def conn_of(self, scope: Scope) -> Conn | None:
+        client = scope.get("client")
+        return self.conns.get((client[0], client[1])) if client else None
 
 
-async def _refuse(scope: Scope, send: Send, message: str) -> None:
-    """403 in the error shape of the API the path and headers suggest (as api_of picks the
-    upstream); a websocket is closed."""
-    if scope["type"] == "websocket":
-        await send({"type": "websocket.close", "code": 1008})
-        return
+def _address(value: Any) -> Address | None:
+    return (value[0], value[1]) if isinstance(value, tuple) and len(value) >= 2 else None
+
+
+class Refusal:
+    """Another user's connection: its request head is read (at most ``MAX_FOREIGN_HEAD``
+    bytes) only to answer in the error shape of the API it asked for, then a 403 and the
+    connection is closed. Nothing of it reaches uvicorn or ctxd."""
+
+    __slots__ = ("gate", "transport", "uid", "opened", "head", "done", "discarded")
+
+    def __init__(self, gate: PeerGate, transport: Any, uid: int | None, opened: float) -> None:
+        self.gate = gate
+        self.transport = transport
+        self.uid = uid
+        self.opened = opened
+        self.head = b""
+        self.done = False
+        self.discarded = 0
+
+    def feed(self, data: bytes) -> None:
+        if self.done:
+            # After the answer: the rest of what the client sends is dropped (so that a
+            # client writing its whole request before reading gets the 403, not a reset),
+            # up to MAX_DISCARD; then the connection is cut.
+            self.discarded += len(data)
+            if self.discarded > MAX_DISCARD:
+                self.transport.abort()
+            return
+        self.head += data[:MAX_FOREIGN_HEAD + 4 - len(self.head)]
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0 and len(self.head) < MAX_FOREIGN_HEAD:
+            return
+        self.done = True
+        path, names = _head_of(self.head[:end] if end >= 0 else self.head)
+        who = f"uid {self.uid}" if self.uid is not None else "a user the kernel does not name"
+        body = refusal_body(path, names, f"ctxd proxy serves only its own user (uid {self.gate.owner}); "
+                                         f"this connection is from {who}")
+        self.transport.write(b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%b" % (len(body), body))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        else:
+            self.transport.close()
+
+    def lost(self) -> None:
+        refusals = self.gate.foreign.get(self.uid)
+        if refusals is not None:
+            refusals.discard(self)
+
+
+class _Closed:
+    """What a connection closed at once (past its uid's cap) is fed: nothing happens."""
+
+    def feed(self, data: bytes) -> None:
+        pass
+
+    def lost(self) -> None:
+        pass
+
+
+_CLOSED = _Closed()
+
+
+def _head_of(head: bytes) -> tuple[str, set[bytes]]:
+    """The path of a request head and its header names (lowercase)."""
+    lines = head.split(b"\r\n")
+    target = lines[0].split(b" ")
+    path = target[1].decode("latin-1").split("?", 1)[0] if len(target) >= 2 else "/"
+    names = {line.split(b":", 1)[0].strip().lower() for line in lines[1:] if b":" in line}
+    return path, names
+
+
+def api_for(path: str, names: Any) -> str:
+    """The API a request's path and headers suggest (as the pass-through picks its
+    upstream): its error shape is the one the client understands."""
+    if path.startswith("/api/"):
+        return "ollama"
+    if path.startswith("/v1/messages") or b"anthropic-version" in names or b"x-api-key" in names:
+        return "anthropic"
+    if path.endswith("/responses") or "/responses/" in path:
+        return "responses"
+    return "openai"
+
+
+def refusal_body(path: str, names: Any, message: str, status: int = 403) -> bytes:
+    """An error body in the shape of the API the request was for."""
     from ctxd.proxy import apis
 
-    path: str = scope.get("path", "")
-    headers = {k.lower() for k, _ in scope.get("headers", [])}
-    if path.startswith("/api/"):
-        api = "ollama"
-    elif path.startswith("/v1/messages") or b"anthropic-version" in headers or b"x-api-key" in headers:
-        api = "anthropic"
-    elif path.endswith("/responses") or "/responses/" in path:
-        api = "responses"
-    else:
-        api = "openai"
-    body = json.dumps(apis.error_body(api, 403, message)).encode()  # type: ignore[arg-type]
-    await send({"type": "http.response.start", "status": 403,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
+    api = api_for(path, names)
+    body = apis.error_body(api, status, message)  # type: ignore[arg-type]
+    if status == 413 and api == "anthropic":
+        body["error"]["type"] = "request_too_large"
+    return json.dumps(body).encode()

@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from ctxd import loopback
 from ctxd.proxy import peers
 from tests.proxy.conftest import both_modes, history
 from tests.proxy.upstream import MODEL
@@ -94,6 +95,12 @@ async def test_another_users_request_is_refused_and_goes_nowhere(proxy, upstream
     assert len(await history(ctxd_daemon, "owners")) == len(held) + 2
 
 
+def _proc_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The /proc/net/tcp fallback's answer alone (what peer_uid makes of it)."""
+    found = loopback._proc(client, server)
+    return found.uid if found is not None and found.inode else None
+
+
 def test_the_kernel_names_the_owner_of_a_loopback_connection() -> None:
     peers.self_test()
     with socket.socket() as listener, socket.socket() as client:
@@ -102,12 +109,12 @@ def test_the_kernel_names_the_owner_of_a_loopback_connection() -> None:
         client.connect(listener.getsockname())
         ends = (client.getsockname(), listener.getsockname())
         assert peers.peer_uid(*ends) == os.geteuid()
-        assert peers._proc_uid(*ends) == os.geteuid()  # the fallback agrees
+        assert _proc_uid(*ends) == os.geteuid()  # the fallback agrees
         server_side, _ = listener.accept()
         server_side.close()
     # Closed: no live socket has those ends any more (TIME_WAIT belongs to nobody).
     assert peers.peer_uid(*ends) is None
-    assert peers._proc_uid(*ends) is None
+    assert _proc_uid(*ends) is None
 
 
 @needs_root
@@ -125,7 +132,7 @@ def test_a_socket_made_by_nobody_is_nobodys() -> None:
             port = int(child.stdout.readline())
             ends = (("127.0.0.1", port), listener.getsockname())
             assert peers.peer_uid(*ends) == NOBODY
-            assert peers._proc_uid(*ends) == NOBODY
+            assert _proc_uid(*ends) == NOBODY
         finally:
             child.kill()
             child.wait()

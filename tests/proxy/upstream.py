@@ -152,7 +152,15 @@ class FakeUpstream:
             Route("/v1/messages/count_tokens", self._count, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/api/tags", self._tags, methods=["GET"]),
+            Route("/{path:path}", self._other, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
         ])
+
+    async def _other(self, request: Request) -> Response:
+        """Any other path: recorded, and answered 404 with a CORS header open to every page,
+        as hosted APIs answer (``access-control-allow-origin: *``)."""
+        await self._record(request)
+        return JSONResponse({"error": {"message": f"no route {request.url.path}"}}, status_code=404,
+                            headers={"access-control-allow-origin": "*"})
 
     async def _record(self, request: Request) -> Any:
         raw = await request.body()
@@ -179,7 +187,7 @@ class FakeUpstream:
             return await self._hang(request)
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1,
                                                          "owned_by": "fake"}]},
-                            headers={"x-upstream": "fake"})
+                            headers={"x-upstream": "fake", "access-control-allow-origin": "*"})
 
     async def _tags(self, request: Request) -> Response:
         await self._record(request)
