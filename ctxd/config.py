@@ -241,8 +241,8 @@ class SnapshotsConfig(_Section):
 
 class SessionsConfig(_Section):
     """Retention of whole sessions. Nothing is removed unless a limit is set here; every
-    removal is announced (``session/deleted`` with its reason, an INFO log line, and a count
-    under ``ctxd-cli sessions list``)."""
+    removal is announced (``session/deleted`` with its reason, a WARNING log line, a count
+    under ``ctxd-cli sessions list``, and a line from ``ctxd-cli push --create``)."""
 
     max_sessions: int = 0
     """Keep this many sessions, removing the least recently active beyond it, when a session is

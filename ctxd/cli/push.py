@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ctxd.cli import render
+from ctxd.cli.render import note
 from ctxd.cli.main import EXIT_USAGE, CliError, bad_input, json_option, resolve_session_id, run, settings_of
 from ctxd.cli.sessions import session_argument
 from ctxd.client import Client, RpcError
@@ -42,11 +43,12 @@ def parse_messages_json(text: str) -> list[dict[str, Any]]:
 
 
 async def push_messages(client: Client, session_id: str, messages: list[dict[str, Any]], *,
-                        create: bool = False, model: str | None = None) -> tuple[Any, bool]:
-    """Push, creating the session first when asked to and it is missing; returns (result, created)."""
+                        create: bool = False, model: str | None = None) -> tuple[Any, bool, list[str]]:
+    """Push, creating the session first when asked to and it is missing; returns (result,
+    created, the sessions retention removed to make room for it)."""
     params = {"sessionId": session_id, "messages": messages}
     try:
-        return await client.request("session/push", params), False
+        return await client.request("session/push", params), False, []
     except RpcError as exc:
         if not create or exc.code != ErrorCode.SessionNotFound:
             raise
@@ -54,13 +56,15 @@ async def push_messages(client: Client, session_id: str, messages: list[dict[str
     if model:
         create_params["model"] = model
     created = True
+    removed: list[str] = []
     try:
-        await client.request("session/create", create_params)
+        info = await client.request("session/create", create_params)
+        removed = list(info.get("retentionRemoved") or [])
     except RpcError as exc:
         if exc.code != ErrorCode.SessionExists:  # someone else created it meanwhile: fine
             raise
         created = False
-    return await client.request("session/push", params), created
+    return await client.request("session/push", params), created, removed
 
 
 @click.command("push")
@@ -113,13 +117,17 @@ def push(ctx: click.Context, session_id: str, role: str | None, content: str | N
             message["idempotencyKey"] = idempotency_key
         messages = [message]
 
-    async def work(client: Client) -> tuple[Any, bool]:
+    async def work(client: Client) -> tuple[Any, bool, list[str]]:
         nonlocal session_id
         if not create:  # (--create names the session exactly: a prefix of another id is a new session)
             session_id = await resolve_session_id(client, session_id)
         return await push_messages(client, session_id, messages, create=create, model=model)
 
-    result, created = run(settings, work)
+    result, created, removed = run(settings, work)
+    if removed:
+        # Said even with --json (on stderr): sessions just went away.
+        note(f"retention removed {render.count(len(removed), 'session')} to make room for {session_id} "
+             f"(sessions.max_sessions; the least recently active): {', '.join(removed)}", style="yellow")
     if settings.json:
         render.print_json(result)
         return

@@ -14,18 +14,22 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from ctxd.protocol.common import MAX_GOAL_CHARS, MAX_GOAL_ITEM_CHARS
 from ctxd.protocol.goal import Artifact, Decision, Goal, GoalCheckpoint
 from ctxd.protocol.message import Message, TextBlock
 
 SHOW_UNLOCKED = 10
 SHOW_ARTIFACTS = 30
 
-_MARKER = re.compile(r"^[ \t>*\-]*\[(GOAL|CHECKPOINT|DECISION|ARTIFACT|NEXT)\][ \t]*(.+?)[ \t]*$",
+_MARKER = re.compile(r"^[ \t>*\-]*\[(GOAL|CHECKPOINT|DECISION|ARTIFACT|NEXT)\][ \t]*+(.*[^ \t])[ \t]*$",
                      re.MULTILINE | re.IGNORECASE)
 # "text - STATUS" (a dash needs a space before it: "auto-complete" is no status) or "text: STATUS".
 _STATUS = re.compile(r"(?:\s+[-\u2013\u2014]|\s*:)\s*(COMPLETED|COMPLETE|DONE|IN[ -]PROGRESS|PENDING|TODO)\s*$",
                      re.IGNORECASE)
 _LOCK = re.compile(r"(?:\s+[-\u2013\u2014]|\s*:)\s*(LOCKED|ARCHITECTURE)\s*$", re.IGNORECASE)
+_TAIL = 64
+"""A status or lock word is looked for in a marker's last characters only: searched from
+every position of a long run of spaces, the patterns above cost its length squared."""
 _ARTIFACT = re.compile(r"^(CREATED|MODIFIED|DELETED|UPDATED|EDITED)\s*:?\s+(\S.*)$", re.IGNORECASE)
 
 
@@ -89,15 +93,19 @@ def parse_markers(message: Message, seq: int | None = None) -> Markers:
         text = _outside_fences(text)
     for match in _MARKER.finditer(text):
         kind, body = match.group(1).upper(), match.group(2)
+        # A marker's text is held to what goal/set and goal/update accept (a 4 MB line of
+        # assistant output must not become a never-compressed goal block).
         if kind == "GOAL":
-            markers.goal = body
-        elif kind == "CHECKPOINT":
-            status = _STATUS.search(body)
+            markers.goal = body[:MAX_GOAL_CHARS]
+            continue
+        body = body[:MAX_GOAL_ITEM_CHARS]
+        if kind == "CHECKPOINT":
+            status = _STATUS.search(body, max(0, len(body) - _TAIL))
             description = body[: status.start()] if status else body
             markers.checkpoints.append(
                 GoalCheckpoint(description.strip(), _status(status.group(1)) if status else "pending"))  # type: ignore[arg-type]
         elif kind == "DECISION":
-            lock = _LOCK.search(body)
+            lock = _LOCK.search(body, max(0, len(body) - _TAIL))
             description = body[: lock.start()] if lock else body
             architecture = bool(lock and lock.group(1).upper() == "ARCHITECTURE")
             markers.decisions.append(

@@ -23,6 +23,7 @@ from ctxd import __version__
 from ctxd.mcp import render
 from ctxd.mcp.link import SESSION_ENV, DaemonLink, NotFound, Resolved
 from ctxd.mcp.render import Item
+from ctxd.protocol.common import MAX_GOAL_CHARS, MAX_GOAL_ITEM_CHARS, MAX_TITLE_CHARS
 
 DEFAULT_MAX_TOKENS = 4000
 """A tool result's cap when neither the call nor ``--max-tokens`` says (cl100k tokens)."""
@@ -79,8 +80,17 @@ def argument_errors(error: ValidationError) -> str:
             continue
         message = str(e.get("msg", "is invalid"))
         message = message[len("Input "):] if message.startswith("Input ") else message
-        parts.append(f"{name} {message[:1].lower()}{message[1:]} (given {e.get('input')!r})")
+        parts.append(f"{name} {message[:1].lower()}{message[1:]} (given {_shown(e.get('input'))})")
     return "bad arguments: " + "; ".join(parts)
+
+
+def _shown(value: Any) -> str:
+    """A given value as the error repeats it: a long text by its start and its length
+    (a 20 MB goal must not come back whole in the error)."""
+    if isinstance(value, str) and len(value) > 80:
+        return f"{value[:40]!r}... ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> MCPServer:
@@ -277,7 +287,8 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
     # --- goal, decisions, pins --------------------------------------------------------
 
     @server.tool()
-    async def set_goal(description: Annotated[str, Field(min_length=1, description="What the session is for.")],
+    async def set_goal(description: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS,
+                                                         description="What the session is for.")],
                        priority: Literal["high", "medium", "low"] = "medium",
                        session_id: SessionId = None) -> str:
         """Set the session's goal (replacing the previous one; its locked decisions stay).
@@ -289,7 +300,8 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
         return f"Goal set for {s.label()}.\n" + _goal_text(result)
 
     @server.tool()
-    async def lock_decision(decision: Annotated[str, Field(min_length=1, description="The decision, in one sentence.")],
+    async def lock_decision(decision: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_ITEM_CHARS,
+                                                           description="The decision, in one sentence.")],
                             unlock: bool = False, architecture: bool = False,
                             session_id: SessionId = None) -> str:
         """Lock a decision into the session's goal: locked decisions are always sent and
@@ -316,7 +328,8 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
     # --- snapshots ----------------------------------------------------------------------
 
     @server.tool()
-    async def create_snapshot(label: str | None = None, session_id: SessionId = None) -> str:
+    async def create_snapshot(label: Annotated[str | None, Field(max_length=MAX_TITLE_CHARS)] = None,
+                              session_id: SessionId = None) -> str:
         """Snapshot the session's prompt (context, checkpoints, goal) now, to restore later."""
         s = await session(session_id)
         params: dict[str, Any] = {"label": label} if label else {}

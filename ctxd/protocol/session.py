@@ -72,6 +72,10 @@ class SessionInfo(msgspec.Struct, rename="camel", omit_defaults=True):
     metadata: dict[str, Any] = {}
     settings: SessionSettings = msgspec.field(default_factory=SessionSettings)
     model_info: dict[str, Any] = {}
+    retention_removed: list[str] = []
+    """``session/create`` only: the sessions retention removed to make room for this one
+    (``sessions.max_sessions``), least recently active first; each was also announced
+    with ``session/deleted``."""
 
 
 class SessionListParams(msgspec.Struct, rename="camel", omit_defaults=True):

@@ -23,7 +23,8 @@ from ctxd.protocol.compression import (
     WatermarkResult,
 )
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
-from ctxd.service import compression, notify
+from ctxd.protocol.common import MAX_GOAL_CHARS
+from ctxd.service import compression, fields, notify
 from ctxd.service.core import Service
 from ctxd.service.events import Progress
 from ctxd.service.state import SessionState
@@ -33,6 +34,7 @@ from ctxd.store import sessions as session_store
 
 
 async def compress(svc: Service, params: CompressParams, progress: Progress | None = None) -> CompressResult:
+    fields.text(params.focus, "focus", MAX_GOAL_CHARS)
     state = await svc.cache.get(params.session_id)
     return await compression.compress(svc, state, trigger="request", focus=params.focus, progress=progress,
                                       force=True)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import msgspec
 
 from ctxd.engine.goals import merge_artifacts, merge_checkpoints, merge_decisions, new_goal, render_goal
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
-from ctxd.protocol.goal import Goal, GoalResult, GoalSetParams, GoalUpdateParams
-from ctxd.service import compression, notify
+from ctxd.protocol.common import MAX_GOAL_CHARS, MAX_GOAL_ITEM_CHARS, MAX_GOAL_ITEMS, MAX_GOAL_SHARE
+from ctxd.protocol.goal import Artifact, Decision, Goal, GoalCheckpoint, GoalResult, GoalSetParams, GoalUpdateParams
+from ctxd.service import compression, fields, notify
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.state import SessionState
@@ -19,9 +22,42 @@ def _result(state: SessionState) -> GoalResult:
     return GoalResult(session_id=state.id, goal=state.row.goal, tokens=state.counter.count(text) if text else 0)
 
 
+def _check_sizes(description: str | None, checkpoints: Sequence[GoalCheckpoint], decisions: Sequence[Decision],
+                 artifacts: Sequence[Artifact] = (), next_steps: Sequence[str] | None = None) -> None:
+    """What one ``goal/set`` or ``goal/update`` gives: each text and list within its size
+    (``protocol.common``), before anything is merged, counted or stored."""
+    fields.text(description, "description", MAX_GOAL_CHARS)
+    for name, values in (("checkpoints", checkpoints), ("decisions", decisions), ("artifacts", artifacts),
+                         ("nextSteps", next_steps)):
+        fields.items(values, name, MAX_GOAL_ITEMS)
+    for i, c in enumerate(checkpoints):
+        fields.text(c.description, f"checkpoints[{i}].description", MAX_GOAL_ITEM_CHARS)
+    for i, d in enumerate(decisions):
+        fields.text(d.description, f"decisions[{i}].description", MAX_GOAL_ITEM_CHARS)
+    for i, a in enumerate(artifacts):
+        fields.text(a.path, f"artifacts[{i}].path", MAX_GOAL_ITEM_CHARS)
+    for i, step in enumerate(next_steps or ()):
+        fields.text(step, f"nextSteps[{i}]", MAX_GOAL_ITEM_CHARS)
+
+
+def _check_fits(svc: Service, state: SessionState, goal: Goal) -> None:
+    """The goal block (never compressed, sent with every prompt) may take at most
+    ``MAX_GOAL_SHARE`` of the session's largest prompt: a larger one would leave the
+    conversation no room, and the session would fail on its next push."""
+    text = render_goal(goal) or ""
+    tokens = state.counter.count(text)
+    largest = svc.cache.budget(state).max_prompt_tokens
+    if tokens > largest * MAX_GOAL_SHARE:
+        raise invalid_params(f"the goal would take {tokens:,} tokens of this session's largest prompt "
+                             f"({largest:,} tokens); a goal may take at most {MAX_GOAL_SHARE:.0%} of it: "
+                             f"shorten it", "description")
+
+
 async def _save(svc: Service, state: SessionState, goal: Goal | None) -> GoalResult:
     async with state.lock:
         await svc.cache.context(state)
+        if goal is not None:
+            _check_fits(svc, state, goal)
         state.row.goal = goal
         svc.cache.refresh(state, system=True)
         await svc.db.write(store.save_context, state.id, goal=goal, context_state=state.encoded_state(),
@@ -36,6 +72,7 @@ async def _save(svc: Service, state: SessionState, goal: Goal | None) -> GoalRes
 async def set_goal(svc: Service, params: GoalSetParams) -> GoalResult:
     if not params.description.strip():
         raise invalid_params("description must not be empty", "description")
+    _check_sizes(params.description, params.checkpoints, params.decisions)
     state = await svc.cache.get(params.session_id)
     async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
         goal = new_goal(params.description.strip(), now_iso(), params.priority)
@@ -48,6 +85,7 @@ async def set_goal(svc: Service, params: GoalSetParams) -> GoalResult:
 
 
 async def update_goal(svc: Service, params: GoalUpdateParams) -> GoalResult:
+    _check_sizes(params.description, params.checkpoints, params.decisions, params.artifacts, params.next_steps)
     state = await svc.cache.get(params.session_id)
     async with svc.cache.changing(state):  # shared storage: one daemon at a time, from what is stored
         current = state.row.goal

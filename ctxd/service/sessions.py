@@ -11,6 +11,7 @@ import msgspec
 
 from ctxd.engine import calibration
 from ctxd.protocol import notifications
+from ctxd.protocol.common import MAX_NAME_CHARS, MAX_TITLE_CHARS
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
 from ctxd.protocol.session import (
     RetentionSummary,
@@ -20,7 +21,7 @@ from ctxd.protocol.session import (
     SessionListParams,
     SessionUpdateParams,
 )
-from ctxd.service import compression, notify
+from ctxd.service import compression, fields, notify
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service.state import SessionState, resolve_window
@@ -76,6 +77,9 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
         raise invalid_params(f"sessionId must be 1 to {MAX_ID_LENGTH} characters", "sessionId")
     if params.context_window is not None and params.context_window < MIN_WINDOW:
         raise invalid_params(f"contextWindow must be at least {MIN_WINDOW} tokens", "contextWindow")
+    fields.text(params.model, "model", MAX_NAME_CHARS)
+    fields.text(params.provider, "provider", MAX_NAME_CHARS)
+    _check_described(svc, params)
     counter = TokenCounter.for_model(params.model)
     system_tokens = counter.count_system(params.system_prompt or "")
     now = now_iso()
@@ -98,8 +102,11 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
     await svc.db.write(_insert_session, row, svc.db.dialect == "sqlite" and row.id not in svc.importing)
     svc.cache.register(state)
     await svc.cache.context(state)
-    await enforce_retention(svc, exclude={state.id})
-    return session_info(svc, state)
+    removed = await enforce_retention(svc, exclude={state.id})
+    info = session_info(svc, state)
+    if removed:
+        info.retention_removed = removed
+    return info
 
 
 async def get_session(svc: Service, session_id: str) -> SessionInfo:
@@ -114,7 +121,17 @@ async def list_sessions(svc: Service, params: SessionListParams) -> list[Session
     return [session_info(svc, svc.cache.adopt(row)) for row in rows]
 
 
+def _check_described(svc: Service, params: SessionCreateParams | SessionUpdateParams) -> None:
+    """The sizes of what ``session/create`` and ``session/update`` store (``fields``)."""
+    if isinstance(params.title, str):
+        fields.text(params.title, "title", MAX_TITLE_CHARS)
+    fields.tags(params.tags)
+    fields.metadata(params.metadata)
+    fields.system_prompt(params.system_prompt, svc.config.limits.max_message_bytes)
+
+
 async def update_session(svc: Service, params: SessionUpdateParams) -> SessionInfo:
+    _check_described(svc, params)
     state = await svc.cache.get(params.session_id)
     if params.context_window is not None and params.context_window < MIN_WINDOW:
         raise invalid_params(f"contextWindow must be at least {MIN_WINDOW} tokens", "contextWindow")
@@ -240,8 +257,9 @@ def _rule(reason: str, svc: Service) -> str:
 async def enforce_retention(svc: Service, exclude: set[str] | None = None) -> list[str]:
     """Apply ``sessions.max_age_days`` and ``sessions.max_sessions`` (0: off, the default).
 
-    Every removal is announced: ``session/deleted`` with the rule as its reason, an INFO
-    log line, and a row in ``retention_removals`` (what ``session/list`` counts)."""
+    Every removal is announced: ``session/deleted`` with the rule as its reason, a
+    WARNING log line (the default level), a row in ``retention_removals`` (what
+    ``session/list`` counts), and to ``session/create``'s caller in its result."""
     cfg = svc.config.sessions
     if cfg.max_sessions <= 0 and cfg.max_age_days <= 0:
         return []
@@ -265,7 +283,8 @@ async def enforce_retention(svc: Service, exclude: set[str] | None = None) -> li
             if exc.code != ErrorCode.SessionNotFound:  # gone already: a concurrent delete
                 raise
             continue
-        log.info("retention removed session %r (%s): %s", session_id, title or "untitled", detail)
+        # At the default level: a removal nobody asked for right then must be seen.
+        log.warning("retention removed session %r (%s): %s", session_id, title or "untitled", detail)
         removed.append(session_id)
     return removed
 

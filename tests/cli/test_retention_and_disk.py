@@ -36,6 +36,24 @@ def test_list_says_what_retention_removed(cli: Cli) -> None:
     assert "no sessions" in empty.stdout and "1 session removed by retention" in empty.stdout
 
 
+def test_push_create_says_what_retention_removed_and_the_log_shows_it(cli: Cli) -> None:
+    """issue 23: retention's removals at max_sessions showed only in a list footer (the log
+    line was below the default level; ``push --create`` said nothing)."""
+    cli.env["CTXD_SESSIONS_MAX_SESSIONS"] = "2"
+    for name in ("a", "b"):
+        quiet = cli("push", name, "--create", "--content", f"session {name}")
+        assert "retention" not in quiet.stderr
+    made = cli("push", "c", "--create", "--content", "session c")
+    assert "retention removed 1 session to make room for c (sessions.max_sessions; the least recently " \
+           "active): a" in made.stderr, made.stderr
+    as_json = cli("--json", "push", "d", "--create", "--content", "session d")
+    assert json.loads(as_json.stdout)["sessionId"] == "d"  # stdout stays the result alone
+    assert "retention removed 1 session to make room for d" in as_json.stderr
+    log = cli.log.read_text()
+    assert "WARNING" in log and "retention removed session 'a'" in log and "retention removed session 'b'" in log
+    assert [s["sessionId"] for s in cli.json("sessions", "list")["sessions"]] == ["d", "c"]
+
+
 def test_doctor_reports_disk_use(cli: Cli) -> None:
     batch = [{"role": "user", "content": f"message {i} " + "lorem ipsum " * 50} for i in range(50)]
     cli("push", "s", "--create", "--message-json", input=json.dumps(batch))

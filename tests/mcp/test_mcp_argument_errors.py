@@ -3,6 +3,9 @@ should be and what was given, not pydantic's multi-line report with its URL."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from tests.mcp.conftest import McpEnv, seed_session
 from tests.mcp.test_mcp_tools import call, call_error, no_crash
 
@@ -30,4 +33,31 @@ async def test_bad_arguments_read_plainly(mcp_env: McpEnv) -> None:
             assert expected in text, (name, args, text)
             assert "pydantic" not in text and "validation error for" not in text and "\n" not in text.strip(), text
         assert sid in await call(session, "list_sessions")
+    no_crash(mcp_env)
+
+
+async def test_a_20_mb_goal_is_refused_fast_and_nothing_waits_for_it(mcp_env: McpEnv) -> None:
+    """issue 23, 6: a 20 MB goal took 28.6 s, stalled a concurrent request past 15 s and
+    left the session failing on "the newest user message". Now the tool refuses it at
+    once, saying the size; another request is answered meanwhile; the session is intact."""
+    client = await mcp_env.client()
+    try:
+        sid = (await seed_session(client, compress=False))["sessionId"]
+        async with mcp_env.session() as session:
+            started = time.monotonic()
+            stats = asyncio.ensure_future(client.request("context/stats", {"sessionId": sid}, timeout=30))
+            text = await call_error(session, "set_goal", {"description": "g" * 20_000_000, "session_id": sid})
+            took = time.monotonic() - started
+            await stats
+            assert "description string should have at most 4000 characters" in text, text[:500]
+            assert "(20,000,000 characters)" in text and len(text) < 1000
+            assert took < 10, took
+            assert "Goal set" in await call(session, "set_goal", {"description": "ship the fix", "session_id": sid})
+        pushed = await client.request("session/push", {"sessionId": sid, "messages": [
+            {"role": "user", "content": "and now?"}, {"role": "assistant", "content": "done"}]})
+        assert pushed["messageCount"] > 2
+        prompt = await client.request("context/prompt", {"sessionId": sid})
+        assert "ship the fix" in prompt["messages"][0]["content"]
+    finally:
+        await client.close()
     no_crash(mcp_env)
