@@ -11,6 +11,7 @@ as a Struct when ``result_type`` is given. Notifications are delivered to
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import logging
 import os
@@ -93,6 +94,8 @@ async def check_server(writer: asyncio.StreamWriter, where: str, *, unchecked: b
     sock = writer.get_extra_info("socket")
     try:
         mine, theirs = sock.getsockname()[:2], sock.getpeername()[:2]
+        if not ipaddress.ip_address(theirs[0]).is_loopback:
+            raise OSError(f"{theirs[0]} is not a loopback address: the kernel knows only this machine's sockets")
         uid = await server_uid(mine, theirs)
     except OSError as exc:
         if unchecked:

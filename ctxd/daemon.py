@@ -56,15 +56,15 @@ class Daemon:
         self.tcp_token = ""
         self.started_at = now_iso()
         self._stop = asyncio.Event()
-        self._servers: list[asyncio.AbstractServer] = []
+        self._servers: list[Any] = []
         self._lock: SocketLock | None = None
         self._data_lock: DatabaseLock | None = None
         """One daemon per SQLite file (store/lock.py); None on PostgreSQL."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clean_exit = False
         self.bound: dict[str, str] = {}
-        self._pending: dict[str, set[Connection]] = {}
-        """Per socket transport (over TCP, per uid: ``_group``), the connections whose
+        self._waiting: dict[str, int] = {}
+        """Per socket transport (over TCP, per uid: ``_admit_tcp``), the connections whose
         ``initialize`` has not succeeded yet."""
         self._group_of: dict[Connection, str] = {}
         self._turned_away: dict[str, int] = {}
@@ -121,18 +121,20 @@ class Daemon:
 
     # --- connections ----------------------------------------------------------------
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: Writer, transport: str) -> None:
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: Writer, transport: str,
+                                group: str | None = None) -> None:
+        """Serve one client. ``group``: the waiting slot a TCP connection took as it was
+        accepted (``_admit_tcp``); a Unix-socket connection takes one here."""
         guarded = transport != "stdio"
-        if guarded:
-            group = self._group(transport, writer)
-            pending = self._pending.setdefault(group, set())
-            if len(pending) >= self.config.limits.max_pending_connections:
-                self._turn_away(group, writer)
+        if guarded and group is None:
+            group = transport
+            if not self._take_slot(group):
+                writer.close()
                 return
         conn = Connection(self.app, reader, writer, transport=transport, requires_token=(transport == "tcp"),
                           guarded=guarded, on_initialized=self._initialized)
         if guarded:
-            pending.add(conn)
+            assert group is not None
             self._group_of[conn] = group
         self.hub.add(conn)
         log.info("connection %s opened (%s)", conn.id, transport)
@@ -149,46 +151,50 @@ class Daemon:
                 self._clean_exit = conn.shutdown_requested
                 self.stop()
 
-    @staticmethod
-    def _group(transport: str, writer: Writer) -> str:
-        """Whose waiting slots a new connection takes: over TCP, which every local user
+    def _admit_tcp(self, client: Any, server: Any) -> str | None:
+        """A TCP connection just accepted, before anything is made for it: the waiting
+        slot it takes, or None (it is closed at once). Over TCP, which every local user
         can reach, each uid has its own ``limits.max_pending_connections`` (the kernel
         names the client socket's owner, ``loopback.peer_uid``), so another user who keeps
-        connections open without the token fills only their own; a Unix socket (0600,
-        this user's) is one group."""
-        if transport != "tcp":
-            return transport
-        client, server = writer.extra("peername"), writer.extra("sockname")
+        connections open without the token fills only their own."""
         try:
-            uid = peer_uid(client[:2], server[:2]) if client and server else None
+            uid = peer_uid(client[:2], server[:2])
         except OSError:  # the kernel cannot say (not Linux): one group for all
-            return "tcp"
-        return f"tcp (uid {uid})" if uid is not None else "tcp (uid unknown)"
+            group = "tcp"
+        else:
+            group = f"tcp (uid {uid})" if uid is not None else "tcp (uid unknown)"
+        return group if self._take_slot(group) else None
 
-    def _initialized(self, conn: Connection) -> None:
-        """``conn`` no longer waits for ``initialize`` (it succeeded, or the connection closed)."""
-        group = self._group_of.pop(conn, None)
-        pending = self._pending.get(group) if group is not None else None
-        if pending is None or conn not in pending:
-            return
-        pending.discard(conn)
-        if not pending:
-            del self._pending[group]  # (one group per uid seen: none kept once empty)
-        turned_away = self._turned_away.pop(group, 0)  # type: ignore[arg-type]
-        if turned_away > 1:
-            log.warning("%d %s connection(s) were closed at once while %d waited for initialize",
-                        turned_away, group, self.config.limits.max_pending_connections)
-
-    def _turn_away(self, group: str, writer: Writer) -> None:
-        """A connection past ``limits.max_pending_connections``: closed at once. One warning
-        when it starts happening and one count when it stops, whatever the number."""
+    def _take_slot(self, group: str) -> bool:
+        """One of ``group``'s slots for a connection waiting for ``initialize``; False (and
+        one warning when it starts happening, one count when it stops) when all are taken."""
+        taken = self._waiting.get(group, 0)
+        if taken < self.config.limits.max_pending_connections:
+            self._waiting[group] = taken + 1
+            return True
         count = self._turned_away.get(group, 0) + 1
         self._turned_away[group] = count
         if count == 1:
             log.warning("%d %s connections are waiting for initialize (limits.max_pending_connections); "
-                        "closing new ones at once until some initialize or time out",
-                        len(self._pending.get(group, ())), group)
-        writer.close()
+                        "closing new ones at once until some initialize or time out", taken, group)
+        return False
+
+    def _free_slot(self, group: str) -> None:
+        taken = self._waiting.get(group, 0) - 1
+        if taken > 0:
+            self._waiting[group] = taken
+        else:
+            self._waiting.pop(group, None)  # (one group per uid seen: none kept once empty)
+        turned_away = self._turned_away.pop(group, 0)
+        if turned_away > 1:
+            log.warning("%d %s connection(s) were closed at once while %d waited for initialize",
+                        turned_away, group, self.config.limits.max_pending_connections)
+
+    def _initialized(self, conn: Connection) -> None:
+        """``conn`` no longer waits for ``initialize`` (it succeeded, or the connection closed)."""
+        group = self._group_of.pop(conn, None)
+        if group is not None:
+            self._free_slot(group)
 
     # --- run --------------------------------------------------------------------------
 
@@ -219,7 +225,7 @@ class Daemon:
                 self.bound["unix"] = str(path)
             if self.tcp_port is not None:
                 self.tcp_token = load_or_create_token(self.config.token_path)
-                server = await serve_tcp(self.tcp_port, self._serve_connection)
+                server = await serve_tcp(self.tcp_port, self._serve_connection, self._admit_tcp, self._free_slot)
                 self._servers.append(server)
                 port = server.sockets[0].getsockname()[1]
                 self.bound["tcp"] = f"127.0.0.1:{port}"

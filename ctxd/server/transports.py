@@ -185,13 +185,79 @@ async def serve_unix(path: Path, on_connection: OnConnection, lock: SocketLock) 
     return server
 
 
-async def serve_tcp(port: int, on_connection: OnConnection) -> asyncio.Server:
+ACCEPT_BATCH = 64
+"""Connections accepted per turn of the event loop: a flood of them (another user's,
+reconnecting as fast as each is closed) must leave turns for the clients being served."""
+
+
+class TcpServer:
+    """The TCP listener on 127.0.0.1, which every local user can reach. Each connection is
+    judged as it is accepted, before anything is made for it (``admit``: the daemon's
+    waiting slots per uid): one refused is closed once this turn's accepting is over, so
+    that its client cannot connect again into the same turn. At most ``ACCEPT_BATCH`` are
+    accepted per turn. An admitted one becomes a stream pair and ``on_connection``'s; should
+    that fail, ``release`` gives its slot back."""
+
+    def __init__(self, sock: socket.socket, on_connection: Any, admit: Callable[[Any, Any], str | None],
+                 release: Callable[[str], None]) -> None:
+        self.sock = sock
+        self.sockets = [sock]
+        self._on_connection = on_connection
+        self._admit = admit
+        self._release = release
+        self._loop = asyncio.get_running_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop.add_reader(sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, client = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors...: the next turn tries again
+                log.warning("cannot accept a TCP connection: %s", exc.strerror or exc)
+                return
+            try:
+                group = self._admit(client, conn.getsockname())
+            except OSError:
+                group = None
+            if group is None:
+                self._loop.call_soon(conn.close)
+                continue
+            task = self._loop.create_task(self._serve(conn, group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, conn: socket.socket, group: str) -> None:
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reader, writer = await asyncio.open_connection(sock=conn, limit=1 << 20)
+        except OSError:
+            conn.close()
+            self._release(group)
+            return
+        await self._on_connection(reader, Writer(writer), "tcp", group)
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self._loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+
+async def serve_tcp(port: int, on_connection: Any, admit: Callable[[Any, Any], str | None],
+                    release: Callable[[str], None]) -> TcpServer:
+    """Listen on 127.0.0.1:``port`` (see :class:`TcpServer`)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        return await asyncio.start_server(
-            lambda r, w: on_connection(r, Writer(w), "tcp"), host="127.0.0.1", port=port,
-            family=socket.AF_INET, limit=1 << 20, reuse_address=True, backlog=1024)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1024)
+        sock.setblocking(False)
     except OSError as exc:
+        sock.close()
         raise TransportError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
+    return TcpServer(sock, on_connection, admit, release)
 
 
 def load_or_create_token(path: Path) -> str:
