@@ -10,7 +10,8 @@ other user has the standard library and the loopback interface, nothing else.
                                 print it as JSON at the end
     hold PORT COUNT SECONDS     keep COUNT connections open to 127.0.0.1:PORT, each having
                                 sent half a request head (``--data``: what instead), opening
-                                a new one for each the server closes; print counts as JSON
+                                a new one for each the server closes, until SECONDS passed
+                                or stdin closes; print counts as JSON
     big PORT BYTES              send a POST with a body of BYTES; print the answer's status
 
 Each prints one JSON object on stdout (``listen`` prints its port on a line before).
@@ -81,11 +82,14 @@ def hold(port: int, count: int, seconds: float, data: bytes) -> dict:
     reopened as the server closes them; how many it managed at most and how many the
     server closed."""
     poller = select.poll()
+    stdin = sys.stdin.fileno()
+    poller.register(stdin, select.POLLIN)
     socks: dict[int, socket.socket] = {}
     unsent: set[int] = set()
     opened = closed = refused = most = 0
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    stop = False
+    while time.monotonic() < deadline and not stop:
         while len(socks) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)
@@ -106,6 +110,11 @@ def hold(port: int, count: int, seconds: float, data: bytes) -> dict:
                 break  # let the server accept
         most = max(most, len(socks))
         for fd, event in poller.poll(50):
+            if fd == stdin:
+                stop = not os.read(stdin, 1)  # told to stop
+                if stop:
+                    poller.unregister(stdin)
+                continue
             sock = socks.get(fd)
             if sock is None:
                 continue

@@ -52,7 +52,7 @@ class Attacker:
         return self.proc.stdout.readline().strip()
 
     def result(self, timeout: float = 120) -> dict[str, Any]:
-        """What it printed at the end (closing its stdin tells ``listen`` to stop)."""
+        """What it printed at the end (closing its stdin tells ``listen`` and ``hold`` to stop)."""
         out, err = self.proc.communicate(timeout=timeout)
         assert self.proc.returncode == 0, err
         return json.loads(out.strip().splitlines()[-1])

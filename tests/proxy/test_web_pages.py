@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from tests.proxy.conftest import both_modes, sessions
 from tests.proxy.upstream import MODEL
@@ -113,3 +114,23 @@ async def test_the_chat_routes_take_only_json(proxy, upstream, ctxd_daemon) -> N
                                        headers={"content-type": ctype})
             assert answer.status_code == 200, (ctype, answer.text)
     assert len(upstream.chats()) == 3
+
+
+@pytest.mark.parametrize("proxy_mode", ["in-process"], indirect=True)
+async def test_web_pages_cannot_make_retention_delete_the_users_sessions(start_proxy, upstream, ctxd_daemon) -> None:
+    """With ``sessions.max_sessions = 3``, three requests of a page each creating a session
+    made retention delete the user's three: now none is created."""
+    proxy = start_proxy("--set", "sessions.max_sessions=3")
+    port = proxy.url.rsplit(":", 1)[1]
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+        for name in ("mine1", "mine2", "mine3"):
+            assert (await client.post("/v1/chat/completions", json=CHAT, headers={"x-ctxd-session": name})
+                    ).status_code == 200
+        for i, headers in enumerate([{"host": f"evil.example:{port}"},
+                                     {"origin": "http://evil.example", "content-type": "text/plain"},
+                                     {"origin": "null"}]):
+            page = await client.post("/v1/chat/completions", content=json.dumps(CHAT).encode(),
+                                     headers={"content-type": "application/json", "x-ctxd-session": f"page{i}",
+                                              **headers})
+            assert page.status_code == 403
+    assert sorted(s["sessionId"] for s in await sessions(ctxd_daemon)) == ["mine1", "mine2", "mine3"]
