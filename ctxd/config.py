@@ -109,7 +109,8 @@ class LimitsConfig(_Section):
     max_pending_connections: Annotated[int, msgspec.Meta(ge=1)] = 64
     """Unix-socket (and, counted apart, TCP: per uid, so another user fills only their own)
     connections that may wait for ``initialize`` at once; past it a new connection is closed
-    as soon as it is accepted."""
+    as soon as it is accepted (another user's over TCP: held unread until
+    ``initialize_timeout_seconds``, then closed, so that it cannot come back at once)."""
 
 
 class BudgetConfig(_Section):

@@ -151,19 +151,24 @@ class Daemon:
                 self._clean_exit = conn.shutdown_requested
                 self.stop()
 
-    def _admit_tcp(self, client: Any, server: Any) -> str | None:
+    def _admit_tcp(self, client: Any, server: Any) -> tuple[str | None, bool]:
         """A TCP connection just accepted, before anything is made for it: the waiting
-        slot it takes, or None (it is closed at once). Over TCP, which every local user
-        can reach, each uid has its own ``limits.max_pending_connections`` (the kernel
-        names the client socket's owner, ``loopback.peer_uid``), so another user who keeps
+        slot it takes; or None, and whether it is parked (another user's: held unread
+        for a while, so that they cannot reconnect as fast as they are closed) rather
+        than closed at once (this user's). Over TCP, which every local user can reach,
+        each uid has its own ``limits.max_pending_connections`` (the kernel names the
+        client socket's owner, ``loopback.peer_uid``), so another user who keeps
         connections open without the token fills only their own."""
+        uid: int | None = os.geteuid()
         try:
             uid = peer_uid(client[:2], server[:2])
         except OSError:  # the kernel cannot say (not Linux): one group for all
             group = "tcp"
         else:
             group = f"tcp (uid {uid})" if uid is not None else "tcp (uid unknown)"
-        return group if self._take_slot(group) else None
+        if self._take_slot(group):
+            return group, False
+        return None, uid != os.geteuid()
 
     def _take_slot(self, group: str) -> bool:
         """One of ``group``'s slots for a connection waiting for ``initialize``; False (and
@@ -225,7 +230,8 @@ class Daemon:
                 self.bound["unix"] = str(path)
             if self.tcp_port is not None:
                 self.tcp_token = load_or_create_token(self.config.token_path)
-                server = await serve_tcp(self.tcp_port, self._serve_connection, self._admit_tcp, self._free_slot)
+                server = await serve_tcp(self.tcp_port, self._serve_connection, self._admit_tcp, self._free_slot,
+                                         hold=self.config.limits.initialize_timeout_seconds)
                 self._servers.append(server)
                 port = server.sockets[0].getsockname()[1]
                 self.bound["tcp"] = f"127.0.0.1:{port}"

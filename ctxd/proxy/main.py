@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -68,6 +69,23 @@ def listening_socket(port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def parking() -> int:
+    """How many of another user's surplus connections the proxy may hold (peers.py): the
+    descriptor limit is raised to what the system allows this process (as servers do, at
+    most 2^20), and ``transports.parking_room`` of it goes to them; the rest stays for the
+    owner's connections, the upstreams and the daemon in this process."""
+    from ctxd.server.transports import parking_room
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError):
+        pass
+    return parking_room()
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -157,9 +175,10 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     async with wire.UpstreamTransport(limits=limits) as transport:
         sessions = Sessions(link)
         proxy = Proxy(config.proxy, sessions, transport, timeout, Windows.from_config(config))
-        # Only the user running the proxy is served (peers.py): each connection's uid is
-        # looked up as it is made, and another user's requests get a 403.
-        gate = peers.PeerGate(check=checked, timeout=config.proxy.client_timeout_seconds)
+        # Only the user running the proxy is served (peers.py): the proxy accepts its
+        # connections itself, each one's uid looked up as it is accepted; another user's
+        # get a 403 and never reach uvicorn.
+        gate = peers.PeerGate(check=checked, timeout=config.proxy.client_timeout_seconds, park=parking())
         # What a request must be before the proxy acts on it: a loopback Host, no web
         # page's Origin, a JSON body on the chat routes, a path without dot segments, a
         # body within proxy.max_body_bytes (screen.py).
@@ -173,12 +192,22 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
                                                lifespan="off", timeout_graceful_shutdown=5, proxy_headers=False,
                                                server_header=False, date_header=False))
         signals = _stop_on_signals(server)
-        port = sock.getsockname()[1]
-        print(f"ctxd proxy: listening on http://127.0.0.1:{port}", flush=True)
         # A daemon in this process stopped by ``daemon/stop`` (a socket client): the proxy stops too.
         watch = asyncio.ensure_future(_exit_with_daemon(link, server))
+        # uvicorn serves no socket of its own (its accepting, libuv's, cannot be held to
+        # a batch per turn): the gate accepts and hands the owner's connections to
+        # uvicorn's protocol, made as uvicorn makes it.
+        serving = asyncio.ensure_future(server.serve(sockets=[]))
         try:
-            await server.serve(sockets=[sock])
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.005)
+            if server.started:
+                uvicorn_config, state = server.config, server.server_state
+                app_state = server.lifespan.state
+                gate.listen(sock, lambda: protocol(config=uvicorn_config, server_state=state, app_state=app_state),
+                            accepting=lambda: not server.should_exit)
+                print(f"ctxd proxy: listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+            await serving
         finally:
             watch.cancel()
             gate.close()

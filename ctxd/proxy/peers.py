@@ -8,32 +8,46 @@ into the owner's sessions and have the owner's history sent upstream with their 
 key, so no shared secret would do; the kernel knows who owns each loopback socket
 (ctxd/loopback.py).
 
-**At accept time**, as uvicorn's protocol object is made for a connection, the owner of
-the client's socket is looked up (sock_diag, ~13 us). A connection of another uid (or one
-whose owner the kernel does not name) never reaches uvicorn, Starlette or ctxd: it is
-given to :class:`Refusal`, which reads at most ``MAX_FOREIGN_HEAD`` bytes of its request
-head, answers a 403 in the API's error shape and closes (dropping at most ``MAX_DISCARD``
-bytes the client still sends). Each other uid may have
-``FOREIGN_PER_UID`` such connections open at once; past that a new one is closed as soon
-as it is accepted. So another user's half-sent connections, however many, hold a handful
-of descriptors for ``proxy.client_timeout_seconds`` at most, and the owner's requests and
-the daemon in the proxy's process keep theirs.
+**The proxy accepts its connections itself** (:meth:`PeerGate.listen`), at most
+``ACCEPT_BATCH`` per turn of the event loop, and looks up the owner of each client's
+socket on the raw socket it accepted (sock_diag, ~13 us), before any transport or
+protocol is made for it. Only the owner's become uvicorn's
+(``loop.connect_accepted_socket``). A connection of another uid (or one whose owner the
+kernel does not name) never reaches uvicorn, Starlette or ctxd: it is given to a
+:class:`Refusal`, which reads at most ``MAX_FOREIGN_HEAD`` bytes of its request head,
+answers a 403 in the API's error shape and closes (dropping at most ``MAX_DISCARD`` bytes
+the client still sends). Each other uid may have ``FOREIGN_PER_UID`` such connections open
+at once; past that a new one is *parked*: held unread, its socket alone (no transport),
+until the sweep closes it ``proxy.client_timeout_seconds`` later, while fewer than
+``park`` are (a share of the descriptors the proxy may open, ``transports.parking_room``); beyond,
+closed once the turn's accepting is over (closed at once, its client could connect again
+into the same turn). Closing another user's connections as they come made them a flood:
+a client that reconnects as soon as it is closed kept the accept queue full, and the
+owner's connections waited behind it (their packets dropped and sent again 200, 400,
+800 ms later); parked, they stop. So another user's connections, however many and
+however half-sent, hold a bounded share of descriptors for a bounded time, a flood of
+them leaves turns of the loop to the owner's requests, and the daemon in the proxy's
+process keeps its descriptors too.
+(uvicorn's own accepting, libuv's, accepts until the queue is empty: under a flood of
+reconnections it never was, and every other callback waited.)
 
 **The owner's connections** are timed too (a web page in the owner's browser, a stuck
 client): the request head must be whole within ``proxy.client_timeout_seconds`` of the
 connection's opening or of its previous answer, and a body the proxy is reading may not
 pause longer than that; else the connection is closed. A sweep once a second checks it
-(no timer per request). The uid of each connection is kept until it is lost: no other
-connection can have the same two ends meanwhile (the proxy's socket holds them until
-``connection_lost`` has run).
+(no timer per request). A connection is known by its client's address until it is lost:
+no other connection can have the same two ends meanwhile (the proxy's socket holds them
+until ``connection_lost`` has run).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -56,6 +70,8 @@ MAX_FOREIGN_HEAD = 16 * 1024
 """Most bytes read from another user's connection: its request head, for the 403's shape."""
 MAX_DISCARD = 1024 * 1024
 """Most bytes of another user's request dropped after its 403 before the connection is cut."""
+ACCEPT_BATCH = 64
+"""Connections accepted per turn of the event loop."""
 SWEEP_SECONDS = 1.0
 REFUSAL_LOG_SECONDS = 60.0
 """Another uid's refused connections are logged once, then counted once a minute at most."""
@@ -90,7 +106,8 @@ class PeerGate:
     apart (:class:`Refusal`), and the owner's timed. ``check=False``
     (``proxy.allow_unchecked``): everyone is served as the owner, timed alike."""
 
-    def __init__(self, owner: int | None = None, *, check: bool = True, timeout: float = 10.0) -> None:
+    def __init__(self, owner: int | None = None, *, check: bool = True, timeout: float = 10.0,
+                 park: int = 0) -> None:
         self.owner = os.geteuid() if owner is None else owner
         self.check = check
         self.timeout = timeout
@@ -98,8 +115,77 @@ class PeerGate:
         self.foreign: dict[int | None, set[Refusal]] = {}
         self._refused: dict[int | None, list[float]] = {}  # uid -> [count since last line, when logged]
         self._sweep: asyncio.TimerHandle | None = None
+        self._sock: socket.socket | None = None
+        self._server: Address | None = None
+        self._owner_protocol: Callable[[], Any] = lambda: None
+        self._accepting: Callable[[], bool] = lambda: True
+        self._accept_failed = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.park = park
+        self._parked: collections.deque[tuple[float, socket.socket]] = collections.deque()
 
     # --- accepting ---------------------------------------------------------------------
+
+    def listen(self, sock: socket.socket, owner_protocol: Callable[[], Any],
+               accepting: Callable[[], bool] = lambda: True) -> None:
+        """Accept ``sock``'s connections from now on: the owner's become
+        ``owner_protocol()``'s (uvicorn's), another user's a :class:`Refusal`'s.
+        ``accepting``: False once the server stops (then nothing more is accepted)."""
+        sock.setblocking(False)
+        self._sock = sock
+        self._server = _address(sock.getsockname())
+        self._owner_protocol = owner_protocol
+        self._accepting = accepting
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        loop = asyncio.get_running_loop()
+        if not self._accepting():
+            loop.remove_reader(sock.fileno())
+            return
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, address = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors...: the next turn tries again
+                if not self._accept_failed:
+                    log.warning("cannot accept a connection: %s", exc.strerror or exc)
+                self._accept_failed = True
+                return
+            self._accept_failed = False
+            client = _address(address)
+            uid = self.uid_at(client, self._server)
+            if uid == self.owner and client is not None:
+                self._spawn(loop.connect_accepted_socket(self._owner_protocol, conn))
+                continue
+            refusals = self.foreign.setdefault(uid, set())
+            self._note_refused(uid, client)
+            if len(refusals) >= FOREIGN_PER_UID:
+                if len(self._parked) < self.park:
+                    # Held, unread, until the sweep closes it: a client that reconnects
+                    # as soon as it is closed cannot make a flood of it.
+                    self._parked.append((time.monotonic(), conn))
+                    self._arm()
+                else:
+                    loop.call_soon(conn.close)
+                continue
+            refusal = Refusal(self, uid, time.monotonic())
+            refusals.add(refusal)
+            self._spawn(loop.connect_accepted_socket(lambda refusal=refusal: refusal, conn))
+            self._arm()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._made)
+
+    def _made(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("a connection was lost before it was set up: %s", task.exception())
 
     def uid_at(self, client: Address | None, server: Address | None) -> int | None:
         if not self.check:
@@ -112,22 +198,11 @@ class PeerGate:
             log.warning("cannot tell whose connection %s:%d is (%s); refused", client[0], client[1], exc)
             return None
 
-    def admit(self, transport: Any, client: Address | None, uid: int | None) -> Conn | Refusal | _Closed:
-        """The owner's connection, registered for the sweep; another user's, a
-        :class:`Refusal` (or closed at once past its uid's cap)."""
-        if uid == self.owner and client is not None:
-            conn = self.conns[client] = Conn(transport, uid)
+    def opened(self, transport: Any, client: Address | None) -> None:
+        """An owner's connection, now uvicorn's: timed by the sweep."""
+        if client is not None:
+            self.conns[client] = Conn(transport, self.owner)
             self._arm()
-            return conn
-        refusals = self.foreign.setdefault(uid, set())
-        self._note_refused(uid, client)
-        if len(refusals) >= FOREIGN_PER_UID:
-            transport.abort()
-            return _CLOSED
-        refusal = Refusal(self, transport, uid, time.monotonic())
-        refusals.add(refusal)
-        self._arm()
-        return refusal
 
     def lost(self, client: Address | None) -> None:
         if client is not None:
@@ -162,75 +237,53 @@ class PeerGate:
         slow_heads = slow_bodies = 0
         for conn in list(self.conns.values()):
             if conn.busy:
-                if conn.waiting and now - conn.waiting > limit:
+                if conn.waiting and now - conn.waiting > limit and not conn.transport.is_closing():
                     slow_bodies += 1
-                    conn.transport.abort()
-            elif now - conn.since > limit:
+                    conn.transport.close()
+            elif now - conn.since > limit and not conn.transport.is_closing():
                 slow_heads += 1
-                conn.transport.abort()
+                conn.transport.close()
         for refusals in self.foreign.values():
             for refusal in list(refusals):
-                if now - refusal.opened > limit:
+                if now - refusal.opened > limit and refusal.transport is not None:
                     refusal.transport.abort()
+        parked = self._parked
+        while parked and now - parked[0][0] > limit:
+            parked.popleft()[1].close()
         if slow_heads or slow_bodies:
             log.info("closed %d connection(s) whose request head was not whole within %g s and %d whose body "
                      "paused longer (proxy.client_timeout_seconds)", slow_heads, limit, slow_bodies)
-        if self.conns or any(self.foreign.values()):
+        if self.conns or self._parked or any(self.foreign.values()):
             self._arm()
 
     def close(self) -> None:
+        """No more accepting, no more sweeps (the listening socket is the caller's)."""
+        if self._sock is not None and self._sock.fileno() >= 0:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
+        while self._parked:
+            self._parked.popleft()[1].close()
 
     # --- uvicorn's protocol ------------------------------------------------------------
 
     def protocol(self, base: type[Any]) -> type[Any]:
-        """uvicorn's HTTP protocol class, each connection's uid looked up as it is made:
-        another user's connection is handed to a :class:`Refusal` and never reaches
-        uvicorn; the owner's is registered for the sweep."""
+        """uvicorn's HTTP protocol class, each connection (the owner's: :meth:`listen`
+        gives it only those) registered for the sweep while it lasts."""
         gate = self
 
-        class CheckedProtocol(base):
-            ctxd_refusal: Refusal | _Closed | None = None
-
+        class TimedProtocol(base):
             def connection_made(self, transport: Any) -> None:
-                client = _address(transport.get_extra_info("peername"))
-                server = _address(transport.get_extra_info("sockname"))
-                admitted = gate.admit(transport, client, gate.uid_at(client, server))
-                if not isinstance(admitted, Conn):
-                    self.ctxd_refusal = admitted
-                    return
                 super().connection_made(transport)
-
-            def data_received(self, data: bytes) -> None:
-                if self.ctxd_refusal is not None:
-                    self.ctxd_refusal.feed(data)
-                    return
-                super().data_received(data)
-
-            def eof_received(self) -> Any:
-                if self.ctxd_refusal is not None:
-                    return None
-                return super().eof_received()
-
-            def pause_writing(self) -> None:
-                if self.ctxd_refusal is None:
-                    super().pause_writing()
-
-            def resume_writing(self) -> None:
-                if self.ctxd_refusal is None:
-                    super().resume_writing()
+                gate.opened(transport, _address(self.client))
 
             def connection_lost(self, exc: Exception | None) -> None:
-                if self.ctxd_refusal is not None:
-                    self.ctxd_refusal.lost()
-                    return
-                gate.lost(self.client)
+                gate.lost(_address(self.client))
                 super().connection_lost(exc)
 
-        CheckedProtocol.__name__ = f"Checked{base.__name__}"
-        return CheckedProtocol
+        TimedProtocol.__name__ = f"Timed{base.__name__}"
+        return TimedProtocol
 
     # --- the ASGI side -----------------------------------------------------------------
 
@@ -243,23 +296,24 @@ def _address(value: Any) -> Address | None:
     return (value[0], value[1]) if isinstance(value, tuple) and len(value) >= 2 else None
 
 
-class Refusal:
+class Refusal(asyncio.Protocol):
     """Another user's connection: its request head is read (at most ``MAX_FOREIGN_HEAD``
     bytes) only to answer in the error shape of the API it asked for, then a 403 and the
     connection is closed. Nothing of it reaches uvicorn or ctxd."""
 
-    __slots__ = ("gate", "transport", "uid", "opened", "head", "done", "discarded")
-
-    def __init__(self, gate: PeerGate, transport: Any, uid: int | None, opened: float) -> None:
+    def __init__(self, gate: PeerGate, uid: int | None, opened: float) -> None:
         self.gate = gate
-        self.transport = transport
+        self.transport: Any = None
         self.uid = uid
         self.opened = opened
         self.head = b""
         self.done = False
         self.discarded = 0
 
-    def feed(self, data: bytes) -> None:
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
         if self.done:
             # After the answer: the rest of what the client sends is dropped (so that a
             # client writing its whole request before reading gets the 403, not a reset),
@@ -284,23 +338,13 @@ class Refusal:
         else:
             self.transport.close()
 
-    def lost(self) -> None:
+    def eof_received(self) -> bool | None:
+        return None  # (the transport closes)
+
+    def connection_lost(self, exc: Exception | None) -> None:
         refusals = self.gate.foreign.get(self.uid)
         if refusals is not None:
             refusals.discard(self)
-
-
-class _Closed:
-    """What a connection closed at once (past its uid's cap) is fed: nothing happens."""
-
-    def feed(self, data: bytes) -> None:
-        pass
-
-    def lost(self) -> None:
-        pass
-
-
-_CLOSED = _Closed()
 
 
 def _head_of(head: bytes) -> tuple[str, set[bytes]]:

@@ -7,12 +7,15 @@ The daemon accepts with asyncio and gives every connection its own JSON-RPC endp
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+import resource
 import secrets
 import socket
 import stat
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -193,13 +196,18 @@ reconnecting as fast as each is closed) must leave turns for the clients being s
 class TcpServer:
     """The TCP listener on 127.0.0.1, which every local user can reach. Each connection is
     judged as it is accepted, before anything is made for it (``admit``: the daemon's
-    waiting slots per uid): one refused is closed once this turn's accepting is over, so
-    that its client cannot connect again into the same turn. At most ``ACCEPT_BATCH`` are
-    accepted per turn. An admitted one becomes a stream pair and ``on_connection``'s; should
-    that fail, ``release`` gives its slot back."""
+    waiting slots per uid; it answers the slot taken, or None and whether to park). One
+    refused of another user is *parked*, held unread (its socket alone) until
+    ``hold`` seconds later, while fewer than ``park`` are (a quarter of the descriptors
+    beyond the first 1,024, at most 16,384); beyond, closed once this turn's accepting is
+    over, so that its client cannot connect again into the same turn. Closed at once, a
+    client that reconnects as soon as it is closed made a flood of it, and the owner's
+    connections waited behind it in the accept queue. At most ``ACCEPT_BATCH`` are accepted
+    per turn. An admitted one becomes a stream pair and ``on_connection``'s; should that
+    fail, ``release`` gives its slot back."""
 
-    def __init__(self, sock: socket.socket, on_connection: Any, admit: Callable[[Any, Any], str | None],
-                 release: Callable[[str], None]) -> None:
+    def __init__(self, sock: socket.socket, on_connection: Any, admit: Callable[[Any, Any], tuple[str | None, bool]],
+                 release: Callable[[str], None], *, hold: float = 10.0, park: int | None = None) -> None:
         self.sock = sock
         self.sockets = [sock]
         self._on_connection = on_connection
@@ -207,6 +215,10 @@ class TcpServer:
         self._release = release
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._hold = hold
+        self._park = parking_room() if park is None else park
+        self._parked: collections.deque[tuple[float, socket.socket]] = collections.deque()
+        self._sweep: asyncio.TimerHandle | None = None
         self._loop.add_reader(sock.fileno(), self._accept)
 
     def _accept(self) -> None:
@@ -219,15 +231,28 @@ class TcpServer:
                 log.warning("cannot accept a TCP connection: %s", exc.strerror or exc)
                 return
             try:
-                group = self._admit(client, conn.getsockname())
+                group, park = self._admit(client, conn.getsockname())
             except OSError:
-                group = None
+                group, park = None, True
             if group is None:
-                self._loop.call_soon(conn.close)
+                if park and len(self._parked) < self._park:
+                    self._parked.append((time.monotonic(), conn))
+                    if self._sweep is None:
+                        self._sweep = self._loop.call_later(1.0, self._unpark)
+                else:
+                    self._loop.call_soon(conn.close)
                 continue
             task = self._loop.create_task(self._serve(conn, group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _unpark(self) -> None:
+        self._sweep = None
+        now = time.monotonic()
+        while self._parked and now - self._parked[0][0] > self._hold:
+            self._parked.popleft()[1].close()
+        if self._parked:
+            self._sweep = self._loop.call_later(1.0, self._unpark)
 
     async def _serve(self, conn: socket.socket, group: str) -> None:
         try:
@@ -243,10 +268,28 @@ class TcpServer:
         if self.sock.fileno() >= 0:
             self._loop.remove_reader(self.sock.fileno())
             self.sock.close()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        while self._parked:
+            self._parked.popleft()[1].close()
 
 
-async def serve_tcp(port: int, on_connection: Any, admit: Callable[[Any, Any], str | None],
-                    release: Callable[[str], None]) -> TcpServer:
+def parking_room() -> int:
+    """How many refused connections a listener may hold (see :class:`TcpServer`): a
+    quarter of the descriptors this process may open beyond the first 1,024, at most
+    16,384 (none under the common limit of 1,024)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 0
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(0, min((soft - 1024) // 4, 16384))
+
+
+async def serve_tcp(port: int, on_connection: Any, admit: Callable[[Any, Any], tuple[str | None, bool]],
+                    release: Callable[[str], None], *, hold: float = 10.0) -> TcpServer:
     """Listen on 127.0.0.1:``port`` (see :class:`TcpServer`)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -257,7 +300,7 @@ async def serve_tcp(port: int, on_connection: Any, admit: Callable[[Any, Any], s
     except OSError as exc:
         sock.close()
         raise TransportError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
-    return TcpServer(sock, on_connection, admit, release)
+    return TcpServer(sock, on_connection, admit, release, hold=hold)
 
 
 def load_or_create_token(path: Path) -> str:

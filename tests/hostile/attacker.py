@@ -10,8 +10,9 @@ other user has the standard library and the loopback interface, nothing else.
                                 print it as JSON at the end
     hold PORT COUNT SECONDS     keep COUNT connections open to 127.0.0.1:PORT, each having
                                 sent half a request head (``--data``: what instead), opening
-                                a new one for each the server closes, until SECONDS passed
-                                or stdin closes; print counts as JSON
+                                a new one for each the server closes (``--once``: not, and
+                                "opened" is printed once all are), until SECONDS passed or
+                                stdin closes; print counts as JSON
     big PORT BYTES              send a POST with a body of BYTES; print the answer's status
 
 Each prints one JSON object on stdout (``listen`` prints its port on a line before).
@@ -33,8 +34,13 @@ NOBODY = 65534
 
 
 def become_nobody(files: int = 4096) -> None:
-    """Drop to uid/gid 65534 for good (after raising the descriptor limit, which only root may)."""
-    resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+    """Drop to uid/gid 65534 for good, after raising the descriptor limit (as far as the
+    hard limit, which only a root with CAP_SYS_RESOURCE may raise)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, max(files, hard)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(files, hard), hard))
     os.setgroups([])
     os.setgid(NOBODY)
     os.setuid(NOBODY)
@@ -77,7 +83,7 @@ def listen(seconds: float) -> dict:
     return {"connections": connections, "bytes": len(raw), "data": raw[:4000].decode("latin-1")}
 
 
-def hold(port: int, count: int, seconds: float, data: bytes) -> dict:
+def hold(port: int, count: int, seconds: float, data: bytes, once: bool = False) -> dict:
     """``count`` connections kept open (each having sent ``data`` once connected),
     reopened as the server closes them; how many it managed at most and how many the
     server closed."""
@@ -88,9 +94,9 @@ def hold(port: int, count: int, seconds: float, data: bytes) -> dict:
     unsent: set[int] = set()
     opened = closed = refused = most = 0
     deadline = time.monotonic() + seconds
-    stop = False
+    stop = told = False
     while time.monotonic() < deadline and not stop:
-        while len(socks) < count:
+        while len(socks) < count and not (once and opened >= count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)
             try:
@@ -109,6 +115,9 @@ def hold(port: int, count: int, seconds: float, data: bytes) -> dict:
             if len(socks) % 64 == 0:
                 break  # let the server accept
         most = max(most, len(socks))
+        if once and opened >= count and not unsent and not told:
+            print("opened", flush=True)  # (what a benchmark waits for)
+            told = True
         for fd, event in poller.poll(50):
             if fd == stdin:
                 stop = not os.read(stdin, 1)  # told to stop
@@ -176,6 +185,7 @@ def main() -> None:
     p.add_argument("count", type=int)
     p.add_argument("seconds", type=float)
     p.add_argument("--data", default="POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: sk-")
+    p.add_argument("--once", action="store_true", help="open COUNT connections in all, none again")
     p = sub.add_parser("big")
     p.add_argument("port", type=int)
     p.add_argument("size", type=int)
@@ -185,7 +195,7 @@ def main() -> None:
     if args.command == "listen":
         out = listen(args.seconds)
     elif args.command == "hold":
-        out = hold(args.port, args.count, args.seconds, data)
+        out = hold(args.port, args.count, args.seconds, data, args.once)
     else:
         out = big(args.port, args.size)
     print(json.dumps(out), flush=True)

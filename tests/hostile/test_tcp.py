@@ -66,7 +66,7 @@ def test_the_token_never_goes_to_another_users_listener(base: Path) -> None:
     assert "nothing was sent" in cli.stderr
     assert remote.returncode == 2 and f"is served by uid {NOBODY}" in remote.stderr, remote.stderr
     assert f"is served by uid {NOBODY}" in said
-    assert stolen["connections"] == 3  # each connected ...
+    assert stolen["connections"] >= 1  # they connected (the last may still be queued) ...
     assert stolen["bytes"] == 0 and token not in stolen["data"]  # ... and sent nothing
 
 
@@ -83,7 +83,8 @@ def test_the_owners_own_tcp_daemon_is_still_served(base: Path) -> None:
 
 def test_another_user_cannot_fill_the_waiting_slots(base: Path) -> None:
     """Another user keeps 300 connections open without the token (the daemon waits 64 at
-    most per user for their initialize): the owner's clients are served all along."""
+    most per user for their initialize, and parks the rest unread): the owner's clients
+    are served all along."""
     token_file = _token_file(base)
     daemon = Daemon(base / "data", tcp=True, token_file=token_file,
                     args=["--set", "limits.initialize_timeout_seconds=30"]).start()
@@ -110,8 +111,8 @@ def test_another_user_cannot_fill_the_waiting_slots(base: Path) -> None:
     finally:
         squatter.stop()
         daemon.stop()
-    assert held["most_open"] >= 300 and held["closed_by_server"] > 0, held  # the squatter was turned away ...
-    assert served == [True] * 20  # ... and the owner never was
+    assert held["most_open"] >= 300, held  # the squatter held its 300 (64 waiting, the rest parked) ...
+    assert served == [True] * 20  # ... and the owner was never turned away
     log = daemon.stderr_text()
     assert f"tcp (uid {NOBODY}) connections are waiting for initialize" in log, log[-2000:]
 
