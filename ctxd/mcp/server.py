@@ -23,7 +23,7 @@ from ctxd import __version__
 from ctxd.mcp import render
 from ctxd.mcp.link import SESSION_ENV, DaemonLink, NotFound, Resolved
 from ctxd.mcp.render import Item
-from ctxd.protocol.common import MAX_GOAL_CHARS, MAX_GOAL_ITEM_CHARS, MAX_TITLE_CHARS
+from ctxd.protocol.common import MAX_GOAL_CHARS, MAX_GOAL_ITEM_CHARS, MAX_LABEL_CHARS
 
 DEFAULT_MAX_TOKENS = 4000
 """A tool result's cap when neither the call nor ``--max-tokens`` says (cl100k tokens)."""
@@ -328,7 +328,7 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
     # --- snapshots ----------------------------------------------------------------------
 
     @server.tool()
-    async def create_snapshot(label: Annotated[str | None, Field(max_length=MAX_TITLE_CHARS)] = None,
+    async def create_snapshot(label: Annotated[str | None, Field(max_length=MAX_LABEL_CHARS)] = None,
                               session_id: SessionId = None) -> str:
         """Snapshot the session's prompt (context, checkpoints, goal) now, to restore later."""
         s = await session(session_id)

@@ -21,7 +21,9 @@ UsageCount = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 MAX_NAME_CHARS = 200
 """A model, a provider, a tag."""
 MAX_TITLE_CHARS = 1_000
-"""A session's title, a snapshot's label."""
+"""A session's title."""
+MAX_LABEL_CHARS = 65_536
+"""A snapshot's label (shown in lists, never sent in a prompt)."""
 MAX_TAGS = 100
 """Tags of one session."""
 MAX_METADATA_BYTES = 64 * 1024

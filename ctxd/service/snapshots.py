@@ -30,7 +30,7 @@ from ctxd.protocol.snapshot import (
     SnapshotRestored,
     SnapshotRestoreResult,
 )
-from ctxd.protocol.common import MAX_TITLE_CHARS
+from ctxd.protocol.common import MAX_LABEL_CHARS
 from ctxd.service import fields, notify
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
@@ -132,7 +132,7 @@ async def before_compression(svc: Service, state: SessionState) -> None:
 
 
 async def create(svc: Service, params: SnapshotCreateParams) -> SnapshotInfo:
-    fields.text(params.label, "label", MAX_TITLE_CHARS)
+    fields.text(params.label, "label", MAX_LABEL_CHARS)
     state = await svc.cache.get(params.session_id)
     async with state.lock:
         return await _take(svc, state, "manual", params.label)
