@@ -230,10 +230,10 @@ class Daemon:
                 self.bound["unix"] = str(path)
             if self.tcp_port is not None:
                 self.tcp_token = load_or_create_token(self.config.token_path)
-                server = await serve_tcp(self.tcp_port, self._serve_connection, self._admit_tcp, self._free_slot,
-                                         hold=self.config.limits.initialize_timeout_seconds)
-                self._servers.append(server)
-                port = server.sockets[0].getsockname()[1]
+                tcp = await serve_tcp(self.tcp_port, self._serve_connection, self._admit_tcp, self._free_slot,
+                                      hold=self.config.limits.initialize_timeout_seconds)
+                self._servers.append(tcp)
+                port = tcp.sockets[0].getsockname()[1]
                 self.bound["tcp"] = f"127.0.0.1:{port}"
             if self._data_lock is not None:
                 self._data_lock.serving(self._serving())

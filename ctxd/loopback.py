@@ -54,7 +54,7 @@ class Found(NamedTuple):
 
 def _hex4(host: str) -> str:
     """An IPv4 address as /proc/net/tcp writes it: one 32-bit word in host byte order."""
-    return "%08X" % struct.unpack("=I", socket.inet_aton(host))[0]
+    return f"{struct.unpack('=I', socket.inet_aton(host))[0]:08X}"
 
 
 def _hex6(host: str) -> str:
@@ -62,7 +62,7 @@ def _hex6(host: str) -> str:
     (an IPv4 address as its v4-mapped form, ``::ffff:a.b.c.d``)."""
     if ":" not in host:
         host = "::ffff:" + host
-    return "".join("%08X" % word for word in struct.unpack("=4I", socket.inet_pton(socket.AF_INET6, host)))
+    return "".join(f"{word:08X}" for word in struct.unpack("=4I", socket.inet_pton(socket.AF_INET6, host)))
 
 
 class _NotFound(OSError):
@@ -146,7 +146,7 @@ def _proc(local: Address, remote: Address) -> Found | None:
     readable = False
     for table, encode in zip(TABLES, (_hex4, _hex6)):
         try:
-            needle = " %s:%04X %s:%04X " % (encode(local[0]), local[1], encode(remote[0]), remote[1])
+            needle = f" {encode(local[0])}:{local[1]:04X} {encode(remote[0])}:{remote[1]:04X} "
         except (OSError, ValueError):
             continue  # an IPv6 address has no row in the IPv4 table
         try:

@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.render import note
 from ctxd.cli.main import EXIT_USAGE, CliError, bad_input, json_option, resolve_session_id, run, settings_of
+from ctxd.cli.render import note
 from ctxd.cli.sessions import session_argument
 from ctxd.client import Client, RpcError
 from ctxd.protocol.errors import ErrorCode

@@ -174,7 +174,7 @@ class PeerGate:
                 continue
             refusal = Refusal(self, uid, time.monotonic())
             refusals.add(refusal)
-            self._spawn(loop.connect_accepted_socket(lambda refusal=refusal: refusal, conn))
+            self._spawn(loop.connect_accepted_socket(refusal.itself, conn))
             self._arm()
 
     def _spawn(self, coro: Any) -> None:
@@ -309,6 +309,10 @@ class Refusal(asyncio.Protocol):
         self.head = b""
         self.done = False
         self.discarded = 0
+
+    def itself(self) -> Refusal:
+        """The protocol factory ``connect_accepted_socket`` asks for: this refusal."""
+        return self
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport

@@ -9,6 +9,7 @@ from ctxd.engine.context import ActiveContext, Entry, never_compressed
 from ctxd.engine.folding import unfold
 from ctxd.engine.pipeline import tool_partners
 from ctxd.engine.watermark import WatermarkMove, apply_watermark, plan_watermark
+from ctxd.protocol.common import MAX_GOAL_CHARS
 from ctxd.protocol.compression import (
     CheckpointRef,
     CheckpointsResult,
@@ -23,7 +24,6 @@ from ctxd.protocol.compression import (
     WatermarkResult,
 )
 from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
-from ctxd.protocol.common import MAX_GOAL_CHARS
 from ctxd.service import compression, fields, notify
 from ctxd.service.core import Service
 from ctxd.service.events import Progress

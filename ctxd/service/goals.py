@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import msgspec
 
 from ctxd.engine.goals import merge_artifacts, merge_checkpoints, merge_decisions, new_goal, render_goal
-from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
 from ctxd.protocol.common import MAX_GOAL_CHARS, MAX_GOAL_ITEM_CHARS, MAX_GOAL_ITEMS, MAX_GOAL_SHARE
+from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params
 from ctxd.protocol.goal import Artifact, Decision, Goal, GoalCheckpoint, GoalResult, GoalSetParams, GoalUpdateParams
 from ctxd.service import compression, fields, notify
 from ctxd.service.clock import now_iso

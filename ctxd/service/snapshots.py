@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from ctxd.protocol.common import MAX_LABEL_CHARS
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.snapshot import (
     SnapshotContent,
@@ -30,7 +31,6 @@ from ctxd.protocol.snapshot import (
     SnapshotRestored,
     SnapshotRestoreResult,
 )
-from ctxd.protocol.common import MAX_LABEL_CHARS
 from ctxd.service import fields, notify
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service

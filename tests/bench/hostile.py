@@ -35,9 +35,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx
 
@@ -65,7 +66,7 @@ class Attack:
         self.procs: list[subprocess.Popen[str]] = []
         self.result: dict[str, Any] = {}
 
-    def __enter__(self) -> "Attack":
+    def __enter__(self) -> Attack:
         args = list(self.args)
         if args[0] == "hold":
             args[2] = str(int(args[2]) // self.processes)

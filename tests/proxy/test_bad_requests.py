@@ -54,7 +54,8 @@ async def test_a_path_out_of_the_upstreams_base_is_refused(proxy, upstream) -> N
 
 @both_modes
 async def test_invalid_bodies_and_windows_are_a_400_in_one_line(proxy, upstream, ctxd_daemon) -> None:
-    deep = b'{"model": "m", "messages": [{"role": "user", "content": "x", "extra": ' + b"[" * 1000 + b"]" * 1000 + b"}]}"
+    deep = (b'{"model": "m", "messages": [{"role": "user", "content": "x", "extra": '
+            + b"[" * 1000 + b"]" * 1000 + b"}]}")
     cases = [
         ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "a \\ud800 b"}]}', {},
          "lone surrogate"),

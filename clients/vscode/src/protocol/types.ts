@@ -928,6 +928,7 @@ export interface SessionInfo {
   metadata?: Record<string, unknown>;
   settings?: SessionSettings;
   modelInfo?: Record<string, unknown>;
+  retentionRemoved?: string[];
 }
 
 /**
