@@ -5,8 +5,8 @@ test that runs ctxd inside the test process on SQLite (the engine, the service, 
 daemon on a real socket in a thread: ``tests/inprocess.py``, ``ctxd-cli`` through its
 ``main()``). The *process* part holds what needs other processes: lifecycle, signals
 and SIGKILL, stdio, transports, file modes, the proxy and MCP servers, the editors'
-clients, PostgreSQL, and the tests marked ``slow``. ``.ci/run`` runs both (``pytest
---part process -n 3``).
+clients, another local user's attacks (``tests/hostile``), PostgreSQL, and the tests
+marked ``slow``. ``.ci/run`` runs both (``pytest --part process -n 3``).
 
 Which part a test is in follows from where it is and what it uses, never from a list
 of names: a test under one of ``PROCESS_DIRS``, using one of ``PROCESS_FIXTURES``,
@@ -33,9 +33,9 @@ from tests.pgserver import PgServer, find_binaries, missing_reason, start_server
 
 TESTS = Path(__file__).resolve().parent
 
-PROCESS_DIRS = ("e2e", "proxy", "mcp", "clients", "agents")
-"""``tests/<dir>/``: tests that start ``ctxd`` (stdio, socket, TCP, proxy, MCP), an editor
-or an agent CLI as processes."""
+PROCESS_DIRS = ("e2e", "proxy", "mcp", "clients", "agents", "hostile")
+"""``tests/<dir>/``: tests that start ``ctxd`` (stdio, socket, TCP, proxy, MCP), an editor,
+an agent CLI or another user's attacker as processes."""
 
 PROCESS_FIXTURES = frozenset({
     "pg_server",        # a PostgreSQL server
