@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(PRIVATE_UMASK)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["proxy"]:  # the LLM API proxy (docs/proxy.md)
+        from ctxd.embed import open_here
         from ctxd.proxy.main import main as proxy_main
 
-        return proxy_main(argv[1:])
+        return proxy_main(argv[1:], open_here=open_here)
     if argv[:1] == ["mcp"]:
         from ctxd.mcp import main as mcp_main
 

@@ -29,21 +29,12 @@ import msgspec
 from ctxd import __version__
 from ctxd.loopback import server_uid
 from ctxd.ownership import UnsafeDirectory, check_shared_dir, me, open_private_log, owner
+from ctxd.protocol.errors import RpcError as RpcError  # (where clients have always found it)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-
-
-class RpcError(Exception):
-    """The daemon answered a request with a JSON-RPC error."""
-
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(f"{message} ({code})")
-        self.code = code
-        self.message = message
-        self.data = data
 
 
 class DaemonUnavailable(Exception):

@@ -32,7 +32,6 @@ from typing import IO, Any, TypeVar
 
 import click
 
-from ctxd.cli.ids import LAST, match_ids
 from ctxd.client import (
     Client,
     DaemonUnavailable,
@@ -43,6 +42,7 @@ from ctxd.client import (
     try_connect_unix,
 )
 from ctxd.config import Config, ConfigError, load_config
+from ctxd.ids import LAST, match_ids
 from ctxd.ownership import PrivateFileError, read_private_file
 from ctxd.protocol.errors import ErrorCode
 

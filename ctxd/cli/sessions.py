@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from ctxd.cli import render
-from ctxd.cli.ids import short_ids
 from ctxd.cli.main import (
     AliasGroup,
     Settings,
@@ -22,6 +21,7 @@ from ctxd.cli.main import (
     settings_of,
 )
 from ctxd.client import Client
+from ctxd.ids import short_ids
 
 
 def completion_request(ctx: click.Context, method: str, params: dict[str, Any]) -> Any:

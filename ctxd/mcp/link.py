@@ -16,8 +16,8 @@ from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
 
-from ctxd.cli.ids import LAST, match_ids
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
+from ctxd.ids import LAST, match_ids
 
 log = logging.getLogger("ctxd.mcp")
 

@@ -71,6 +71,14 @@ ERROR_DOCS: dict[ErrorCode, str] = {
 }
 
 
+REQUEST_CANCELLED = "ctxd: request cancelled by its client"
+"""What a request's task is cancelled with when its client cancels it or goes away
+(``Task.cancel(msg=REQUEST_CANCELLED)``). A write of that request that already started
+still commits and its result is returned, so the request is answered with what it did
+(``store/db.py``). Any other cancellation (a background task being stopped, shutdown)
+waits for a started write to commit and then propagates."""
+
+
 class CtxdError(Exception):
     """An error a request ends with; the transport turns it into a JSON-RPC error."""
 
@@ -85,6 +93,17 @@ class CtxdError(Exception):
         if self.data is not None:
             out["data"] = self.data
         return out
+
+
+class RpcError(Exception):
+    """A request answered with an error, as its caller sees it: from the daemon over a
+    socket (``ctxd.client``), or from the service in this process (``service/port.py``)."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{message} ({code})")
+        self.code = code
+        self.message = message
+        self.data = data
 
 
 def invalid_params(message: str, field: str | None = None, **extra: Any) -> CtxdError:

@@ -1,105 +1,87 @@
-"""The ctxd daemon inside the proxy's process (``proxy.in_process``, docs/proxy.md).
+"""The proxy's link to a daemon inside its own process (``proxy.in_process``, docs/proxy.md).
 
-When no daemon answers on the socket, the proxy does not start one apart: it runs the
-daemon (``ctxd.daemon.Daemon``: its storage, its socket for ctxd-cli, editors and
-``ctxd mcp``) on its own event loop, and calls the daemon's request dispatch directly.
-A turn then costs no socket round trip: no JSON encoding of the request and of the
-whole prompt, no wake-up of another process (docs/performance.md, docs/decisions.md).
+When no daemon answers on the socket, the proxy does not start one apart: the daemon
+(its storage, its socket for ctxd-cli, editors and ``ctxd mcp``) runs on the proxy's
+event loop, and the proxy calls its service through the service port
+(``service/port.py``), with no socket round trip. The proxy does not know how that
+daemon is made: its entry point (``ctxd proxy``, ``ctxd/__main__.py``) hands it an
+:data:`OpenHere` (``ctxd/embed.py``); this package imports nothing of the daemon.
 
-What the socket path gives is kept:
+What the socket path gives is kept, by the port's contract and here:
 
-* the same dispatch (``App.dispatch``: the params decoded against the method's Struct,
-  the handler, its storage errors mapped), so the same validation and the same errors,
-  turned into :class:`ctxd.client.RpcError` as the socket client raises them;
-* requests of one session run in the order they were made, one after another (as on
-  one daemon connection), those of other sessions alongside;
-* a request whose caller is cancelled is cancelled as ``$/cancelRequest`` cancels it
-  (``REQUEST_CANCELLED``): withdrawn if its write has not started, else carried through
-  to the end (memory and storage alike) while the caller goes on;
+* the same validation and the same errors: the params are decoded as the daemon decodes
+  them (``service/params.py``), refusals are :class:`ctxd.client.RpcError` as the socket
+  client raises them, and results are the same plain data;
+* requests of one session run in the order they were made, those of other sessions
+  alongside; a cancelled caller's request is withdrawn if its write has not started,
+  else carried through to the end (the port's contract);
 * one daemon per socket: the daemon takes the socket's lock before it opens storage;
-  when another process holds it, the proxy connects to that daemon as it would anyway;
+  when another process holds it, the proxy connects to that daemon (:class:`NotHere`);
 * shutdown: the proxy drains its reply pushes first, then the daemon stops as it does
-  on SIGTERM (its connections closed, storage closed after the writes in flight);
-  ``daemon/stop`` from a socket client stops the proxy too.
+  on SIGTERM; ``daemon/stop`` from a socket client stops the proxy too (``wait_stopped``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import operator
-import os
-from typing import Any
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 import msgspec
 
-from ctxd.client import RpcError
 from ctxd.config import Config
-from ctxd.daemon import Daemon
-from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.errors import CtxdError, ErrorCode, RpcError
 from ctxd.protocol.methods import METHODS
-from ctxd.server.connection import Connection, cancel_request
-from ctxd.server.handlers import HANDLERS
+from ctxd.service.params import decode_params
+from ctxd.service.port import PORT_METHODS, ServicePort, as_rpc_error
 
 log = logging.getLogger("ctxd.proxy")
-
-_ids = itertools.count(1)
 
 REMEMBERED_PROMPTS = 64
 """Sessions whose last prompt is kept (``_prompt_builtins``), the most recent."""
 
-PROXY_METHODS = frozenset({"session/get", "session/history", "session/create", "session/update", "session/push",
-                           "session/list", "context/prompt", "context/stats"})
-"""What the proxy asks of the daemon: methods that neither subscribe nor report progress
-to a connection, so a caller with no connection of its own serves them as a socket does."""
+PROXY_METHODS = frozenset(PORT_METHODS)
+"""What the proxy asks of the daemon: the service port's operations."""
 
 
-class _Caller:
-    """What ``App.dispatch`` needs of a connection, for the requests of one session: its
-    order (``Connection.order``: each request waits for the one before it), an
-    initialized state, no shutdown."""
+class DaemonHere(Protocol):
+    """A daemon running in this process: the port its service serves, and its lifetime."""
 
-    transport = "in-process"
-    guarded = False
-    initialized = True
-    shutdown_requested = False
-    client_name = "ctxd-proxy"
+    @property
+    def port(self) -> ServicePort: ...
 
-    order = Connection.order
-    release = staticmethod(Connection.release)
+    async def wait_stopped(self) -> None:
+        """Until the daemon is asked to stop (``daemon/stop`` from a socket client)."""
 
-    def __init__(self) -> None:
-        self.id = f"in-process-{next(_ids)}"
-        self._tail: asyncio.Future[None] | None = None
-        self.subscriptions: set[str] = set()
-
-    async def ready(self, method: str) -> None:
-        return None
-
-    def idle(self) -> bool:
-        """No request of this session is waiting or running."""
-        return self._tail is None or self._tail.done()
+    async def close(self) -> None:
+        """The daemon's stop path: requests in flight finished, connections closed, storage closed."""
 
 
-class InProcessLink:
-    """The proxy's daemon link (``DaemonLink``'s interface) to a daemon in this process."""
+class NotHere(Exception):
+    """No daemon in this process. ``socket``: the socket of the daemon to use instead (the
+    one that took this socket first, or the one whose data directory this is); None: the
+    daemon could not start (the message says why)."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self._callers: dict[str, _Caller] = {}
+    def __init__(self, message: str, socket: Path | None = None) -> None:
+        super().__init__(message)
+        self.socket = socket
+
+
+OpenHere = Callable[[Config], Awaitable[DaemonHere]]
+"""Starts the daemon in this process (its socket and storage), or raises :class:`NotHere`."""
+
+
+class PortLink:
+    """The proxy's daemon link (``DaemonLink``'s interface: plain data in and out) over
+    the service port of a daemon in this process."""
+
+    def __init__(self, here: DaemonHere) -> None:
+        self.here = here
+        self.port = here.port
         self._prompts: dict[tuple[str, Any], tuple[list[Any], list[Any]]] = {}
         """The last prompt per session and format: its message objects and their plain data."""
-
-    @classmethod
-    async def open(cls, config: Config) -> InProcessLink:
-        """Start the daemon (its socket and storage). Raises ``TransportError`` when the
-        socket is taken (another daemon runs: connect to it instead), ``StoreOpenError``
-        or ``StartupError`` as the daemon would exit with."""
-        daemon = Daemon(config, unix=True)
-        await daemon.start()
-        log.warning("ctxd daemon %d in this process, serving %s", os.getpid(), config.socket_path)
-        return cls(daemon)
 
     async def start(self) -> None:
         return None
@@ -107,26 +89,14 @@ class InProcessLink:
     async def request(self, session_id: str, method: str, params: Any) -> Any:
         """``method`` as the daemon runs it for a socket client, its result as the client
         would decode it (plain dicts and lists), its error as :class:`RpcError`."""
-        if method not in PROXY_METHODS:
+        operation = PORT_METHODS.get(method)
+        if operation is None:
             raise ValueError(f"{method!r} is not served in process")
-        caller = self._callers.get(session_id)
-        if caller is None:
-            caller = self._callers[session_id] = _Caller()
-        # Its own task, as a socket request is the daemon's: the caller's cancellation
-        # reaches it only as a client's cancel would (above).
-        task = asyncio.get_running_loop().create_task(
-            self.daemon.app.dispatch(caller, METHODS[method], HANDLERS[method], params))  # type: ignore[arg-type]
-        task.add_done_callback(lambda done: self._finished(session_id, caller, done))
         try:
-            result = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                cancel_request(task)
-            raise
+            typed = decode_params(METHODS[method], params)
         except CtxdError as exc:
-            raise RpcError(int(exc.code), exc.message, exc.data) from None
-        except Exception as exc:  # what a socket client gets: an internal error (logged by _finished)
-            raise RpcError(int(ErrorCode.InternalError), f"Internal error: {type(exc).__name__}: {exc}") from None
+            raise as_rpc_error(exc) from None
+        result = await getattr(self.port, operation)(typed)
         try:
             if method == "context/prompt":
                 return self._prompt_builtins(session_id, params, result)
@@ -158,21 +128,8 @@ class InProcessLink:
         out["messages"] = plain
         return out
 
-    def _finished(self, session_id: str, caller: _Caller, task: asyncio.Task[Any]) -> None:
-        """A request is over: its error logged if it is a bug (as the daemon logs one), the
-        session's entry dropped once nothing of it waits or runs."""
-        if not task.cancelled():
-            exc = task.exception()  # (retrieved even when the caller left)
-            if exc is not None and not isinstance(exc, CtxdError):
-                log.error("internal error in a daemon request", exc_info=exc)
-        if caller.idle() and self._callers.get(session_id) is caller:
-            del self._callers[session_id]
-
     async def wait_stopped(self) -> None:
-        """Until the daemon is asked to stop (``daemon/stop`` from a socket client)."""
-        await self.daemon.stopped()
+        await self.here.wait_stopped()
 
     async def close(self) -> None:
-        """The daemon's stop path: its connections closed, storage closed."""
-        self.daemon.stop()
-        await self.daemon.close()
+        await self.here.close()

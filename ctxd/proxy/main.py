@@ -20,10 +20,13 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxd.config import ConfigError, load_config, parse_assignment
 from ctxd.proxy import peers, wire
+
+if TYPE_CHECKING:
+    from ctxd.proxy.inproc import OpenHere
 
 
 def _fail(message: str) -> None:
@@ -100,7 +103,10 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, open_here: OpenHere | None = None) -> int:
+    """``ctxd proxy``. ``open_here`` starts a daemon in this process when none answers on
+    the socket (``ctxd/embed.py``, given by ``ctxd/__main__.py``); without it, such a
+    daemon is started apart, as with ``--separate-daemon``."""
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {}
     try:
@@ -146,13 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             return runner.run(_serve(config, sock, autostart=not args.no_autostart, config_file=args.config,
-                                     checked=checked))
+                                     checked=checked, open_here=open_here))
     except KeyboardInterrupt:
         return 130
 
 
 async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_file: str | None,
-                 checked: bool) -> int:
+                 checked: bool, open_here: OpenHere | None) -> int:
     import httpx
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -164,7 +170,7 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
 
     os.umask(0o077)  # a daemon this proxy starts keeps its files private
     try:
-        link = await _link(config, autostart=autostart, config_file=config_file)
+        link = await _link(config, autostart=autostart, config_file=config_file, open_here=open_here)
     except _LinkFailed as exc:
         _fail(str(exc))
         return 2
@@ -222,17 +228,14 @@ class _LinkFailed(Exception):
     """No daemon to use: neither one running, nor one started (the message says why)."""
 
 
-async def _link(config: Any, *, autostart: bool, config_file: str | None) -> Any:
+async def _link(config: Any, *, autostart: bool, config_file: str | None, open_here: OpenHere | None) -> Any:
     """The proxy's link to the daemon: the one running on the socket; else (autostart)
-    one in this process (``proxy.in_process``) or one started apart."""
+    one in this process (``proxy.in_process``, made by ``open_here``) or one started apart."""
     from ctxd.client import DaemonUnavailable, try_connect_unix
     from ctxd.proxy.sessions import DaemonLink
-    from ctxd.server.transports import TransportError
-    from ctxd.tuning import tune_for_daemon
 
     socket_path = Path(config.socket_path)
-    log = logging.getLogger("ctxd.proxy")
-    if autostart and config.proxy.in_process:
+    if autostart and config.proxy.in_process and open_here is not None:
         try:
             probe = await try_connect_unix(socket_path)
         except DaemonUnavailable as exc:
@@ -240,27 +243,15 @@ async def _link(config: Any, *, autostart: bool, config_file: str | None) -> Any
         if probe is not None:
             await probe.close()
         else:
-            from ctxd.daemon import StartupError
-            from ctxd.proxy.inproc import InProcessLink
-            from ctxd.store.db import StoreOpenError
+            from ctxd.proxy.inproc import NotHere, PortLink
 
             try:
-                link = await InProcessLink.open(config)
-            except TransportError as exc:  # another daemon took the socket meanwhile: use it
-                log.info("not serving the daemon in process (%s); connecting to the socket's", exc)
-            except (StoreOpenError, StartupError) as exc:
-                from ctxd.store.lock import holder_socket
-
-                # The data directory is a daemon's on another socket (``--socket``, another
-                # XDG_RUNTIME_DIR): that daemon serves this proxy instead.
-                other = holder_socket(Path(config.database_path)) if isinstance(exc, StoreOpenError) else None
-                if other is None:
-                    raise _LinkFailed(f"cannot start the ctxd daemon: {exc}") from None
-                log.warning("the data directory is used by the ctxd daemon on %s; the proxy uses it", other)
-                socket_path, autostart = other, False
-            else:
-                tune_for_daemon()  # (the daemon's, in this process)
-                return link
+                return PortLink(await open_here(config))
+            except NotHere as exc:
+                if exc.socket is None:
+                    raise _LinkFailed(str(exc)) from None
+                if exc.socket != socket_path:  # the daemon of the data directory: use it, start none
+                    socket_path, autostart = exc.socket, False
     apart = DaemonLink(socket_path, connections=config.proxy.daemon_connections, autostart=autostart,
                        data_dir=config.daemon.data_dir or None, config_file=config_file)
     try:
@@ -295,7 +286,3 @@ def _stop_on_signals(server: Any) -> list[int]:
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             pass
     return installed
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,28 +7,22 @@ decode nothing themselves and decide nothing; the service does the work.
 from __future__ import annotations
 
 import asyncio
-import re
-import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgspec
-
 from ctxd.config import Config
-from ctxd.formats.native import accept_native_names
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.methods import METHODS, MethodSpec
 from ctxd.server.connection import Connection
 from ctxd.server.handlers import HANDLERS
+from ctxd.service.errors import storage_errors
+from ctxd.service.params import decode_params
 
 if TYPE_CHECKING:
     from ctxd.server.subscriptions import Hub
     from ctxd.service.core import Service
-
-_AT = re.compile(r" - at `\$\.?(.*)`$")
-_MISSING = re.compile(r"^Object missing required field `([^`]+)`")
 
 
 class DaemonControl(Protocol):
@@ -68,60 +62,6 @@ class Request:
 
 OUT_OF_ORDER = frozenset({"context/compress", "session/import"})
 """Requests later ones from the same client do not wait for (they may take minutes)."""
-
-LSP_PARAMS = frozenset({"workDoneToken", "partialResultToken"})
-"""Fields LSP lets any request carry; accepted (and ignored where unused) everywhere."""
-
-
-@cache
-def _param_names(params: type) -> frozenset[str]:
-    return frozenset(f.encode_name for f in msgspec.structs.fields(params))
-
-
-def decode_params(spec: MethodSpec, raw: Any) -> Any:
-    """Params as the method's Struct, or a -32602 that names the field at fault."""
-    if raw is None:
-        if not spec.params_optional:
-            raise CtxdError(ErrorCode.InvalidParams, f"Invalid params: {spec.name} requires params",
-                            {"field": "params"})
-        raw = {}
-    if not isinstance(raw, dict):
-        raise CtxdError(ErrorCode.InvalidParams,
-                        f"Invalid params: {spec.name} takes an object, not {type(raw).__name__}",
-                        {"field": "params"})
-    if spec.name != "initialize":  # LSP clients send many initialize fields ctxd has no use for
-        known = _param_names(spec.params)
-        unknown = [k for k in raw if k not in known and k not in LSP_PARAMS]
-        if unknown:
-            raise CtxdError(ErrorCode.InvalidParams,
-                            f"Invalid params: {spec.name} has no field {unknown[0]!r} "
-                            f"(it takes {', '.join(sorted(known)) or 'no fields'})", {"field": unknown[0]})
-    if spec.name == "session/push":
-        accept_native_names(raw.get("messages"))
-    elif spec.name == "context/prompt":
-        accept_native_names(raw.get("push"))
-    try:
-        return msgspec.convert(raw, spec.params)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        match = _AT.search(text)
-        field = match.group(1) if match else ""
-        if match:
-            text = text[: match.start()] + (f" (at params.{field})" if field else "")
-        missing = _MISSING.match(text)
-        if missing:  # point at the missing field itself
-            field = f"{field}.{missing.group(1)}" if field else missing.group(1)
-        raise CtxdError(ErrorCode.InvalidParams, f"Invalid params: {text}",
-                        {"field": field or "params"}) from None
-
-
-def damaged_storage(config: Config, session_id: str | None, exc: BaseException) -> CtxdError:
-    """Stored data ctxd cannot read: a StorageError that names the session and the way out."""
-    where = f"session {session_id!r}" if isinstance(session_id, str) else "the database"
-    return CtxdError(ErrorCode.StorageError,
-                     f"stored data of {where} could not be read ({type(exc).__name__}: {exc}); the database "
-                     f"file may be damaged: `ctxd-cli doctor` checks it and can recover what is readable "
-                     f"into a new file", {"sessionId": session_id, "database": str(config.database_path)})
 
 
 class App:
@@ -166,15 +106,5 @@ class App:
     async def _run(self, conn: Connection, spec: MethodSpec, handler: Callable[..., Awaitable[Any]],
                    raw: Any) -> Any:
         params = decode_params(spec, raw)
-        try:
+        with storage_errors(self.config, params):
             return await handler(self._request(conn), params)
-        except sqlite3.OperationalError as exc:  # busy, locked, out of disk: not damage
-            raise CtxdError(ErrorCode.StorageError, f"the database could not be used: {exc}",
-                            {"database": str(self.config.database_path)}) from exc
-        except (msgspec.DecodeError, UnicodeDecodeError, sqlite3.DatabaseError) as exc:
-            # The params were valid (decoded above), and handlers turn what they decode
-            # from clients into their own errors: what failed to decode is stored data.
-            raise damaged_storage(self.config, getattr(params, "session_id", None), exc) from exc
-        except OverflowError as exc:  # a number the Structs do not bound, too big for SQLite
-            raise CtxdError(ErrorCode.InvalidParams, f"Invalid params: a number is too large to store ({exc})",
-                            {"field": "params"}) from exc

@@ -22,13 +22,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.errors import REQUEST_CANCELLED, CtxdError, ErrorCode
 from ctxd.protocol.methods import notification_method
 from ctxd.server.framing import FrameError, FrameReader
 from ctxd.server.jsonrpc import Endpoint, valid_id
 from ctxd.server.writer import MAX_PENDING_OUTPUT, Writer
 from ctxd.service.turns import TURNS
-from ctxd.store.db import REQUEST_CANCELLED
 
 if TYPE_CHECKING:
     from ctxd.server.app import App

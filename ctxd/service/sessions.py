@@ -109,6 +109,11 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
     return info
 
 
+async def count_sessions(svc: Service) -> int:
+    """How many sessions a listing shows (``daemon/status``)."""
+    return await svc.db.read(store.count_sessions)
+
+
 async def get_session(svc: Service, session_id: str) -> SessionInfo:
     return session_info(svc, await svc.cache.get(session_id))
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ctxd.ownership import foreign, me, owner, writable_dir
-from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.errors import REQUEST_CANCELLED, CtxdError, ErrorCode
 from ctxd.store.connection_thread import ConnectionThread, ThreadClosed
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,6 @@ CHECKPOINT_INTERVAL_SECONDS = 1.0
 """After a commit, the WAL is checkpointed at once if the last checkpoint is older than
 this, else when it is this old (commits meanwhile share one checkpoint); an idle
 database is not checkpointed (closing it does that)."""
-#: What a request's task is cancelled with when its client cancels it or goes away
-#: (``Task.cancel(msg=REQUEST_CANCELLED)``). A write of that request that already
-#: started still commits and its result is returned, so the request is answered with
-#: what it did. Any other cancellation (a background task being stopped, shutdown)
-#: waits for a started write to commit and then propagates.
-REQUEST_CANCELLED = "ctxd: request cancelled by its client"
 
 
 class StoreOpenError(Exception):

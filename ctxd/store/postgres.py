@@ -50,9 +50,9 @@ import psycopg_pool
 from psycopg import errors as pg_errors
 
 from ctxd.ownership import foreign
-from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.errors import REQUEST_CANCELLED, CtxdError, ErrorCode
 from ctxd.store.connection_thread import ConnectionThread, ThreadClosed
-from ctxd.store.db import REQUEST_CANCELLED, Database, StoreOpenError, _Job
+from ctxd.store.db import Database, StoreOpenError, _Job
 from ctxd.store.dialect import PgConn, is_pipeline_safe
 
 log = logging.getLogger(__name__)

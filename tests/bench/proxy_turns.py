@@ -4,7 +4,7 @@
 
 Each TREE is a directory holding a ``ctxd`` package (``git archive REV ctxd | tar -x -C
 DIR``). Per round, each tree runs in a process of its own, in turn: the proxy's
-``Sessions`` on an ``InProcessLink`` (the daemon in that process, a data directory of
+``Sessions`` on the daemon in that process (``PortLink``, the service port, a data directory of
 its own), one conversation growing by a turn per request in a 200K window (no
 compression due), as ``ctxd proxy`` handles a request: the body decoded and read
 (``read``), the turn's push and prompt (``turn``), the upstream body built and encoded
@@ -34,8 +34,18 @@ from pathlib import Path
 from ctxd.config import load_config
 from ctxd.proxy.apis import split, upstream_body
 from ctxd.proxy.convert import dumps, loads
-from ctxd.proxy.inproc import InProcessLink
 from ctxd.proxy.sessions import Sessions
+
+try:
+    from ctxd.embed import open_here
+    from ctxd.proxy.inproc import PortLink
+
+    async def open_link(config):
+        return PortLink(await open_here(config))
+except ImportError:  # (a tree from before the service port)
+    from ctxd.proxy.inproc import InProcessLink
+
+    open_link = InProcessLink.open
 
 API, TURNS = sys.argv[1], int(sys.argv[2])
 
@@ -43,7 +53,7 @@ async def main():
     base = Path(tempfile.mkdtemp(prefix="ctxd-turns-", dir="/tmp"))
     config = load_config(None, overrides={"daemon": {"data_dir": str(base / "data"),
                                                      "socket": str(base / "run" / "ctxd.sock")}})
-    link = await InProcessLink.open(config)
+    link = await open_link(config)
     sessions = Sessions(link)
     messages = [] if API == "anthropic" else [{"role": "system", "content": "You are a benchmark."}]
     out = {k: [] for k in ("read", "turn", "body", "reply", "total", "turn_wall")}

@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 
 from ctxd.client import Client, RpcError
 from ctxd.config import load_config
+from ctxd.embed import open_here
 from ctxd.proxy.apis import split
-from ctxd.proxy.inproc import InProcessLink
+from ctxd.proxy.inproc import PortLink
 from ctxd.proxy.sessions import Sessions
 from tests.e2e.helpers import daemon_env
 from tests.proxy.conftest import ProxyProcess, both_modes, ctxd_client, history
@@ -128,7 +130,7 @@ async def test_a_shutdown_waits_for_the_reply_push_in_flight(start_proxy, upstre
     assert stored[-1]["usage"]["outputTokens"] > 0  # the proxy's push (the client's copy has no usage)
 
 
-async def _both_ways(link: InProcessLink, client: Client, method: str, params: Any) -> tuple[Any, Any]:
+async def _both_ways(link: PortLink, client: Client, method: str, params: Any) -> tuple[Any, Any]:
     """The same request in process and over the socket: (result or error) each."""
     out = []
     for call in (lambda: link.request("s", method, params), lambda: client.request(method, params)):
@@ -142,7 +144,7 @@ async def _both_ways(link: InProcessLink, client: Client, method: str, params: A
 async def test_results_and_errors_are_the_socket_clients(base_dir) -> None:
     config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
                                                      "socket": str(base_dir / "run" / "ctxd.sock")}})
-    link = await InProcessLink.open(config)
+    link = PortLink(await open_here(config))
     client = await Client.connect_unix(Path(config.socket_path))
     await client.initialize(client_name="in-process-test")
     try:
@@ -167,13 +169,67 @@ async def test_results_and_errors_are_the_socket_clients(base_dir) -> None:
     assert not Path(config.socket_path).exists()
 
 
+def _untimed(value: Any) -> Any:
+    """``value`` without session ids and times."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items()
+                if k != "sessionId" and not k.endswith("At") and k not in ("lastActivity", "timestamp", "at")}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+async def test_the_port_in_process_and_over_the_socket_answer_alike(base_dir) -> None:
+    """The service port served by the daemon's service in this process and by the same
+    daemon over its socket (``RemotePort``): equal Structs, equal refusals."""
+    from ctxd.protocol.methods import METHODS
+    from ctxd.remote_port import RemotePort
+    from ctxd.service.params import decode_params
+    from ctxd.service.port import PORT_METHODS
+
+    config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
+                                                     "socket": str(base_dir / "run" / "ctxd.sock")}})
+    here = await open_here(config)
+    client = await Client.connect_unix(Path(config.socket_path))
+    await client.initialize(client_name="port-test")
+    ports = (here.port, RemotePort(client))
+    try:
+        calls = [("session/create", {"sessionId": "{}", "contextWindow": 4096}),
+                 ("session/push", {"sessionId": "{}", "messages": [{"role": "user", "content": "hello"},
+                                                                   {"role": "assistant", "content": "hi"}]}),
+                 ("session/update", {"sessionId": "{}", "systemPrompt": "Be brief."}),
+                 ("context/prompt", {"sessionId": "{}", "format": "anthropic",
+                                     "push": [{"role": "user", "content": "again"}]}),
+                 ("session/history", {"sessionId": "{}", "limit": 2}),
+                 ("session/get", {"sessionId": "{}"}),
+                 ("session/get", {"sessionId": "nope"}),
+                 ("session/create", {"sessionId": "{}"})]  # (SessionExists)
+        for method, raw in calls:
+            out = []
+            for port, sid in zip(ports, ("local", "remote")):
+                params = decode_params(METHODS[method], {k: (sid if v == "{}" else v) for k, v in raw.items()})
+                try:
+                    out.append(await getattr(port, PORT_METHODS[method])(params))
+                except RpcError as exc:
+                    out.append(("error", exc.code, exc.message.replace(sid, "S"), exc.data))
+            ours, theirs = out
+            if not isinstance(ours, tuple):
+                assert type(ours) is type(theirs), method
+                # (each its own session, written at its own time)
+                ours, theirs = (_untimed(msgspec.to_builtins(x)) for x in (ours, theirs))
+            assert ours == theirs, (method, ours, theirs)
+    finally:
+        await client.close()
+        await here.close()
+
+
 async def test_each_prompt_is_what_the_socket_answers(base_dir) -> None:
     """A prompt in process is converted from the previous one's plain messages for what
     the daemon rendered before (``_prompt_builtins``): after every turn, compression, pin
     and goal it equals what a socket client gets for the same prompt, in each format."""
     config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
                                                      "socket": str(base_dir / "run" / "ctxd.sock")}})
-    link = await InProcessLink.open(config)
+    link = PortLink(await open_here(config))
     client = await Client.connect_unix(Path(config.socket_path))
     await client.initialize(client_name="in-process-test")
     formats = [{"format": "openai"}, {"format": "ollama"}, {"format": "anthropic", "cacheControl": False},
@@ -210,7 +266,7 @@ async def test_one_session_in_order_others_alongside(base_dir) -> None:
     connection): a reply's push sent and not awaited is stored before the next turn."""
     config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
                                                      "socket": str(base_dir / "run" / "ctxd.sock")}})
-    link = await InProcessLink.open(config)
+    link = PortLink(await open_here(config))
     proxy_sessions = Sessions(link)
     try:
         async def conversation(name: str) -> list[str]:
@@ -232,7 +288,7 @@ async def test_one_session_in_order_others_alongside(base_dir) -> None:
         stored = await asyncio.gather(*(conversation(f"c{k}") for k in range(3)))
         for k, contents in enumerate(stored):
             assert contents == [x for t in range(5) for x in (f"c{k} {t}", f"answer c{k} {t}")]
-        assert not link._callers  # nothing kept per session once its requests are done
+        assert link.port.busy_sessions() == []  # nothing kept per session once its requests are done
     finally:
         await proxy_sessions.drain()
         await link.close()
@@ -280,7 +336,7 @@ async def test_a_cancelled_caller_is_a_cancelled_request(base_dir) -> None:
     withdrawn."""
     config = load_config(None, overrides={"daemon": {"data_dir": str(base_dir / "data"),
                                                      "socket": str(base_dir / "run" / "ctxd.sock")}})
-    link = await InProcessLink.open(config)
+    link = PortLink(await open_here(config))
     try:
         await link.request("s", "session/create", {"sessionId": "s"})
         with _writes_held(config.database_path):  # the push's transaction waits for this one

@@ -192,13 +192,14 @@ async def test_sessions_beyond_the_bound_are_forgotten_and_read_again(tmp_path) 
     recently used idle ones go); a forgotten conversation that comes back is read again
     from history and continues, nothing pushed twice. In process, the daemon too."""
     from ctxd.config import load_config
+    from ctxd.embed import open_here
     from ctxd.proxy.apis import split
-    from ctxd.proxy.inproc import InProcessLink
+    from ctxd.proxy.inproc import PortLink
     from ctxd.proxy.sessions import Sessions
 
     config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
                                                      "socket": str(tmp_path / "run" / "ctxd.sock")}})
-    link = await InProcessLink.open(config)
+    link = PortLink(await open_here(config))
     sessions_ = Sessions(link)
     sessions_.TRACKED = 4
     histories: dict[str, list[dict[str, Any]]] = {}

@@ -26,21 +26,27 @@ ALLOWED: dict[str, set[str]] = {
 # layer -> what it must never import (the layers above it, and the front ends)
 FORBIDDEN: dict[str, set[str]] = {
     "service": {"server", "daemon", "doctor", "cli", "client", "mcp", "proxy", "__main__"},
-    # Handlers get a Request (service, hub, config, DaemonControl), never the Daemon.
-    "server": {"daemon", "cli", "client", "mcp", "proxy", "doctor", "__main__"},
+    # Handlers get a Request (service, hub, config, DaemonControl), never the Daemon; storage
+    # is the service's (its errors mapped by service/errors.py, REQUEST_CANCELLED the protocol's).
+    "server": {"daemon", "cli", "client", "mcp", "proxy", "doctor", "store", "__main__"},
+    # The proxy calls the service port (service/port.py); a daemon in its process is made
+    # outside the package (ctxd/embed.py) and handed to it by ``ctxd proxy``'s entry point.
+    "proxy": {"server", "daemon", "__main__", "embed"},
+    # Session ids as people type them are the client's (ctxd/ids.py), not ctxd-cli's.
+    "mcp": {"cli", "server", "daemon", "__main__"},
 }
 
 
 # Who reads or writes a provider's shape does it through ctxd/formats (issue 25: a
 # provider field is one edit there), not with a copy of its own.
-THROUGH_FORMATS = ("engine", "importers", "exchange", "proxy", "server")
+THROUGH_FORMATS = ("engine", "importers", "exchange", "proxy", "service")  # (service/params.py: native names)
 
 
-def _imports() -> dict[str, dict[str, list[str]]]:
+def _imports(package: Path = PACKAGE) -> dict[str, dict[str, list[str]]]:
     """layer -> imported ctxd layer -> where."""
     found: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
         layer = parts[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names: list[str] = []
@@ -48,11 +54,11 @@ def _imports() -> dict[str, dict[str, list[str]]]:
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module] if node.module != "ctxd" else [  # (``__version__`` is no layer)
-                    f"ctxd.{a.name}" for a in node.names if not a.name.startswith("__")]
+                    f"ctxd.{a.name}" for a in node.names if a.name == "__main__" or not a.name.startswith("__")]
             for name in names:
                 bits = name.split(".")
                 if bits[0] == "ctxd" and len(bits) > 1 and bits[1] != layer:
-                    found[layer][bits[1]].append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+                    found[layer][bits[1]].append(f"{path.relative_to(package.parent)}:{node.lineno}")
     return found
 
 
@@ -69,6 +75,24 @@ def test_lower_layers_import_only_what_is_below_them(layer: str) -> None:
 def test_nothing_reaches_up(layer: str) -> None:
     bad = {k: v for k, v in IMPORTS.get(layer, {}).items() if k in FORBIDDEN[layer]}
     assert not bad, f"ctxd/{layer} imports {sorted(bad)}: " + "; ".join(w for v in bad.values() for w in v)
+
+
+def test_the_reach_up_check_finds_each_kind(tmp_path: Path) -> None:
+    """The check above reads imports of every form, so a violation cannot slip past it."""
+    package = tmp_path / "ctxd"
+    for name, source in [("proxy/a.py", "from ctxd.server.app import App\n"),
+                         ("proxy/b.py", "def f():\n    import ctxd.daemon\n"),
+                         ("proxy/c.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    from ctxd import __main__\n"),
+                         ("server/d.py", "from ctxd.store.db import REQUEST_CANCELLED\n"),
+                         ("mcp/e.py", "from ctxd.cli.main import run\n"),
+                         ("mcp/f.py", "from ctxd.ids import match_ids\n")]:
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(source)
+    found = _imports(package)
+    assert {k for k in found["proxy"] if k in FORBIDDEN["proxy"]} == {"server", "daemon", "__main__"}
+    assert set(found["server"]) & FORBIDDEN["server"] == {"store"}
+    assert set(found["mcp"]) == {"cli", "ids"} and set(found["mcp"]) & FORBIDDEN["mcp"] == {"cli"}
 
 
 @pytest.mark.parametrize("layer", THROUGH_FORMATS)

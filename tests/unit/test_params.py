@@ -7,7 +7,7 @@ import pytest
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.message import FunctionCall, TextBlock, ToolCall, ToolResultBlock, ToolUseBlock, Usage
 from ctxd.protocol.methods import METHODS
-from ctxd.server.app import decode_params
+from ctxd.service.params import decode_params
 
 PUSH = METHODS["session/push"]
 

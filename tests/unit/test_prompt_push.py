@@ -9,9 +9,9 @@ import pytest
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.methods import METHODS
-from ctxd.server.app import decode_params
 from ctxd.service import history, prompt, sessions
 from ctxd.service.core import Service
+from ctxd.service.params import decode_params
 
 from .service_helpers import chat, params
 

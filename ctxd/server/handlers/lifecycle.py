@@ -19,7 +19,7 @@ from ctxd.protocol.lifecycle import (
 )
 from ctxd.protocol.methods import METHODS, NOTIFICATIONS
 from ctxd.server.handlers import handles
-from ctxd.store.sessions import count_sessions
+from ctxd.service.sessions import count_sessions
 
 if TYPE_CHECKING:
     from ctxd.server.app import Request
@@ -66,7 +66,7 @@ async def status(req: Request, params: Empty) -> DaemonStatusResult:
         pid=os.getpid(), version=__version__, started_at=control.started_at,
         uptime_seconds=round(time.time() - svc.started, 3), data_dir=str(config.data_dir),
         database=config.database, transports=control.transport_names(),
-        connections=len(req.hub.connections), sessions=await svc.db.read(count_sessions),
+        connections=len(req.hub.connections), sessions=await count_sessions(svc),
         durability=config.storage.durability, summarizer=svc.summarizers.name,
     )
 

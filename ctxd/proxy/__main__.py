@@ -1,5 +1,0 @@
-import sys
-
-from ctxd.proxy.main import main
-
-sys.exit(main())
