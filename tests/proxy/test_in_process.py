@@ -211,7 +211,7 @@ async def test_the_port_in_process_and_over_the_socket_answer_alike(base_dir) ->
                 try:
                     out.append(await getattr(port, PORT_METHODS[method])(params))
                 except RpcError as exc:
-                    out.append(("error", exc.code, exc.message.replace(sid, "S"), exc.data))
+                    out.append(("error", exc.code, exc.message.replace(sid, "S"), _untimed(exc.data)))
             ours, theirs = out
             if not isinstance(ours, tuple):
                 assert type(ours) is type(theirs), method
