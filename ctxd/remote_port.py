@@ -13,9 +13,17 @@ import msgspec
 
 from ctxd.client import Client
 from ctxd.protocol.common import SessionRef
-from ctxd.protocol.context import PromptParams, PromptResult
+from ctxd.protocol.context import ContextStatsResult, PromptParams, PromptResult
 from ctxd.protocol.history import HistoryParams, HistoryResult
-from ctxd.protocol.session import PushResult, SessionCreateParams, SessionInfo, SessionPushParams, SessionUpdateParams
+from ctxd.protocol.session import (
+    PushResult,
+    SessionCreateParams,
+    SessionInfo,
+    SessionListParams,
+    SessionListResult,
+    SessionPushParams,
+    SessionUpdateParams,
+)
 from ctxd.service.port import ServicePort
 
 
@@ -43,6 +51,12 @@ class RemotePort:
     async def context_prompt(self, params: PromptParams) -> PromptResult:
         # (a union of the three formats' Structs, tagged by ``format``: converted here)
         return msgspec.convert(await self.client.request("context/prompt", params), PromptResult)
+
+    async def session_list(self, params: SessionListParams) -> SessionListResult:
+        return await self.client.request("session/list", params, result_type=SessionListResult)
+
+    async def context_stats(self, params: SessionRef) -> ContextStatsResult:
+        return await self.client.request("context/stats", params, result_type=ContextStatsResult)
 
 
 def _serves_the_port(port: RemotePort) -> ServicePort:

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxd.cli.ids import short_form_of
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
 from ctxd.engine import calibration
 from ctxd.formats import Api, chain_part, to_ctxd
+from ctxd.ids import short_form_of
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy.apis import AlignMemo, Split
 from ctxd.proxy.convert import chain_hash

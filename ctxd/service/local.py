@@ -11,11 +11,19 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from ctxd.protocol.common import SessionRef
-from ctxd.protocol.context import PromptParams, PromptResult
+from ctxd.protocol.context import ContextStatsResult, PromptParams, PromptResult
 from ctxd.protocol.errors import REQUEST_CANCELLED, CtxdError, ErrorCode, RpcError
 from ctxd.protocol.history import HistoryParams, HistoryResult
-from ctxd.protocol.session import PushResult, SessionCreateParams, SessionInfo, SessionPushParams, SessionUpdateParams
-from ctxd.service import history, ingest, prompt, sessions
+from ctxd.protocol.session import (
+    PushResult,
+    SessionCreateParams,
+    SessionInfo,
+    SessionListParams,
+    SessionListResult,
+    SessionPushParams,
+    SessionUpdateParams,
+)
+from ctxd.service import history, ingest, prompt, sessions, stats
 from ctxd.service.core import Service
 from ctxd.service.errors import storage_errors
 from ctxd.service.port import ServicePort, as_rpc_error
@@ -52,6 +60,16 @@ class LocalPort:
     async def context_prompt(self, params: PromptParams) -> PromptResult:
         return await self._call(params, prompt.prompt(self.service, params))
 
+    async def session_list(self, params: SessionListParams) -> SessionListResult:
+        return await self._call(params, self._list(params))
+
+    async def context_stats(self, params: SessionRef) -> ContextStatsResult:
+        return await self._call(params, stats.stats(self.service, params.session_id))
+
+    async def _list(self, params: SessionListParams) -> SessionListResult:
+        return SessionListResult(sessions=await sessions.list_sessions(self.service, params),
+                                 retention=await sessions.retention_summary(self.service))
+
     def busy_sessions(self) -> list[str]:
         """Sessions with a request waiting or running (what the port keeps per session)."""
         return sorted(self._tails)
@@ -61,10 +79,15 @@ class LocalPort:
         a task of its own: the caller's cancellation reaches it only as a client's
         ``$/cancelRequest`` would."""
         session_id: str | None = getattr(params, "session_id", None)
-        key = session_id or ""  # (every port operation names its session)
-        before = self._tails.get(key)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._tails[key] = done
+        before: asyncio.Future[None] | None
+        if isinstance(params, SessionListParams):  # after every request made before it; none waits for it
+            key = ""
+            before = _all_of(list(self._tails.values()))
+        else:
+            key = session_id or ""  # (a session/create without an id: those wait for each other)
+            before = self._tails.get(key)
+            self._tails[key] = done
         task = asyncio.get_running_loop().create_task(self._ordered(key, before, done, params, work))
         self._running.add(task)
         task.add_done_callback(self._finished)
@@ -119,6 +142,24 @@ class LocalPort:
             task.cancel(msg=REQUEST_CANCELLED)
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+
+
+def _all_of(futures: list[asyncio.Future[None]]) -> asyncio.Future[None] | None:
+    """Done once every one of ``futures`` is (None: nothing to wait for)."""
+    pending = [f for f in futures if not f.done()]
+    if not pending:
+        return None
+    everything: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    left = [len(pending)]
+
+    def one_done(_: Any) -> None:
+        left[0] -= 1
+        if left[0] == 0 and not everything.done():
+            everything.set_result(None)
+
+    for future in pending:
+        future.add_done_callback(one_done)
+    return everything
 
 
 def _serves_the_port(port: LocalPort) -> ServicePort:

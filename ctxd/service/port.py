@@ -15,7 +15,8 @@ The contract, whichever serves it:
 * a refusal raises :class:`~ctxd.protocol.errors.RpcError` with the code, message and
   data a socket client gets (storage's failures mapped by ``service/errors.py``);
 * the requests of one session run in the order they were made, one after another (as
-  on one daemon connection), those of other sessions alongside;
+  on one daemon connection), those of other sessions alongside; a listing runs after
+  every request made before it;
 * a caller that is cancelled cancels its request as ``$/cancelRequest`` does: withdrawn
   if its write has not started, else carried through to the end (memory and storage
   alike) while the caller goes on.
@@ -26,10 +27,18 @@ from __future__ import annotations
 from typing import Protocol
 
 from ctxd.protocol.common import SessionRef
-from ctxd.protocol.context import PromptParams, PromptResult
+from ctxd.protocol.context import ContextStatsResult, PromptParams, PromptResult
 from ctxd.protocol.errors import CtxdError, RpcError
 from ctxd.protocol.history import HistoryParams, HistoryResult
-from ctxd.protocol.session import PushResult, SessionCreateParams, SessionInfo, SessionPushParams, SessionUpdateParams
+from ctxd.protocol.session import (
+    PushResult,
+    SessionCreateParams,
+    SessionInfo,
+    SessionListParams,
+    SessionListResult,
+    SessionPushParams,
+    SessionUpdateParams,
+)
 
 
 class ServicePort(Protocol):
@@ -59,6 +68,14 @@ class ServicePort(Protocol):
         """``context/prompt``"""
         ...
 
+    async def session_list(self, params: SessionListParams) -> SessionListResult:
+        """``session/list``: it sees every request made before it, of any session."""
+        ...
+
+    async def context_stats(self, params: SessionRef) -> ContextStatsResult:
+        """``context/stats``"""
+        ...
+
 
 PORT_METHODS: dict[str, str] = {
     "session/get": "session_get",
@@ -67,6 +84,8 @@ PORT_METHODS: dict[str, str] = {
     "session/update": "session_update",
     "session/push": "session_push",
     "context/prompt": "context_prompt",
+    "session/list": "session_list",
+    "context/stats": "context_stats",
 }
 """Protocol method -> the port's operation."""
 

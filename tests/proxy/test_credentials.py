@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from ctxd.cli.ids import short_ids
+from ctxd.ids import short_ids
 from tests.proxy.conftest import ctxd_client, history, sessions
 from tests.proxy.upstream import MODEL
 

@@ -202,6 +202,8 @@ async def test_the_port_in_process_and_over_the_socket_answer_alike(base_dir) ->
                                      "push": [{"role": "user", "content": "again"}]}),
                  ("session/history", {"sessionId": "{}", "limit": 2}),
                  ("session/get", {"sessionId": "{}"}),
+                 ("context/stats", {"sessionId": "{}"}),
+                 ("session/list", {"tag": "nothing-has-this-tag"}),
                  ("session/get", {"sessionId": "nope"}),
                  ("session/create", {"sessionId": "{}"})]  # (SessionExists)
         for method, raw in calls:

@@ -11,10 +11,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.errors import REQUEST_CANCELLED, CtxdError, ErrorCode
 from ctxd.server.connection import cancel_request
 from ctxd.server.jsonrpc import Endpoint, frame
-from ctxd.store.db import REQUEST_CANCELLED
 
 
 class Ack(msgspec.Struct, rename="camel"):

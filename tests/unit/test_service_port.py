@@ -93,11 +93,17 @@ async def test_a_session_created_and_used_without_waiting_for_answers(service: S
                   port.session_update(params("session/update", sessionId=sid, systemPrompt="Short answers.")),
                   port.context_prompt(params("context/prompt", sessionId=sid, format="openai")),
                   port.session_get(params("session/get", sessionId=sid))]
+    calls.append(port.session_list(params("session/list")))  # after every one made before it
+    calls.append(port.context_stats(params("context/stats", sessionId="p4")))
     out = await asyncio.gather(*calls)
     for k in range(5):
         prompt, info = out[5 * k + 3], out[5 * k + 4]
         assert [m.content for m in prompt.messages] == ["Short answers.", f"p{k}"]
         assert (info.message_count, info.system_prompt) == (1, "Short answers.")
+    listed, stats = out[-2:]
+    assert sorted((i.session_id, i.message_count, i.system_prompt) for i in listed.sessions) == [
+        (f"p{k}", 1, "Short answers.") for k in range(5)]
+    assert stats.session_id == "p4" and stats.message_count == 1
     assert port.busy_sessions() == []
 
 
