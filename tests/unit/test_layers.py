@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # layer -> what it must never import (the layers above it, and the front ends)
 FORBIDDEN: dict[str, set[str]] = {
-    "service": {"server", "daemon", "doctor", "cli", "client", "mcp", "proxy", "__main__"},
+    "service": {"server", "daemon", "doctor", "cli", "client", "mcp", "proxy", "__main__", "embed", "remote_port"},
     # Handlers get a Request (service, hub, config, DaemonControl), never the Daemon; storage
     # is the service's (its errors mapped by service/errors.py, REQUEST_CANCELLED the protocol's).
     "server": {"daemon", "cli", "client", "mcp", "proxy", "doctor", "store", "__main__"},
