@@ -77,9 +77,9 @@ def listening_socket(port: int) -> socket.socket:
 def parking() -> int:
     """How many of another user's surplus connections the proxy may hold (peers.py): the
     descriptor limit is raised to what the system allows this process (as servers do, at
-    most 2^20), and ``transports.parking_room`` of it goes to them; the rest stays for the
+    most 2^20), and ``descriptors.parking_room`` of it goes to them; the rest stays for the
     owner's connections, the upstreams and the daemon in this process."""
-    from ctxd.server.transports import parking_room
+    from ctxd.descriptors import parking_room
 
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -19,7 +19,7 @@ answers a 403 in the API's error shape and closes (dropping at most ``MAX_DISCAR
 the client still sends). Each other uid may have ``FOREIGN_PER_UID`` such connections open
 at once; past that a new one is *parked*: held unread, its socket alone (no transport),
 until the sweep closes it ``proxy.client_timeout_seconds`` later, while fewer than
-``park`` are (a share of the descriptors the proxy may open, ``transports.parking_room``); beyond,
+``park`` are (a share of the descriptors the proxy may open, ``descriptors.parking_room``); beyond,
 closed once the turn's accepting is over (closed at once, its client could connect again
 into the same turn). Closing another user's connections as they come made them a flood:
 a client that reconnects as soon as it is closed kept the accept queue full, and the

@@ -10,7 +10,6 @@ import asyncio
 import collections
 import logging
 import os
-import resource
 import secrets
 import socket
 import stat
@@ -20,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ctxd.descriptors import parking_room
 from ctxd.ownership import (
     LockError,
     LockFile,
@@ -273,19 +273,6 @@ class TcpServer:
             self._sweep = None
         while self._parked:
             self._parked.popleft()[1].close()
-
-
-def parking_room() -> int:
-    """How many refused connections a listener may hold (see :class:`TcpServer`): a
-    quarter of the descriptors this process may open beyond the first 1,024, at most
-    16,384 (none under the common limit of 1,024)."""
-    try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (OSError, ValueError):
-        return 0
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(0, min((soft - 1024) // 4, 16384))
 
 
 async def serve_tcp(port: int, on_connection: Any, admit: Callable[[Any, Any], tuple[str | None, bool]],

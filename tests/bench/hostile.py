@@ -11,7 +11,7 @@ attack, the owner's requests, each on a new connection, sent one after another:
   (a) opens 21,000 connections with half a request head each and keeps them (the
   issue's probe); (b) keeps 2,000 such connections open, opening a new one for each the
   proxy closes; (c) sends 2 GiB bodies, four at a time; (d) keeps 21,000 open, reopening
-  each the proxy closes: more than the proxy can hold (``transports.parking_room``: a
+  each the proxy closes: more than the proxy can hold (``descriptors.parking_room``: a
   quarter of its descriptors; where the limit is 20,000, 4,744), so the surplus comes
   back as fast as it is closed and fills the kernel's accept queue, where the owner's
   connections wait too (their packets dropped and sent again after 1 s, 3 s...). No
