@@ -25,7 +25,7 @@ from functools import lru_cache
 import msgspec
 
 from ctxd.engine.clip import clip_any, clip_message, clip_words
-from ctxd.engine.render import PromptPlan, signed_thinking
+from ctxd.engine.render import Pairing, PromptPlan, signed_thinking
 from ctxd.protocol.compression import Checkpoint, merge_ranges
 from ctxd.protocol.message import (
     ImageBlock,
@@ -373,8 +373,14 @@ class ActiveContext:
     """Tokens the checkpoint section adds to the system part."""
     pinned_tokens: int = 0
     used: int = 0
-    """Tokens of the conversation (kept + recent, as sent), pinned excluded."""
+    """Tokens of the conversation (kept + recent, as sent), pinned excluded, with what
+    rendering adds to keep tool calls and results paired (``pairing``): the prompt's
+    count is the rendered prompt's, in every figure."""
     call_names: dict[str, str] = field(default_factory=dict)
+    pairing: Pairing = field(default_factory=Pairing)
+    """Calls without a result yet, and what the renderer's repairs cost (in ``used``)."""
+    count: Callable[[str], int] | None = None
+    """The session's token counter (set by :meth:`refresh`; :meth:`append` uses it)."""
 
     # --- derived figures ----------------------------------------------------------
 
@@ -524,12 +530,19 @@ class ActiveContext:
                 pinned_tokens += entry.view_tokens
             else:
                 used += entry.view_tokens
-        self.used = used
+        self.count = count
+        self.pairing = Pairing()
+        for entry in self.kept + self.recent:  # (what conversation() sends: a join has no calls)
+            if entry.view is not None and (entry.call_ids or entry.result_ids or entry.role == "tool"):
+                self.pairing.add(entry.view, count)
+        self.used = used + self.pairing.tokens
         self.pinned_tokens = pinned_tokens
 
-    def append(self, entries: list[Entry]) -> None:
+    def append(self, entries: list[Entry], count: Callable[[str], int] | None = None) -> None:
         """New messages after the boundary: sent as they are (nothing applies to them yet).
-        Messages already present (a context loaded while their push committed) are skipped."""
+        Messages already present (a context loaded while their push committed) are skipped.
+        ``count``: the session's counter (default: the one of the last :meth:`refresh`)."""
+        count = count or self.count
         last = self.recent[-1].seq if self.recent else self.state.boundary
         for entry in entries:
             if entry.seq <= last:
@@ -539,3 +552,5 @@ class ActiveContext:
             entry.view, entry.view_tokens = entry.message, entry.sent_tokens
             self.recent.append(entry)
             self.used += entry.view_tokens
+            if count is not None:
+                self.used += self.pairing.add(entry.message, count)

@@ -59,11 +59,15 @@ class Rendered:
     messages: list[Any]
     system: str | None
     extra_tokens: int
-    """Tokens the renderer added (synthesised results, relabelled orphans) beyond the
-    stored counts; the caller adds them to the prompt's total."""
+    """Tokens the renderer added to pair tool calls and results (synthesised results,
+    relabelled orphans) beyond the stored counts: what :class:`Pairing` says, which the
+    active context already counts in ``used``."""
     repairs: list[str]
     system_head: str | None = None
     """The client's part of the system text (see :func:`_system_head`)."""
+    format_tokens: int = 0
+    """What this provider's shape adds besides (Anthropic's opening user turn when the
+    conversation would start with the assistant): the caller adds it to the prompt's count."""
 
 
 def _pair(messages: list[Message], count: Callable[[str], int]) -> tuple[list[Turn], int, list[str]]:
@@ -125,6 +129,85 @@ def signed_thinking(message: Message) -> bool:
         isinstance(b, ThinkingBlock) and b.signature for b in content)
 
 
+def pairing_ids(message: Message) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(calls, results)`` of one message as :func:`_pair` sees them (through
+    :func:`_to_turn`): calls only of an assistant message; a tool message's text, or its
+    string content, is a result under its ``toolCallId`` (``""`` without one)."""
+    role = message.role
+    content = message.content
+    calls: list[str] = []
+    results: list[str] = []
+    if role == "tool":
+        if isinstance(content, str) or content is None:
+            return (), (message.tool_call_id or "",)
+        if any(isinstance(b, TextBlock) for b in content) or not any(isinstance(b, ToolResultBlock) for b in content):
+            results.append(message.tool_call_id or "")
+        results += [b.tool_use_id for b in content if isinstance(b, ToolResultBlock)]
+        return (), tuple(results)
+    if isinstance(content, list):
+        for block in content:
+            if isinstance(block, ToolUseBlock) and role == "assistant":
+                calls.append(block.id)
+            elif isinstance(block, ToolResultBlock):
+                results.append(block.tool_use_id)
+    if role == "assistant":
+        calls += [c.id for c in message.tool_calls or ()]
+    return tuple(calls), tuple(results)
+
+
+def stand_in_tokens(count: Callable[[str], int]) -> int:
+    """What the result written for a call without one costs."""
+    return TOOL_BLOCK_OVERHEAD + count(MISSING_RESULT)
+
+
+def orphan_tokens(result_id: str, count: Callable[[str], int]) -> int:
+    """What the label of a result without its call (sent as text) costs."""
+    return count(f"[tool result {result_id}]" if result_id else "[tool result]") + 1
+
+
+@dataclass(slots=True)
+class Pairing:
+    """The tokens rendering adds to a conversation's own counts so that every tool call is
+    followed by its result (:func:`_pair`: a stand-in result for a call without one, a
+    label for a result without its call), kept up to date as messages are appended, so
+    the prompt's count is known without rendering it (the budget's ``promptTokens`` is
+    the rendered prompt's ``tokens``). ``open`` holds the calls still waiting for a result,
+    in order; ``tokens`` what the repairs cost now."""
+
+    open: list[str] = field(default_factory=list)
+    tokens: int = 0
+
+    def add(self, message: Message, count: Callable[[str], int]) -> int:
+        """Take ``message`` (the next one of the conversation, as sent) into account; the
+        change of ``tokens`` it makes."""
+        calls, results = pairing_ids(message)
+        if not calls and not results:
+            return 0
+        before = self.tokens
+        orphans = 0
+        for result_id in results:
+            try:
+                self.open.remove(result_id)  # (the earliest open call with that id claims it)
+                self.tokens -= stand_in_tokens(count)
+            except ValueError:
+                if message.role != "assistant":
+                    self.tokens += orphan_tokens(result_id, count)
+                    orphans += 1
+        if orphans and message.role == "tool":
+            self.tokens += MESSAGE_OVERHEAD  # (its orphans go out as a user message)
+        for call_id in calls:
+            self.open.append(call_id)
+            self.tokens += stand_in_tokens(count)
+        return self.tokens - before
+
+
+def pairing_of(messages: list[Message], count: Callable[[str], int]) -> Pairing:
+    pairing = Pairing()
+    for message in messages:
+        pairing.add(message, count)
+    return pairing
+
+
 def _system_first(plan: PromptPlan, turns: list[Turn]) -> tuple[list[str], list[Turn]]:
     """The system part (see :class:`PromptPlan`) and the turns after the opening system
     messages."""
@@ -159,7 +242,7 @@ def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     head = _system_head(plan, system_parts)
     out = anthropic.emit(turns, system_parts)
     out, more, fixes = anthropic.finish(out, count)
-    return Rendered(out, join(system_parts) if system_parts else None, extra + more, repairs + fixes, head)
+    return Rendered(out, join(system_parts) if system_parts else None, extra, repairs + fixes, head, more)
 
 
 def _system_head(plan: PromptPlan, system: list[str]) -> str | None:
@@ -340,7 +423,7 @@ class IncrementalRenderer:
         repairs = self.repairs + repairs
         if self.fmt == "anthropic":
             messages, more, fixes = anthropic.finish(anthropic.join_messages(self.out, out), count)
-            return Rendered(messages, join(system) if system else None, extra + more, repairs + fixes, self.head)
+            return Rendered(messages, join(system) if system else None, extra, repairs + fixes, self.head, more)
         first: list[Any] = []
         if system:
             text = join(system)

@@ -44,13 +44,13 @@ from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
 from ctxd.service import compression, notify, snapshots, turns
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
-from ctxd.service.state import SessionState, StaleSession, context_moved
+from ctxd.service.state import SessionState, StaleSession, context_moved, figures_after
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.dialect import pipeline_safe
 from ctxd.store.messages import NewMessage, StoredMessage
 from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionStats
-from ctxd.store.state import Figures, StoredState, decode_stored
+from ctxd.store.state import StoredState, decode_stored
 from ctxd.tokens import PROMPT_PRIMING, MessageTokens, TokenCounter
 
 log = logging.getLogger(__name__)
@@ -414,8 +414,7 @@ def _write_job(conn: sqlite3.Connection, job: PushJob) -> _Outcome:
         compression=msgspec.structs.replace(state.cstate, watermark_seq=derived.watermark[0],
                                             watermark_tool_use_id=derived.watermark[1])
         if derived.watermark else state.cstate,
-        figures=Figures(figures.system, figures.checkpoints, figures.pinned, figures.used + added_context,
-                        figures.checkpoint_count),
+        figures=figures_after(figures, (m for m, _ in counted), added_context, state.counter.count),
     )
     if job.staged is not None:
         if [seq for seq, _ in to_insert] != job.staged:  # (cannot happen: the session lock was held throughout)

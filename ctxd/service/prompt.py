@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from ctxd.engine.context import ActiveContext
 from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.formats.anthropic import cache_breakpoints
@@ -108,7 +110,11 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
         _count_prefix(state, ctx, params.format)
         budget = svc.cache.budget(state)
         row = state.row
-    tokens = budget.prompt_tokens + out.extra_tokens
+    # One count: the budget's (the context counts the pairing repairs too), plus what this
+    # provider's shape alone adds, and the budget handed out says the same.
+    tokens = budget.prompt_tokens + out.format_tokens
+    if out.format_tokens:
+        budget = msgspec.structs.replace(budget, prompt_tokens=tokens, free=budget.max_prompt_tokens - tokens)
     state.last_prompt_tokens = tokens
     common: dict[str, Any] = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,
                   last_seq=row.last_seq, message_count=row.message_count, budget=budget,

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import msgspec
 
@@ -24,11 +25,12 @@ from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, sent_tokens
 from ctxd.engine.goals import render_goal
 from ctxd.engine.policy import CompressionPolicy
-from ctxd.engine.render import IncrementalRenderer, Rendered
+from ctxd.engine.render import IncrementalRenderer, Pairing, Rendered
 from ctxd.models import model_facts
 from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import session_not_found
 from ctxd.protocol.goal import Goal
+from ctxd.protocol.message import Message
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
@@ -94,7 +96,7 @@ class SessionState:
         if ctx is not None:
             self.stored.compression = ctx.state
             self.stored.figures = Figures(ctx.system_tokens, ctx.checkpoint_tokens, ctx.pinned_tokens, ctx.used,
-                                          len(ctx.checkpoints))
+                                          len(ctx.checkpoints), list(ctx.pairing.open))
         self.row.context_tokens = self.stored.figures.prompt
 
     def drop_context(self) -> None:
@@ -105,6 +107,21 @@ class SessionState:
 
     def encoded_state(self) -> bytes:
         return _encode(self.stored)
+
+
+def figures_after(figures: Figures, messages: Iterable[Message], added_context: int,
+                  count: Callable[[str], int]) -> Figures:
+    """The figures once ``messages`` (``added_context`` tokens as sent) are appended to the
+    conversation, without the context loaded: with what rendering adds to pair their tool
+    calls and results (``engine.render.Pairing``), as the loaded context counts it."""
+    used = figures.used + added_context
+    open_calls = figures.open_calls
+    if open_calls is not None:
+        pairing = Pairing(list(open_calls))
+        for message in messages:
+            used += pairing.add(message, count)
+        open_calls = pairing.open
+    return Figures(figures.system, figures.checkpoints, figures.pinned, used, figures.checkpoint_count, open_calls)
 
 
 HOSTED_PROVIDERS = ("openai", "anthropic", "google", "gemini", "azure", "bedrock", "vertex", "mistral")
@@ -385,11 +402,13 @@ class SessionCache:
     def appended(self, state: SessionState, stored: list[StoredMessage]) -> None:
         """Keep the figures (and a loaded context) in step with a committed push."""
         if state.ctx is not None:
-            state.ctx.append([Entry.of(m.seq, m.message, m.tokens) for m in stored])
+            state.ctx.append([Entry.of(m.seq, m.message, m.tokens) for m in stored], state.counter.count)
             state.sync_figures()
             self._track(state)
         else:  # nothing to keep in step but the figures (a context loads when first needed)
-            state.stored.figures.used += sum(sent_tokens(m.message, m.tokens) for m in stored)
+            state.stored.figures = figures_after(state.stored.figures, (m.message for m in stored),
+                                                 sum(sent_tokens(m.message, m.tokens) for m in stored),
+                                                 state.counter.count)
             state.row.context_tokens = state.stored.figures.prompt
 
     def _track(self, state: SessionState) -> None:

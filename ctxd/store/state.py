@@ -22,6 +22,10 @@ class Figures(msgspec.Struct, rename="camel"):
     pinned: int = 0
     used: int = 0
     checkpoint_count: int = 0
+    open_calls: list[str] | None = None
+    """The conversation's tool calls without a result yet (``engine.render.Pairing``), so a
+    push keeps ``used`` the rendered prompt's count without the context loaded; None in a
+    row stored before it was kept (known again once the context is loaded)."""
 
     @property
     def prompt(self) -> int:

@@ -277,8 +277,10 @@ def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[
     real = sum(COUNTER.count_message(m).context for m in sent)
     # A join is counted as a blank line (one token), never less than it costs: the
     # tokenizer may fold the blank line into the text before it.
-    assert real <= ctx.used + ctx.pinned_tokens <= real + joins
-    assert sum(e.view_tokens for e in ctx.entries()) == ctx.used + ctx.pinned_tokens
+    # ``used`` counts what rendering adds to pair tool calls and results (``pairing``).
+    repairs = ctx.pairing.tokens
+    assert real + repairs <= ctx.used + ctx.pinned_tokens <= real + repairs + joins
+    assert sum(e.view_tokens for e in ctx.entries()) + repairs == ctx.used + ctx.pinned_tokens
     assert ctx.system_tokens + ctx.checkpoint_tokens == (count(ctx.system_text) + MESSAGE_OVERHEAD
                                                          if ctx.system_text else 0)
     seq_list = [e.seq for e in ctx.entries()]
@@ -317,6 +319,7 @@ def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[
     plan = ctx.prompt_plan()
     r = render_openai(plan, count)
     assert validate_openai(r.messages) == []
+    assert r.extra_tokens == repairs
     r = render_anthropic(plan, count)
     assert validate_anthropic(r.system, r.messages) == []
     r = render_ollama(plan, count)

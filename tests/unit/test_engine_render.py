@@ -324,7 +324,7 @@ def test_assistant_first_conversation_anthropic():
     r = render(messages, "anthropic")
     assert r.messages[0] == AnthropicMessage("user", [AnthropicText(ANTHROPIC_OPENER)])
     assert roles(r) == ["user", "assistant", "user"]
-    assert r.extra_tokens == MESSAGE_OVERHEAD + count(ANTHROPIC_OPENER)
+    assert (r.extra_tokens, r.format_tokens) == (0, MESSAGE_OVERHEAD + count(ANTHROPIC_OPENER))
     assert r.repairs == ["opened with a user turn"]
     assert roles(render(messages, "openai")) == ["system", "assistant", "user"]  # fine for OpenAI
     assert problems(messages) == {}
@@ -569,6 +569,26 @@ def test_random_conversations_render_validly_in_every_shape():
         if found:
             failures.append((case, found, messages))
     assert not failures, [(case, found) for case, found, _ in failures[:5]]
+
+
+def test_the_repairs_are_counted_without_rendering():
+    """``Pairing`` (what the active context keeps, message by message, so every figure is
+    the rendered prompt's count) says what the renderers add for stand-in results and
+    orphan labels, exactly, on random conversations: also for each prefix (appended one
+    message at a time) and for a tool message without a call id."""
+    from ctxd.engine.render import Pairing
+
+    rng = random.Random(20260424)
+    for case in range(800):
+        messages = random_conversation(rng)
+        if rng.random() < 0.1:
+            messages.append(Message(role="tool", content="no id"))
+        pairing = Pairing()
+        for k, message in enumerate(messages):
+            pairing.add(message, count)
+            if rng.random() < 0.3 or k == len(messages) - 1:
+                want = render_openai(PromptPlan(system_parts=[], messages=messages[:k + 1]), count).extra_tokens
+                assert pairing.tokens == want, (case, k, messages[:k + 1])
 
 
 # --- the system part: the client's instructions first, ctxd's checkpoints after -----------

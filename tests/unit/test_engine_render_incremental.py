@@ -75,8 +75,8 @@ def test_incremental_equals_full_after_every_push(fmt, seed):
         got = renderer.render(plan, count)
         want = RENDERERS[fmt](plan, count)
         assert msgspec.json.encode(got.messages) == msgspec.json.encode(want.messages), n
-        assert (got.system, got.extra_tokens, got.repairs, got.system_head) == \
-               (want.system, want.extra_tokens, want.repairs, want.system_head), n
+        assert (got.system, got.extra_tokens, got.format_tokens, got.repairs, got.system_head) == \
+               (want.system, want.extra_tokens, want.format_tokens, want.repairs, want.system_head), n
     assert len(renderer.prefix) > 50  # the reused part grew with the conversation
 
 
@@ -151,8 +151,8 @@ def test_append_equals_full_render(fmt, seed):
             got = renderer.append(new, count)
         want = RENDERERS[fmt](PromptPlan(system_parts=system, messages=current, context_parts=context), count)
         assert msgspec.json.encode(got.messages) == msgspec.json.encode(want.messages), n
-        assert (got.system, got.extra_tokens, got.repairs, got.system_head) == \
-               (want.system, want.extra_tokens, want.repairs, want.system_head), n
+        assert (got.system, got.extra_tokens, got.format_tokens, got.repairs, got.system_head) == \
+               (want.system, want.extra_tokens, want.format_tokens, want.repairs, want.system_head), n
 
 
 def test_append_after_a_late_result_of_a_stand_in_call():

@@ -1,0 +1,86 @@
+"""One token count per prompt: ``context/prompt``'s ``tokens``, its ``budget.promptTokens``,
+``context/stats``, ``session/get``'s ``contextTokens`` and a push's budget say the same
+number, whatever the renderer adds to keep tool calls and results paired (a stand-in
+result for a call without one, a label for a result without its call), with the context
+loaded or not (a restarted daemon), on both backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctxd.config import Config
+from ctxd.service import ingest, prompt, sessions, stats
+from ctxd.service.core import Service
+from ctxd.service.events import CollectingEvents
+
+from .service_helpers import params
+
+SID = "one"
+
+
+def call(call_id: str, command: str = "ls -la") -> dict[str, Any]:
+    return {"role": "assistant", "content": "Let me look.",
+            "toolCalls": [{"id": call_id, "function": {"name": "bash", "arguments": f'{{"command": "{command}"}}'}}]}
+
+
+def result(call_id: str, output: str = "a.py\nb.py") -> dict[str, Any]:
+    return {"role": "tool", "toolCallId": call_id, "content": output}
+
+
+async def figures(svc: Service, fmt: str = "openai") -> dict[str, int]:
+    got = await prompt.prompt(svc, params("context/prompt", sessionId=SID, format=fmt))
+    st = await stats.stats(svc, SID)
+    info = await sessions.get_session(svc, SID)
+    return {"tokens": got.tokens, "prompt.budget": got.budget.prompt_tokens, "stats": st.budget.prompt_tokens,
+            "stats.contextTokens": st.context_tokens, "session/get": info.context_tokens}
+
+
+def one(found: dict[str, int]) -> int:
+    assert len(set(found.values())) == 1, found
+    return found["tokens"]
+
+
+async def test_every_view_gives_the_rendered_prompts_count(service_config: Config) -> None:
+    svc = await Service.open(service_config, events=CollectingEvents())
+    try:
+        await sessions.create_session(svc, params("session/create", sessionId=SID, model="gpt-4o",
+                                                  contextWindow=128_000))
+        pushed = await ingest.push(svc, params("session/push", sessionId=SID, messages=[
+            {"role": "user", "content": "List the files."}, call("c1")]))
+        # The call has no result yet: the prompt carries a stand-in for it, and says so in its count.
+        first = one(await figures(svc))
+        assert first == pushed.context_tokens == pushed.budget.prompt_tokens
+        pushed = await ingest.push(svc, params("session/push", sessionId=SID, messages=[result("c1")]))
+        assert pushed.budget.prompt_tokens == pushed.context_tokens == one(await figures(svc))
+        # A result whose call the conversation does not hold goes out as labelled text.
+        await ingest.push(svc, params("session/push", sessionId=SID, messages=[
+            result("ghost", "stray output"), {"role": "user", "content": "And the tests?"}, call("c2", "ls tests")]))
+        loaded = one(await figures(svc))
+        for fmt in ("ollama", "anthropic"):
+            one(await figures(svc, fmt))
+    finally:
+        await svc.close()
+    # A restarted daemon: pushes before anything loads the context keep the same count.
+    svc = await Service.open(service_config, events=CollectingEvents())
+    try:
+        info = await sessions.get_session(svc, SID)
+        assert info.context_tokens == loaded
+        pushed = await ingest.push(svc, params("session/push", sessionId=SID, messages=[result("c2", "test_a.py")]))
+        st = await stats.stats(svc, SID)
+        assert pushed.context_tokens == st.budget.prompt_tokens == one(await figures(svc))
+    finally:
+        await svc.close()
+
+
+async def test_an_anthropic_prompt_that_needs_an_opening_turn_counts_it(service: Service) -> None:
+    """Anthropic's shape alone needs a user turn first: its prompt's count and its budget
+    both include it (the other shapes do not send one)."""
+    await sessions.create_session(service, params("session/create", sessionId=SID, model="claude-sonnet-4-5",
+                                                  contextWindow=200_000))
+    await ingest.push(service, params("session/push", sessionId=SID, messages=[
+        {"role": "assistant", "content": "Welcome back: where were we?"}, {"role": "user", "content": "The parser."}]))
+    openai = await prompt.prompt(service, params("context/prompt", sessionId=SID, format="openai"))
+    anthropic = await prompt.prompt(service, params("context/prompt", sessionId=SID, format="anthropic"))
+    assert openai.tokens == openai.budget.prompt_tokens
+    assert anthropic.tokens == anthropic.budget.prompt_tokens > openai.tokens
+    assert anthropic.budget.free == anthropic.budget.max_prompt_tokens - anthropic.tokens
