@@ -42,6 +42,8 @@ async def compress(svc: Service, params: CompressParams, progress: Progress | No
 
 async def checkpoints(svc: Service, session_id: str) -> CheckpointsResult:
     state = await svc.cache.get(session_id)
+    if not state.compress_lock.locked():  # (a pass of this daemon is mid-way: memory is ahead, not behind)
+        await svc.cache.catch_up(state)  # shared storage: another daemon may have changed it
     async with state.lock:
         ctx = await svc.cache.context(state)
         active = list(ctx.checkpoints)

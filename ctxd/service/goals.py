@@ -111,4 +111,4 @@ async def update_goal(svc: Service, params: GoalUpdateParams) -> GoalResult:
 
 
 async def get_goal(svc: Service, session_id: str) -> GoalResult:
-    return _result(await svc.cache.get(session_id))
+    return _result(await svc.cache.current(session_id))

@@ -62,7 +62,7 @@ async def history(svc: Service, params: HistoryParams) -> HistoryResult:
         raise invalid_params(f"limit must be 1 to {MAX_PAGE}", "limit")
     if params.from_seq < 1:
         raise invalid_params("from must be at least 1", "from")
-    state = await svc.cache.get(params.session_id)
+    state = await svc.cache.current(params.session_id)  # (each message's status: from what is stored)
     rows = await svc.db.read(message_store.load_range, state.id, params.from_seq - 1, None, params.limit + 1)
     more = len(rows) > params.limit
     rows = rows[: params.limit]
@@ -119,7 +119,7 @@ async def history_search(svc: Service, params: HistorySearchParams) -> SearchRes
     started = time.perf_counter()
     limit = _limit(params.limit)
     query = _query(params.query, params.syntax)
-    state = await svc.cache.get(params.session_id)
+    state = await svc.cache.current(params.session_id)
     hits = await _run(svc, query, session_id=state.id, limit=limit, with_body=True)
     cstate = state.cstate
     return SearchResult(query=params.query, took_ms=round((time.perf_counter() - started) * 1000, 3), hits=[

@@ -49,7 +49,7 @@ from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.dialect import pipeline_safe
 from ctxd.store.messages import NewMessage, StoredMessage
-from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionStats
+from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionRow, SessionStats
 from ctxd.store.state import StoredState, decode_stored
 from ctxd.tokens import PROMPT_PRIMING, MessageTokens, TokenCounter
 
@@ -224,6 +224,10 @@ class _Outcome:
     now: str
     derived: _Derived
     title: str | None
+    fresh: SessionState | None = None
+    """The session as stored when this push found that another daemon had changed it: read
+    in the push's transaction, with the row locked, and what the push was computed from
+    (the caller adopts it, ``SessionCache.adopt_reloaded``)."""
 
 
 def _derive(state: SessionState, watermark_tools: tuple[str, ...], inserted: list[tuple[int, Message]],
@@ -338,7 +342,10 @@ class PushJob:
     watermark_tools: tuple[str, ...]
     shared: bool = False
     """Another daemon may have pushed since this one read the session (the row is locked
-    then; :class:`StaleSession` if so, and the caller reloads and tries again)."""
+    then). If so, with :attr:`fresh` the session is read again here, under the lock, made
+    into a new state by ``fresh`` and the push computed from that (``_Outcome.fresh``), so
+    pushes through several daemons wait for each other's transactions instead of racing
+    them; without it, :class:`StaleSession` and the caller reloads and tries again."""
     staged: list[int] | None = None
     """The seqs whose rows a staged push already wrote (this is its last transaction: it
     writes everything else)."""
@@ -350,6 +357,9 @@ class PushJob:
     context state and goal, and would undo that change."""
     between: Callable[[], object] | None = None
     """Called between the rows a large push sends (PostgreSQL's COPY; ``Turns.step_aside``)."""
+    fresh: Callable[[SessionRow], SessionState] | None = None
+    """Makes a state from the stored row when :attr:`shared` finds the session moved
+    (``SessionCache.adopt_new``)."""
 
 
 def _write_job(conn: sqlite3.Connection, job: PushJob) -> _Outcome:
@@ -362,11 +372,16 @@ def _write_job(conn: sqlite3.Connection, job: PushJob) -> _Outcome:
     if head is None:
         raise session_not_found(state.id)
     last_seq, seen = head.last_seq, head.seen
-    if job.shared and last_seq != state.row.last_seq:
-        raise StaleSession(state.id)
-    if head.context is not None and context_moved(state, decode_stored(head.context[0]).compression,
-                                                  head.context[1]):
-        raise StaleSession(state.id)
+    reloaded: SessionState | None = None
+    if (job.shared and last_seq != state.row.last_seq) or (
+            head.context is not None and context_moved(state, decode_stored(head.context[0]).compression,
+                                                       head.context[1])):
+        fresh = job.fresh
+        row = session_store.get_session(conn, state.id) if fresh is not None else None
+        if fresh is None or row is None or row.last_seq != last_seq:
+            # (no reader of its own, or cannot happen: the row is locked)
+            raise StaleSession(state.id)
+        state = reloaded = fresh(row)
     stats = _copy_stats(state.row.stats)
     results: list[PushedMessage] = []
     to_insert: list[tuple[int, NewMessage]] = []
@@ -428,7 +443,7 @@ def _write_job(conn: sqlite3.Connection, job: PushJob) -> _Outcome:
                                 last_seq=last_seq, stats=stats, context_state=msgspec.json.encode(new_state))
     if derived.goal is not False:
         session_store.save_context(conn, state.id, goal=derived.goal)
-    return _Outcome(results, stored, stats, added_tokens, last_seq, now, derived, title)
+    return _Outcome(results, stored, stats, added_tokens, last_seq, now, derived, title, reloaded)
 
 
 PIPELINE_MESSAGES = 16
@@ -508,6 +523,7 @@ async def _write(svc: Service, state: SessionState, prepared: list[tuple[Message
     write = svc.db.write_apart if apart else svc.db.write
     small = len(prepared) <= PIPELINE_MESSAGES and sum(len(body) for _, body, _ in prepared) <= PIPELINE_BYTES
     job = _write_job_pipelined if small and not apart else _write_job
+    fresh = svc.cache.adopt_new if shared else None
     for _ in range(STALE_RETRIES):
         try:
             clean = state.unfinished
@@ -515,9 +531,12 @@ async def _write(svc: Service, state: SessionState, prepared: list[tuple[Message
             check = shared and not state.compress_lock.locked()
             outcome = await write(job, PushJob(state, prepared, counts, now_iso(), watermark_tools, shared=shared,
                                                clean=clean, check_context=check,
-                                               between=turns.TURNS.step_aside if apart else None))
+                                               between=turns.TURNS.step_aside if apart else None,
+                                               fresh=fresh))
             if clean:
                 state.unfinished = False
+            if outcome.fresh is not None:
+                svc.cache.adopt_reloaded(state, outcome.fresh)
             return outcome
         except StaleSession:
             await svc.cache.reload(state)

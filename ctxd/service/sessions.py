@@ -115,15 +115,20 @@ async def count_sessions(svc: Service) -> int:
 
 
 async def get_session(svc: Service, session_id: str) -> SessionInfo:
-    return session_info(svc, await svc.cache.get(session_id))
+    return session_info(svc, await svc.cache.current(session_id))
 
 
 async def list_sessions(svc: Service, params: SessionListParams) -> list[SessionInfo]:
     if params.limit is not None and params.limit < 0:
         raise invalid_params("limit must not be negative", "limit")
     rows = await svc.db.read(store.list_sessions, params.limit, params.tag)
-    # Cached states are authoritative for sessions being pushed to right now.
-    return [session_info(svc, svc.cache.adopt(row)) for row in rows]
+    # Cached states are authoritative for sessions being pushed to right now; on shared
+    # storage, those another daemon changed meanwhile are read again.
+    states = [svc.cache.adopt(row) for row in rows]
+    if svc.db.shared:  # (a pass of this daemon mid-way leaves memory ahead, not behind)
+        states = [svc.cache.adopt_new(row) if state.row is not row and not state.compress_lock.locked()
+                  and svc.cache.moved(state, row) else state for state, row in zip(states, rows)]
+    return [session_info(svc, state) for state in states]
 
 
 def _check_described(svc: Service, params: SessionCreateParams | SessionUpdateParams) -> None:

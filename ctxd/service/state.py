@@ -250,7 +250,11 @@ class SessionCache:
         if row is None:
             self.forget(state.id)
             raise session_not_found(state.id)
-        fresh = self.adopt_new(row)
+        self.adopt_reloaded(state, self.adopt_new(row))
+
+    def adopt_reloaded(self, state: SessionState, fresh: SessionState) -> None:
+        """Make ``state`` what ``fresh`` (a state made from the stored row) says; the state
+        object, its locks and its tasks stay. The active context is rebuilt on next use."""
         state.row, state.stored = fresh.row, fresh.stored
         state.context_window, state.output_limit = fresh.context_window, fresh.output_limit
         state.last_prompt_tokens = None
@@ -272,13 +276,33 @@ class SessionCache:
             if row is None:
                 self.forget(state.id)
                 raise session_not_found(state.id)
-            stored = decode_stored(row.context_state).compression
             # Stored behind memory, or created at another time: another daemon deleted the
             # session and created it again under the same id (its seqs start over).
-            recreated = row.created_at != state.row.created_at or row.last_seq < state.row.last_seq
-            if (recreated or row.last_seq > state.row.last_seq or stored.revision > state.cstate.revision
-                    or context_moved(state, stored, row.goal)):
-                await self.reload(state)
+            if self.moved(state, row) or row.last_seq < state.row.last_seq:
+                self.adopt_reloaded(state, self.adopt_new(row))
+
+    def moved(self, state: SessionState, row: SessionRow) -> bool:
+        """Whether ``row`` (what is stored) says another daemon changed the session since
+        this one read it: pushed, compressed, changed its context, or created it anew."""
+        stored = decode_stored(row.context_state).compression
+        return (row.created_at != state.row.created_at or row.last_seq > state.row.last_seq
+                or stored.revision > state.cstate.revision or context_moved(state, stored, row.goal))
+
+    async def current(self, session_id: str) -> SessionState:
+        """The session as stored now, for an answer that only reads it (``session/get``,
+        ``context/stats``, the goal, history's statuses, an export): on shared storage another
+        daemon may have changed it since this one read it. Then the answer comes from a state
+        made from the stored row, not cached and not waiting for this daemon's own work on
+        the session (its next push or prompt catches memory up). A pass of this daemon that
+        is mid-way leaves memory ahead, not behind: then memory is the answer."""
+        state = await self.get(session_id)
+        if not self.db.shared or state.compress_lock.locked():
+            return state
+        row = await self.db.read(session_store.get_session, session_id)
+        if row is None:
+            self.forget(session_id)
+            raise session_not_found(session_id)
+        return self.adopt_new(row) if self.moved(state, row) else state
 
     @asynccontextmanager
     async def changing(self, state: SessionState) -> AsyncIterator[None]:

@@ -12,7 +12,8 @@ def _ratio(reported: int, counted: int) -> float | None:
 
 
 async def stats(svc: Service, session_id: str) -> ContextStatsResult:
-    state = await svc.cache.get(session_id)
+    state = await svc.cache.current(session_id)
+    served = await svc.cache.get(session_id)  # (the prompts this daemon handed out: its own count)
     row = state.row
     budget = svc.cache.budget(state)
     cstate = state.cstate
@@ -48,6 +49,7 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
         pruned_through_seq=cstate.prune_horizon(),
         pinned=list(cstate.pinned),
         prompt_cache=PromptCacheStats(
-            prompts=state.prompts, compared=state.prompts_followed, prefix_kept=state.prefix_kept,
-            prefix_kept_share=round(state.prefix_kept / state.prompts_followed, 4) if state.prompts_followed else None),
+            prompts=served.prompts, compared=served.prompts_followed, prefix_kept=served.prefix_kept,
+            prefix_kept_share=round(served.prefix_kept / served.prompts_followed, 4)
+            if served.prompts_followed else None),
     )

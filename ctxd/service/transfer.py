@@ -64,7 +64,7 @@ def _filename(doc: SessionDocument, fmt: str) -> str:
 
 
 async def export(svc: Service, params: ExportParams) -> ExportResult:
-    state = await svc.cache.get(params.session_id)
+    state = await svc.cache.current(params.session_id)
     rows = await svc.db.read(message_store.load_range, state.id, 0, None, None)
     active = await svc.db.read(checkpoint_store.load_active, state.id)
     compressions = await svc.db.read(checkpoint_store.list_compressions, state.id)
