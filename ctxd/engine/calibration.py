@@ -9,10 +9,19 @@ the pair uses whichever of the two the current fit (or, before there is one, the
 ratio) says the report is nearer to; when ctxd handed out a prompt since the last reply,
 that prompt's size is ctxd's side instead (a pass may have run in between).
 
-From the newest pairs a line is fitted, ``reported = ratio * counted + overhead``
-(least squares when the counts spread enough to tell the two apart, else the median
-ratio and no overhead), and the budget gives the conversation the provider's room
-less the overhead, divided by the ratio (``Budget.tokenRatio``, ``tokenOverhead``).
+From the newest pairs a line is fitted, ``reported = ratio * counted + overhead``, and
+the budget gives the conversation the provider's room less the overhead, divided by the
+ratio (``Budget.tokenRatio``, ``tokenOverhead``). The overhead is what the provider counts
+beside ctxd's count: the client's system prompt and tool schemas (Claude Code's ~18k),
+its framing of every message. It is measured at the newest calls, so the prediction for
+the next call is close whatever the line's slope. The ratio (what one more token of
+ctxd's count costs at the provider) is only learned from counts that spread over a share
+of the window (``LEARN_SPAN``): a slope measured over a few thousand tokens beside an 18k
+constant, extrapolated over a 200k window, mostly measures the client's per-call framing,
+and halved the window. Until then the ratio is 1 and the overhead carries the difference
+at the newest calls, which is exact there; it is learned as the conversation grows,
+long before the prompt nears the window. A provider that counts less than ctxd (a more
+efficient tokenizer) gets a ratio below 1 and no overhead.
 """
 
 from __future__ import annotations
@@ -24,14 +33,21 @@ from functools import lru_cache
 
 SAMPLES = 8
 """Pairs kept: the newest few follow a change of model or client within a few turns."""
-MIN_COUNTED = 256
-"""Calls with less than this counted are not used (mostly overhead, too noisy)."""
+MIN_COUNTED = 1
+"""Calls with less than this counted teach nothing (an empty prompt: no ratio in it)."""
 LOW, HIGH = 0.8, 2.0
 """Bounds of the ratio: a wild report never halves the window more than this."""
 MAX_OVERHEAD_SHARE = 0.25
 """The overhead never takes more than this share of the window."""
-MIN_SPREAD = 1.25
-"""Counts must spread by this factor (largest / smallest) before an overhead is fitted."""
+LEARN_SPAN = 0.1
+"""The counts of the pairs must spread over this share of the window before a ratio other
+than 1 is fitted (or ``MIN_LEARN_SPAN`` tokens in a small window)."""
+MIN_LEARN_SPAN = 512
+LEVEL = 3
+"""The overhead is the median over the newest this many pairs of what the line leaves."""
+PARTIAL = 0.5
+"""A report of less than this share of ctxd's count is not the prompt's size: a runtime
+that counted only what its cache did not hold (older Ollama versions)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +63,8 @@ def pair(reported: int, candidates: tuple[int, ...], current: Fit | None, window
     """``(counted, reported)`` for one usage report, or None when it teaches nothing: also
     when it reports more input than the session's ``window`` holds, which no provider
     accepts for this window (a transcript recorded with a larger window, replayed or
-    imported into a smaller one: its reports are about other prompts)."""
+    imported into a smaller one: its reports are about other prompts), or much less
+    than ctxd counted (``PARTIAL``)."""
     usable = [c for c in candidates if c >= MIN_COUNTED]
     if reported <= 0 or not usable or (window > 0 and reported > window):
         return None
@@ -55,6 +72,8 @@ def pair(reported: int, candidates: tuple[int, ...], current: Fit | None, window
         best = min(usable, key=lambda c: abs(math.log(reported / max(1.0, current.predict(c)))))
     else:
         best = min(usable, key=lambda c: abs(math.log(reported / c)))
+    if reported < PARTIAL * best:
+        return None
     return (best, reported)
 
 
@@ -79,21 +98,27 @@ def fit(samples: Sequence[tuple[int, int]], window: int) -> Fit:
     return _fit(tuple(map(tuple, samples)), window)
 
 
+def _slope(samples: tuple[tuple[int, int], ...], window: int) -> float:
+    """The fitted ratio: least squares over pairs whose counts spread enough (see the
+    module doc), bounded; else 1."""
+    counted = [c for c, _ in samples]
+    if len(samples) < 3 or max(counted) - min(counted) < max(MIN_LEARN_SPAN, LEARN_SPAN * window):
+        return 1.0
+    reported = [r for _, r in samples]
+    mean_c = sum(counted) / len(counted)
+    mean_r = sum(reported) / len(reported)
+    var = sum((c - mean_c) ** 2 for c in counted)
+    slope = sum((c - mean_c) * (r - mean_r) for c, r in zip(counted, reported)) / var
+    return min(HIGH, max(LOW, slope))
+
+
 @lru_cache(maxsize=256)
 def _fit(samples: tuple[tuple[int, int], ...], window: int) -> Fit:
-    counted = [c for c, _ in samples]
-    reported = [r for _, r in samples]
-    max_overhead = int(window * MAX_OVERHEAD_SHARE)
-    if len(samples) >= 3 and max(counted) >= MIN_SPREAD * min(counted):
-        mean_c = sum(counted) / len(counted)
-        mean_r = sum(reported) / len(reported)
-        var = sum((c - mean_c) ** 2 for c in counted)
-        slope = sum((c - mean_c) * (r - mean_r) for c, r in zip(counted, reported)) / var
-        # A slope out of bounds says the pairs are not on one line (a client that sent
-        # something else now and then): the bare ratio is the safer reading.
-        if LOW <= slope <= HIGH:
-            overhead = _median([r - slope * c for c, r in samples])
-            if overhead > 0:
-                return Fit(round(slope, 4), int(min(max_overhead, overhead)))
-    ratio = min(HIGH, max(LOW, _median([r / c for c, r in samples])))
-    return Fit(round(ratio, 4), 0)
+    ratio = _slope(samples, window)
+    newest = samples[-LEVEL:]
+    overhead = _median([r - ratio * c for c, r in newest])
+    if overhead < 0:
+        # The provider counts less than ctxd at the newest calls: a leaner tokenizer, read
+        # as a ratio below 1 (a negative constant would give more room the smaller the prompt).
+        return Fit(round(min(HIGH, max(LOW, _median([r / c for c, r in newest]))), 4), 0)
+    return Fit(round(ratio, 4), int(min(int(window * MAX_OVERHEAD_SHARE), overhead)))

@@ -310,9 +310,9 @@ async def test_prompt_repairs_tool_pairing(lsp, sid):
     assert "Mid-conversation instruction." in system
     assert all(b.get("text") != "Mid-conversation instruction." for m in p["anthropic"]["messages"]
                for b in m["content"])
-    # Repairs cost tokens the stored counts do not include.
+    # Repairs cost tokens, and every figure counts them: one count for the prompt.
     session = await request(lsp, "session/get", {"sessionId": sid})
-    assert p["openai"]["tokens"] > session["contextTokens"]
+    assert p["openai"]["tokens"] == p["openai"]["budget"]["promptTokens"] == session["contextTokens"]
 
 
 async def test_prompt_of_new_empty_session(lsp, sid):

@@ -16,28 +16,65 @@ def test_a_report_pairs_with_the_count_it_is_nearest_to():
     assert calibration.pair(21_600, (3_000, 10_000), Fit(1.2, 18_000)) == (3_000, 21_600)
 
 
-def test_small_calls_and_empty_reports_teach_nothing():
-    assert calibration.pair(900, (100, 200), None) is None
+def test_empty_and_partial_reports_teach_nothing():
     assert calibration.pair(0, (3_000,), None) is None
+    assert calibration.pair(900, (0,), None) is None
+    # A runtime that counted only what its prompt cache did not hold (older Ollama): not the
+    # prompt's size, and read as one it would set a ratio of 0.3.
+    assert calibration.pair(900, (3_000,), None) is None
+    # A small prompt beside a large constant (Claude Code's first call) is the best view of it.
+    assert calibration.pair(18_549, (35,), None) == (35, 18_549)
 
 
 def test_a_line_through_the_reports_separates_ratio_and_overhead():
-    # Claude Code style: ~18.5k of system prompt and tools never pushed, 1.3 per ctxd token.
-    samples = [(c, round(1.3 * c) + 18_500) for c in (600, 1_400, 2_900, 5_000, 9_000)]
+    # ~18.5k of system prompt and tools never pushed, 1.3 per ctxd token, counts that spread
+    # over more than a tenth of the window.
+    samples = [(c, round(1.3 * c) + 18_500) for c in (600, 5_000, 12_000, 21_000, 30_000)]
     fit = calibration.fit(samples, 200_000)
     assert abs(fit.ratio - 1.3) < 0.01 and abs(fit.overhead - 18_500) < 50
     for c, r in samples:
         assert abs(fit.predict(c) - r) / r < 0.01
 
 
-def test_without_spread_only_a_ratio_is_learned_and_it_is_bounded():
+def test_a_constant_beside_a_little_conversation_is_not_taken_for_a_ratio():
+    """Claude Code's usage (its ~18.5k of system prompt and tools never in the transcript,
+    the conversation 35 to 2,926 tokens by ctxd's count): the constant is the overhead, the
+    ratio stays 1 until the counts spread over a tenth of the window. The fit used to read
+    it as a ratio (2.0, its clamp: 84,000 of 200,000). The later reports are predicted
+    within 3%, and the budget leaves at least 130k."""
+    series = [(35, 18_549), (169, 18_754), (545, 19_276), (1_362, 20_322), (1_559, 20_550), (1_722, 20_897),
+              (1_902, 21_168), (2_030, 21_367), (2_290, 21_667), (2_361, 21_793), (2_517, 22_000),
+              (2_788, 22_345), (2_829, 22_628), (2_926, 22_899)]
+    samples: list[tuple[int, int]] = []
+    for k, (c, r) in enumerate(series):
+        if k >= 3:
+            assert abs(calibration.fit(samples, 200_000).predict(c) - r) / r < 0.03, k
+        samples = calibration.remember(samples, calibration.pair(r, (c,), calibration.fit(samples, 200_000), 200_000))
+    fit = calibration.fit(samples, 200_000)
+    assert fit.ratio == 1.0 and 19_000 < fit.overhead < 20_500
+    budget = budget_for(BudgetPolicy(usable_fraction=1.0), context_window=200_000, output_limit=32_000,
+                        calibration=fit)
+    assert budget.max_prompt_tokens >= 130_000
+
+
+def test_without_spread_the_difference_is_the_overhead_and_it_is_bounded():
     assert calibration.fit([], 8192) == Fit()
-    assert calibration.fit([(10_000, 12_700)], 8192) == Fit(1.27, 0)
-    assert calibration.fit([(1_000, 9_000)], 8192) == Fit(calibration.HIGH, 0)
-    assert calibration.fit([(10_000, 5_000)], 8192) == Fit(calibration.LOW, 0)
+    assert calibration.fit([(10_000, 12_700)], 200_000) == Fit(1.0, 2_700)
     # The overhead never takes more than a quarter of the window.
+    assert calibration.fit([(1_000, 9_000)], 8192) == Fit(1.0, 8192 // 4)
     samples = [(c, c + 60_000) for c in (1_000, 2_000, 4_000)]
     assert calibration.fit(samples, 32_768).overhead == 32_768 // 4
+    # A provider that counts less than ctxd: a ratio below 1 (bounded), no overhead.
+    assert calibration.fit([(10_000, 9_000)], 8192) == Fit(0.9, 0)
+    assert calibration.fit([(10_000, 5_000)], 8192) == Fit(calibration.LOW, 0)
+
+
+def test_a_ratio_is_learned_once_the_counts_spread():
+    """DeepSeek through mini-swe-agent: 1.12 per ctxd token and ~250 of framing. Within a
+    tenth of an 8k window the slope is fitted; the prediction holds where it was measured."""
+    samples = [(c, round(1.12 * c) + 250) for c in (1_200, 1_900, 2_600, 3_300)]
+    fit = calibration.fit(samples, 8192)
+    assert abs(fit.ratio - 1.12) < 0.01 and abs(fit.overhead - 250) < 5
 
 
 def test_samples_keep_the_newest():
@@ -57,10 +94,15 @@ def test_the_budget_gives_the_providers_room_less_overhead_divided_by_the_ratio(
     assert scaled.max_prompt_tokens * 1.25 + 400 <= plain.max_prompt_tokens  # fits as the provider counts
 
 
-def test_a_slope_out_of_bounds_falls_back_to_the_ratio():
-    # Reports that fall as the prompt grows are not one client on one line.
+def test_a_slope_out_of_bounds_is_held_to_its_bounds_and_keeps_the_overhead():
+    # Reports that fall as the prompt grows are not one client on one line: the lower bound,
+    # and what the newest calls say beyond it as the overhead.
     samples = [(1_000, 1_500), (2_000, 1_400), (4_000, 1_300)]
-    assert calibration.fit(samples, 32_768) == Fit(calibration.LOW, 0)
+    assert calibration.fit(samples, 8192) == Fit(calibration.LOW, 0)
+    # A steep line keeps its constant instead of folding it into a clamped ratio.
+    steep = [(c, 3 * c + 5_000) for c in (1_000, 5_000, 9_000)]
+    fit = calibration.fit(steep, 32_768)
+    assert fit.ratio == calibration.HIGH and fit.overhead > 5_000
 
 
 def test_a_report_larger_than_the_window_teaches_nothing():
