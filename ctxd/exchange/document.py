@@ -16,18 +16,44 @@ from ctxd.protocol.message import Message
 _encode = msgspec.json.Encoder().encode
 
 
-def header(doc: SessionDocument) -> dict[str, Any]:
-    return {
+def header(doc: SessionDocument, past: bool = True) -> dict[str, Any]:
+    """The session's fields, and (``past``) its ``context``: its state, calibration,
+    snapshots and checkpoints merged away, and (for the JSONL and Markdown forms, which have
+    no other place for them) its active checkpoints and the record of its compressions and
+    events. ctxd's JSON form keeps the last three at its top level, as it always did."""
+    head: dict[str, Any] = {
         "sessionId": doc.session_id, "createdAt": doc.created_at, "title": doc.title, "model": doc.model,
         "provider": doc.provider, "contextWindow": doc.context_window, "systemPrompt": doc.system_prompt,
         "tags": doc.tags, "metadata": doc.metadata, "settings": doc.settings, "goal": doc.goal,
     }
+    context = _context(doc, with_checkpoints=past)
+    if context:
+        head["context"] = context
+    return head
+
+
+def _context(doc: SessionDocument, with_checkpoints: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if doc.state is not None:
+        out["state"] = doc.state
+    if doc.calibration is not None:
+        out["calibration"] = doc.calibration
+    if doc.retired_checkpoints:
+        out["retiredCheckpoints"] = doc.retired_checkpoints
+    if doc.snapshots:
+        out["snapshots"] = doc.snapshots
+    if with_checkpoints:
+        for key, value in (("checkpoints", doc.checkpoints), ("compressions", doc.compressions),
+                           ("events", doc.events)):
+            if value:
+                out[key] = value
+    return out
 
 
 def export_json(doc: SessionDocument, exported_at: str) -> str:
     body = {
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "exportedAt": exported_at,
-        "session": header(doc),
+        "session": header(doc, past=False),
         "messages": [{"seq": m.seq, "createdAt": m.created_at, "message": m.message} for m in doc.messages],
         "checkpoints": doc.checkpoints, "compressions": doc.compressions, "events": doc.events,
     }
@@ -43,13 +69,31 @@ class _Entry(msgspec.Struct):
 def from_header(head: Any, messages: list[ExportedMessage]) -> SessionDocument:
     if not isinstance(head, dict) or not isinstance(head.get("sessionId"), str):
         raise DocumentError("session.sessionId is missing")
-    return SessionDocument(
+    doc = SessionDocument(
         session_id=head["sessionId"], created_at=head.get("createdAt") or "", messages=messages,
         title=head.get("title"), model=head.get("model"), provider=head.get("provider"),
         context_window=head.get("contextWindow"), system_prompt=head.get("systemPrompt"),
         tags=list(head.get("tags") or []), metadata=dict(head.get("metadata") or {}),
         settings=dict(head.get("settings") or {}), goal=head.get("goal"),
     )
+    context = head.get("context")
+    if context is not None:
+        if not isinstance(context, dict):
+            raise DocumentError("session.context is not an object")
+        for key in ("retiredCheckpoints", "snapshots", "checkpoints", "compressions", "events"):
+            if not isinstance(context.get(key, []), list):
+                raise DocumentError(f"session.context.{key} is not a list")
+        for key in ("state", "calibration"):
+            if not isinstance(context.get(key, {}), dict):
+                raise DocumentError(f"session.context.{key} is not an object")
+        doc.state = context.get("state")
+        doc.calibration = context.get("calibration")
+        doc.retired_checkpoints = list(context.get("retiredCheckpoints") or [])
+        doc.snapshots = list(context.get("snapshots") or [])
+        doc.checkpoints = list(context.get("checkpoints") or [])
+        doc.compressions = list(context.get("compressions") or [])
+        doc.events = list(context.get("events") or [])
+    return doc
 
 
 class Outline(msgspec.Struct):
@@ -190,10 +234,18 @@ def import_outline(outline: Outline, between: Callable[[], object] | None = None
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise DocumentError(f"messages[{index}]: {exc}") from None
     doc = from_header(outline.session, [ExportedMessage(e.seq, e.createdAt, e.message) for e in entries])
-    doc.checkpoints = list(outline.checkpoints or [])
-    doc.compressions = list(outline.compressions or [])
-    doc.events = list(outline.events or [])
+    _top_level(doc, outline.checkpoints, outline.compressions, outline.events)
     return doc
+
+
+def _top_level(doc: SessionDocument, checkpoints: Any, compressions: Any, events: Any) -> None:
+    """The JSON form's own places for the checkpoints and the record of the session."""
+    for key, value in (("checkpoints", checkpoints), ("compressions", compressions), ("events", events)):
+        if value is not None and not isinstance(value, list):
+            raise DocumentError(f"{key} is not a list")
+    doc.checkpoints = list(checkpoints or doc.checkpoints)
+    doc.compressions = list(compressions or doc.compressions)
+    doc.events = list(events or doc.events)
 
 
 def import_json(data: Any) -> SessionDocument:
@@ -206,7 +258,5 @@ def import_json(data: Any) -> SessionDocument:
     except msgspec.ValidationError as exc:
         raise DocumentError(f"messages: {exc}") from None
     doc = from_header(data.get("session"), [ExportedMessage(e.seq, e.createdAt, e.message) for e in entries])
-    doc.checkpoints = list(data.get("checkpoints") or [])
-    doc.compressions = list(data.get("compressions") or [])
-    doc.events = list(data.get("events") or [])
+    _top_level(doc, data.get("checkpoints"), data.get("compressions"), data.get("events"))
     return doc

@@ -113,6 +113,12 @@ class HistorySearchParams(msgspec.Struct, rename="camel", omit_defaults=True):
 
 
 class ExportParams(msgspec.Struct, rename="camel"):
+    """The session as a document (``json``: ctxd's own; ``jsonl``: OpenAI chat messages, one
+    a line; ``markdown``: to read). Each carries every message and the session's past: its
+    context state, checkpoints (active and merged away), goal, snapshots, the record of its
+    compressions and events and its calibration; ``session/import`` of it gives the same
+    session and the same prompt."""
+
     session_id: str
     format: ExportFormat = "json"
 

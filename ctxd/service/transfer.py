@@ -23,12 +23,16 @@ from typing import Any
 import anyio
 import msgspec
 
-from ctxd.engine.context import sent_tokens
+from ctxd.engine.checkpoints import render_section
+from ctxd.engine.context import ActiveContext, CompressionState, Entry, sent_tokens
+from ctxd.engine.goals import render_goal
 from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
-from ctxd.protocol.compression import SessionSettings
-from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.compression import Checkpoint, SessionSettings
+from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.goal import Goal
-from ctxd.protocol.history import ExportParams, ExportResult, ImportParams, ImportResult
+from ctxd.protocol.history import (CompressionRecord, ExportParams, ExportResult, ImportParams, ImportResult,
+                                   SessionEvent)
+from ctxd.protocol.snapshot import SnapshotInfo
 from ctxd.service import compression, turns
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
@@ -43,13 +47,14 @@ from ctxd.service.ingest import (
     write_stages,
 )
 from ctxd.service.sessions import MIN_WINDOW, enforce_retention
+from ctxd.service.state import compression_policy
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store import snapshots as snapshot_store
 from ctxd.store.messages import NewMessage
-from ctxd.store.sessions import SessionRow, SessionStats
-from ctxd.store.state import Figures, StoredState
+from ctxd.store.sessions import DriftTotals, SessionRow, SessionStats
+from ctxd.store.state import Figures, StoredState, decode_stored
 from ctxd.tokens import PROMPT_PRIMING, TokenCounter
 
 MEDIA = {"json": "application/json", "jsonl": "application/jsonl", "markdown": "text/markdown"}
@@ -63,13 +68,33 @@ def _filename(doc: SessionDocument, fmt: str) -> str:
     return f"{base}.{SUFFIX[fmt]}"
 
 
+def _read_past(conn: Any, session_id: str) -> tuple[SessionRow | None, list[Any], list[Checkpoint], list[Checkpoint],
+                                                     list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+    """Everything an export holds, read together: the row (its context state, goal and
+    calibration), history, the checkpoints (active, merged away), the record of
+    compressions and events, the snapshots."""
+    return (session_store.get_session(conn, session_id), message_store.load_range(conn, session_id, 0, None, None),
+            checkpoint_store.load_active(conn, session_id), checkpoint_store.load_retired(conn, session_id),
+            checkpoint_store.list_compressions(conn, session_id), snapshot_store.list_events(conn, session_id),
+            snapshot_store.list_rows(conn, session_id))
+
+
+def _snapshot_doc(snapshot: snapshot_store.SnapshotRow) -> dict[str, Any]:
+    return {"info": msgspec.to_builtins(snapshot.info), "state": msgspec.json.decode(snapshot.state),
+            "checkpoints": msgspec.to_builtins(snapshot.checkpoints),
+            "goal": msgspec.to_builtins(snapshot.goal) if snapshot.goal else None}
+
+
 async def export(svc: Service, params: ExportParams) -> ExportResult:
-    state = await svc.cache.current(params.session_id)
-    rows = await svc.db.read(message_store.load_range, state.id, 0, None, None)
-    active = await svc.db.read(checkpoint_store.load_active, state.id)
-    compressions = await svc.db.read(checkpoint_store.list_compressions, state.id)
-    events = await svc.db.read(snapshot_store.list_events, state.id)
-    row = state.row
+    state = await svc.cache.get(params.session_id)
+    # What is stored, read while no pass of this daemon is between its summaries and its
+    # new state (a pass stores its state and checkpoints together).
+    async with state.compress_lock:
+        stored, rows, active, retired, compressions, events, snapshots = await svc.db.read(_read_past, state.id)
+    if stored is None:
+        svc.cache.forget(state.id)
+        raise session_not_found(state.id)
+    row = stored
     doc = SessionDocument(
         session_id=row.id, created_at=row.created_at,
         messages=[ExportedMessage(m.seq, m.created_at, m.message) for m in rows],
@@ -77,6 +102,10 @@ async def export(svc: Service, params: ExportParams) -> ExportResult:
         system_prompt=row.system_prompt, tags=row.tags, metadata=row.metadata,
         settings=msgspec.to_builtins(row.settings), goal=msgspec.to_builtins(row.goal) if row.goal else None,
         checkpoints=[msgspec.to_builtins(cp) for cp in active], compressions=compressions, events=events,
+        state=msgspec.to_builtins(decode_stored(row.context_state).compression),
+        calibration=msgspec.to_builtins(row.stats.drift),
+        retired_checkpoints=[msgspec.to_builtins(cp) for cp in retired],
+        snapshots=[_snapshot_doc(snapshot) for snapshot in snapshots],
     )
     # The document formats load on first use, not at daemon start-up.
     from ctxd.exchange.document import export_json
@@ -192,10 +221,115 @@ def _prepare(doc: SessionDocument, counter: TokenCounter, limit: int, now: str,
     return rows, stats, used, system_tokens
 
 
-def _import_job(conn: Any, row: SessionRow, rows: list[tuple[int, NewMessage]], stored_state: bytes) -> None:
+@dataclasses.dataclass
+class Past:
+    """What a ctxd document carries of a session besides its history (``exchange``): its
+    active context's state, checkpoints, the record of its passes and events, snapshots
+    and calibration, checked against the history it comes with."""
+
+    state: CompressionState
+    checkpoints: list[Checkpoint]
+    retired: list[Checkpoint]
+    compressions: list[CompressionRecord]
+    events: list[SessionEvent]
+    snapshots: list[snapshot_store.SnapshotRow]
+    drift: DriftTotals | None
+
+
+def _bad(where: str, what: str) -> CtxdError:
+    return CtxdError(ErrorCode.ImportFailed, f"document: {where}: {what}", {"field": "document"})
+
+
+def _past_of(doc: SessionDocument, count: int) -> Past | None:
+    """The document's past, or None when it carries none (the session starts afresh from
+    its history). Every sequence number it names must be one of the document's messages,
+    which must be numbered 1..N in order: the state refers to them by number."""
+    if doc.state is None:
+        return None
+    for index, item in enumerate(doc.messages):
+        if item.seq != index + 1:
+            raise _bad(f"messages[{index}].seq", f"is {item.seq}, expected {index + 1} (the context state "
+                                                 "refers to messages by their number)")
+    try:
+        state = msgspec.convert(doc.state, CompressionState)
+        checkpoints = msgspec.convert(doc.checkpoints, list[Checkpoint])
+        retired = msgspec.convert(doc.retired_checkpoints, list[Checkpoint])
+        compressions = msgspec.convert(doc.compressions, list[CompressionRecord])
+        events = msgspec.convert(doc.events, list[SessionEvent])
+        drift = msgspec.convert(doc.calibration, DriftTotals) if doc.calibration is not None else None
+    except msgspec.ValidationError as exc:
+        raise _bad("its context", str(exc)) from None
+
+    def within(where: str, seqs: Any, allow_zero: bool = False) -> None:
+        for seq in seqs:
+            if not isinstance(seq, int) or not (0 if allow_zero else 1) <= seq <= count:
+                raise _bad(where, f"names message {seq}; the document has {count}")
+
+    within("context.state.boundary", [state.boundary], allow_zero=True)
+    within("context.state.keptSeqs", state.kept_seqs)
+    if any(seq > state.boundary for seq in state.kept_seqs):
+        raise _bad("context.state.keptSeqs", f"names a message after the boundary ({state.boundary})")
+    within("context.state.pinned", state.pinned)
+    within("context.state.watermarkSeq", [min(state.watermark_seq, count)], allow_zero=True)
+    within("context.state.prunes", [p.through_seq for p in state.prunes], allow_zero=True)
+    within("context.state.clips", [c.seq for c in state.clips])
+    within("context.state.rolledBack", [seq for low, high in state.rolled_back for seq in (low, high)])
+    for index, cp in enumerate(checkpoints + retired):
+        within(f"checkpoint {cp.id}", [seq for low, high in cp.message_ranges for seq in (low, high)])
+    snapshots = []
+    for index, raw in enumerate(doc.snapshots):
+        try:
+            if not isinstance(raw, dict):
+                raise msgspec.ValidationError("expected an object")
+            info = msgspec.convert(raw.get("info"), SnapshotInfo)
+            snap_state = msgspec.convert(raw.get("state") or {}, StoredState)
+            snap_checkpoints = msgspec.convert(raw.get("checkpoints") or [], list[Checkpoint])
+            snap_goal = msgspec.convert(raw["goal"], Goal) if raw.get("goal") else None
+        except (msgspec.ValidationError, KeyError) as exc:
+            raise _bad(f"context.snapshots[{index}]", str(exc)) from None
+        within(f"snapshot {info.snapshot_id}", [info.last_seq], allow_zero=True)
+        snapshots.append(snapshot_store.SnapshotRow(info, _encode(snap_state), snap_checkpoints, snap_goal))
+    return Past(state, checkpoints, retired, compressions, events, snapshots, drift)
+
+
+def _figures(svc: Service, row: SessionRow, past: Past, rows: list[tuple[int, NewMessage]],
+             counter: TokenCounter) -> Figures:
+    """The budget's figures of the imported session's active context, as the daemon will
+    count it when it loads it (``SessionCache.context``)."""
+    by_seq = {seq: new for seq, new in rows}
+    cstate = past.state
+    ctx = ActiveContext(
+        system_prompt=row.system_prompt, state=msgspec.structs.replace(cstate), checkpoints=list(past.checkpoints),
+        kept=[Entry.of(seq, by_seq[seq].message, by_seq[seq].tokens) for seq in cstate.kept_seqs],
+        recent=[Entry.of(seq, new.message, new.tokens) for seq, new in rows
+                if seq > cstate.boundary and not cstate.is_rolled_back(seq)])
+    ctx.goal_text = render_goal(row.goal)
+    ctx.refresh_system(counter.count, render_section(ctx.checkpoints))
+    ctx.refresh(counter.count, compression_policy(svc.config, row).protected_tools)
+    return Figures(ctx.system_tokens, ctx.checkpoint_tokens, ctx.pinned_tokens, ctx.used, len(ctx.checkpoints),
+                   list(ctx.pairing.open))
+
+
+def _write_past(conn: Any, session_id: str, past: Past | None) -> None:
+    if past is None:
+        return
+    checkpoint_store.save_active(conn, session_id, past.checkpoints)
+    checkpoint_store.save_retired(conn, session_id, past.retired)
+    for record in past.compressions:
+        checkpoint_store.insert_compression(conn, session_id, msgspec.to_builtins(record))
+    for event in past.events:
+        snapshot_store.add_event(conn, session_id, event.at, event.kind, event.last_seq, event.detail)
+    for snapshot in past.snapshots:
+        snapshot_store.insert_snapshot(conn, dataclasses.replace(
+            snapshot, info=msgspec.structs.replace(snapshot.info, session_id=session_id)))
+
+
+def _import_job(conn: Any, row: SessionRow, rows: list[tuple[int, NewMessage]], stored_state: bytes,
+                past: Past | None = None) -> None:
     session_store.insert_session(conn, row)
     message_store.insert_messages(conn, row.id, rows)
     session_store.save_context(conn, row.id, context_state=stored_state)
+    _write_past(conn, row.id, past)
 
 
 def _begin_import(conn: Any, row: SessionRow) -> None:
@@ -207,17 +341,18 @@ def _begin_import(conn: Any, row: SessionRow) -> None:
     message_store.begin_staged(conn, row.id, message_store.IMPORTING, row.last_activity)
 
 
-def _end_import(conn: Any, row: SessionRow, stored_state: bytes) -> None:
+def _end_import(conn: Any, row: SessionRow, stored_state: bytes, past: Past | None = None) -> None:
     """Its last: the staged rows become the session's history, and the session is shown,
     exactly as :func:`_import_job` would have left it."""
     message_store.end_staged(conn, row.id)
     session_store.update_session(conn, row.id, message_count=row.message_count, token_count=row.token_count,
                                  last_seq=row.last_seq)
     session_store.save_context(conn, row.id, context_state=stored_state)
+    _write_past(conn, row.id, past)
 
 
 async def _write_staged(svc: Service, row: SessionRow, chunks: list[list[tuple[int, NewMessage]]],
-                        stored_state: bytes) -> None:
+                        stored_state: bytes, past: Past | None) -> None:
     """A large import on SQLite in several transactions (the module doc)."""
     # Before the try: if this fails (the id is taken), nothing of ours was written, and the
     # clean-up must not touch what another write of that id marked. (A shutdown cancelling
@@ -235,7 +370,7 @@ async def _write_staged(svc: Service, row: SessionRow, chunks: list[list[tuple[i
     svc.indexer.unfinished += count
     try:
         await write_stages(svc, row.id, chunks)
-        await svc.db.write(_end_import, row, stored_state)
+        await svc.db.write(_end_import, row, stored_state, past)
     except BaseException:
         try:  # nothing of it was acknowledged: it goes now (else when the id is taken again, or at the next start)
             await svc.db.write(message_store.drop_unfinished, row.id)
@@ -249,13 +384,13 @@ async def _write_staged(svc: Service, row: SessionRow, chunks: list[list[tuple[i
 
 
 async def _write_import(svc: Service, row: SessionRow, rows: list[tuple[int, NewMessage]],
-                        stored: StoredState) -> None:
+                        stored: StoredState, past: Past | None) -> None:
     """One conversation's session and messages, as one transaction or (SQLite, large) staged."""
     chunks = stage_chunks(rows) if svc.db.dialect == "sqlite" else []
     if len(chunks) > 1:
         # SQLite has one writer: an import's 10,000 rows in one transaction held every
         # other client's push 65-100 ms.
-        await _write_staged(svc, row, chunks, _encode(stored))
+        await _write_staged(svc, row, chunks, _encode(stored), past)
     else:
         # An import larger than a small push (by count or by size) runs beside the
         # writer's other jobs where the store can (PostgreSQL's second writer connection):
@@ -263,7 +398,7 @@ async def _write_import(svc: Service, row: SessionRow, rows: list[tuple[int, New
         # and the COPY of 10 messages of 4 MB on the writer held them 240-920 ms.
         small = len(rows) <= PIPELINE_MESSAGES and sum(len(r.body) for _, r in rows) <= PIPELINE_BYTES
         write = svc.db.write if small else svc.db.write_apart
-        await write(_import_job, row, rows, _encode(stored))
+        await write(_import_job, row, rows, _encode(stored), past)
 
 
 async def import_session(svc: Service, params: ImportParams) -> ImportResult:
@@ -286,7 +421,7 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
     # All or nothing: every conversation is prepared (and refused, if it must be) before
     # any is written, and those written are removed if a later one cannot be.
     limit = svc.config.limits.max_message_bytes
-    planned: list[tuple[SessionRow, list[tuple[int, NewMessage]], StoredState]] = []
+    planned: list[tuple[SessionRow, list[tuple[int, NewMessage]], StoredState, Past | None]] = []
     for doc in docs:
         session_id = params.session_id or doc.session_id or str(uuid.uuid4())
         counter = TokenCounter.for_model(doc.model)
@@ -312,11 +447,20 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
             token_count=sum(r.tokens.total for _, r in rows), context_tokens=PROMPT_PRIMING + system_tokens + used,
             last_seq=len(rows), stats=stats, goal=goal, settings=settings,
         )
-        planned.append((row, rows, StoredState(figures=Figures(system=system_tokens, used=used))))
+        past = _past_of(doc, len(rows))
+        if past is None:
+            stored = StoredState(figures=Figures(system=system_tokens, used=used))
+        else:  # the same session: its context as it was, and what it learned of its provider
+            if past.drift is not None:
+                row.stats.drift = past.drift
+            stored = StoredState(compression=past.state, figures=_figures(svc, row, past, rows, counter))
+            row.context_tokens = stored.figures.prompt
+        row.context_state = _encode(stored)  # (what the cache adopts the session with)
+        planned.append((row, rows, stored, past))
     written: list[str] = []
     try:
-        for row, rows, stored in planned:
-            await _write_import(svc, row, rows, stored)
+        for row, rows, stored, past in planned:
+            await _write_import(svc, row, rows, stored, past)
             written.append(row.id)
     except BaseException:
         for session_id in written:
@@ -328,7 +472,7 @@ async def import_session(svc: Service, params: ImportParams) -> ImportResult:
         raise
     ids: list[str] = []
     total = 0
-    for row, rows, _ in planned:
+    for row, rows, _, _ in planned:
         svc.indexer.stored(len(rows))
         state = svc.cache.adopt(row)
         ids.append(row.id)

@@ -36,6 +36,22 @@ def load_active(conn: sqlite3.Connection, session_id: str) -> list[Checkpoint]:
     return [_decoder.decode(body) for (body,) in rows]
 
 
+def load_retired(conn: sqlite3.Connection, session_id: str) -> list[Checkpoint]:
+    """The checkpoints merged away (no position), oldest first: ``checkpoint/expand``
+    still answers for them, so an export carries them too."""
+    rows = conn.execute(
+        "SELECT body FROM checkpoints WHERE session_id = ? AND position IS NULL ORDER BY created_at, id",
+        (session_id,))
+    return [_decoder.decode(body) for (body,) in rows]
+
+
+def save_retired(conn: sqlite3.Connection, session_id: str, checkpoints: list[Checkpoint]) -> None:
+    """Store checkpoints that are no longer active (an import of an exported session)."""
+    conn.executemany(
+        "INSERT INTO checkpoints (session_id, id, position, created_at, body) VALUES (?, ?, NULL, ?, ?)",
+        [(session_id, cp.id, cp.created_at, _encode(cp)) for cp in checkpoints])
+
+
 def get_checkpoint(conn: sqlite3.Connection, session_id: str, checkpoint_id: str) -> Checkpoint | None:
     row = conn.execute("SELECT body FROM checkpoints WHERE session_id = ? AND id = ?",
                        (session_id, checkpoint_id)).fetchone()
@@ -68,3 +84,16 @@ def list_compressions(conn: sqlite3.Connection, session_id: str) -> list[dict[st
                     "summarizer": summarizer, "durationMs": duration,
                     "detail": msgspec.json.decode(detail) if detail else None})
     return out
+
+
+def insert_compression(conn: sqlite3.Connection, session_id: str, record: dict[str, Any]) -> None:
+    """One record of :func:`list_compressions` stored as it was, number included (an
+    import of an exported session)."""
+    detail = record.get("detail")
+    conn.execute(
+        "INSERT INTO compressions (session_id, number, at, trigger_kind, last_seq, layers, before_tokens, "
+        "after_tokens, checkpoint_ids, summarizer, duration_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (session_id, record["number"], record["at"], record["trigger"], record["lastSeq"],
+         _encode(record["layers"]).decode(), record["beforeTokens"], record["afterTokens"],
+         _encode(record["checkpointIds"]).decode(), record.get("summarizer"), record["durationMs"],
+         _encode(detail).decode() if detail is not None else None))

@@ -52,6 +52,15 @@ def get_snapshot(conn: sqlite3.Connection, session_id: str, snapshot_id: str) ->
                        _goal.decode(goal) if goal else None)
 
 
+def list_rows(conn: sqlite3.Connection, session_id: str) -> list[SnapshotRow]:
+    """Every snapshot of the session whole, oldest first (an export carries them)."""
+    rows = conn.execute("SELECT info, state, checkpoints, goal FROM snapshots WHERE session_id = ? "
+                        "ORDER BY created_at, rowid", (session_id,))
+    return [SnapshotRow(_info.decode(info), bytes(state) if not isinstance(state, str) else state.encode(),
+                        _checkpoints.decode(checkpoints), _goal.decode(goal) if goal else None)
+            for info, state, checkpoints, goal in rows]
+
+
 def delete_snapshots(conn: sqlite3.Connection, session_id: str, ids: list[str]) -> list[str]:
     deleted = []
     for snapshot_id in ids:

@@ -342,3 +342,101 @@ async def test_round_trip_of_unicode_line_separators():
                                                                           for e in original["messages"]], fmt
             info = await conn.call("session/get", {"sessionId": f"copy-{fmt}"})
             assert info["title"] == text and info["systemPrompt"] == text, fmt
+
+
+# --- a session with a past: compressions, pins, a watermark, a goal, snapshots, a restore ------
+
+
+def _wire(path: Path) -> list[dict[str, Any]]:
+    import msgspec
+
+    from ctxd.importers import load_transcripts
+
+    return [msgspec.to_builtins(m) for m in load_transcripts(path)[0].messages]
+
+
+async def _lived_session(conn: Conn, sid: str) -> None:
+    """A real Claude Code session (with its usage) pushed in three parts at a 32k window:
+    compressed, a message pinned, a goal with a locked decision, a snapshot, more pushes, a
+    goal change and a compression, then that snapshot restored (its goal back, the pushes
+    after it rolled back), the last part pushed, the watermark moved and compressed again."""
+    messages = _wire(FIXTURES / "claude_code_usage_session.jsonl")
+    third = len(messages) // 3
+    await conn.call("session/create", {"sessionId": sid, "model": "claude-opus-4-5-20251101",
+                                       "contextWindow": 32768, "systemPrompt": "You are Claude Code."})
+    await push(conn, sid, messages[:third])
+    await conn.call("context/compress", {"sessionId": sid})
+    await conn.call("message/pin", {"sessionId": sid, "seq": 1})
+    await conn.call("goal/set", {"sessionId": sid, "description": "multiply_numbers with tests",
+                                 "decisions": [{"description": "keep src/math_utils.py pure", "locked": True}]})
+    snapshot = await conn.call("snapshot/create", {"sessionId": sid, "label": "before the edit"})
+    await push(conn, sid, messages[third:2 * third])
+    await conn.call("goal/update", {"sessionId": sid, "description": "and a release"})
+    await conn.call("context/compress", {"sessionId": sid})
+    await conn.call("snapshot/restore", {"sessionId": sid, "snapshotId": snapshot["snapshotId"]})
+    await push(conn, sid, messages[2 * third:])
+    await conn.call("context/watermark", {"sessionId": sid, "seq": 2 * third + 6})
+    await conn.call("context/compress", {"sessionId": sid})
+
+
+async def _everything(conn: Conn, sid: str) -> dict[str, Any]:
+    """What a client can see of a session, without what differs between two copies of it
+    by nature (its id, when it was last active)."""
+    history = await full_history(conn, sid)
+    stats = await conn.call("context/stats", {"sessionId": sid})
+    checkpoints = await conn.call("context/checkpoints", {"sessionId": sid})
+    snapshots = (await conn.call("snapshot/list", {"sessionId": sid}))["snapshots"]
+    expanded = [await conn.call("checkpoint/expand", {"sessionId": sid, "checkpointId": cid})
+                for c in history.get("compressions", []) for cid in c["checkpointIds"]]
+    for s in snapshots:
+        s.pop("sessionId")
+    stats.pop("sessionId")
+    stats.pop("promptCache")  # (prompts this daemon handed out for the session: not the session's)
+    return {
+        "statuses": [(e["seq"], e["status"], e.get("pruned", False), e.get("filtered", False))
+                     for e in history["messages"]],
+        "messages": [encoded(e["message"]) for e in history["messages"]],
+        "compressions": history.get("compressions", []), "events": history.get("events", []),
+        "checkpoints": checkpoints["checkpoints"], "checkpointTokens": checkpoints["tokens"],
+        "expanded": [(x["checkpoint"]["id"], [m["seq"] for m in x["messages"]]) for x in expanded],
+        "goal": (await conn.call("goal/get", {"sessionId": sid}))["goal"],
+        "stats": stats, "snapshots": snapshots,
+        "prompts": {fmt: sent(await conn.call("context/prompt", {"sessionId": sid, "format": fmt}))
+                    for fmt in ("openai", "anthropic", "ollama")},
+    }
+
+
+def sent(result: dict[str, Any]) -> dict[str, Any]:
+    return {"system": result.get("system"), "messages": result["messages"], "tokens": result["tokens"],
+            "budget": result["budget"], "checkpointCount": result["checkpointCount"],
+            "compressionCount": result["compressionCount"]}
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "markdown"])
+async def test_a_session_with_a_past_comes_back_the_same(fmt):
+    """After compressions, a pin, a watermark, a goal with a decision, a snapshot, more
+    pushes and a restore: export, then import, gives the same session: each message's
+    status (compressed, kept, rolled back, pruned, filtered), the checkpoints (the active
+    ones and those merged away, which checkpoint/expand still answers for), the goal and
+    its decisions, the pins, the watermark, the calibration learned from the transcript's
+    usage, the snapshots, the record of compressions and events, and the same prompt in
+    every format. (It used to come back as a new session: 15 messages in the prompt
+    instead of 7, "compressed" and "rolled back" turned "context", new checkpoints.)"""
+    async with running() as d:
+        conn = await d.connect()
+        await _lived_session(conn, "lived")
+        original = await _everything(conn, "lived")
+        assert {s for _, s, _, _ in original["statuses"]} >= {"compressed", "kept", "rolled_back", "context"}
+        assert original["stats"]["pinned"] == [1] and original["stats"]["watermarkSeq"] > 0
+        assert original["stats"]["budget"]["tokenOverhead"] > 0 and len(original["snapshots"]) >= 2
+        assert original["goal"]["decisions"][0]["locked"]
+        document = (await conn.call("session/export", {"sessionId": "lived", "format": fmt}))["document"]
+        result = await conn.call("session/import", {"document": document, "sessionId": "copy"})
+        assert result["format"] == fmt
+        copy = await _everything(conn, "copy")
+        for key in original:
+            assert copy[key] == original[key], key
+        # And it lives on as the original would: the next push and prompt agree too.
+        for sid in ("lived", "copy"):
+            await push(conn, sid, [{"role": "user", "content": "one more thing"}])
+        assert (await _everything(conn, "copy"))["prompts"] == (await _everything(conn, "lived"))["prompts"]
