@@ -41,7 +41,15 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ctxd", description="The ctxd context daemon.")
+    p = argparse.ArgumentParser(
+        prog="ctxd", usage="%(prog)s [options]\n       %(prog)s proxy [--port PORT] [...]\n       %(prog)s mcp [...]",
+        description="The ctxd context daemon.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n"
+               "  proxy         an OpenAI/Anthropic/Ollama API proxy on 127.0.0.1: every request becomes a\n"
+               "                session's prompt (ctxd proxy --help; docs/proxy.md)\n"
+               "  mcp           an MCP server over stdio for agents: recall, search, stats\n"
+               "                (ctxd mcp --help; docs/mcp.md)\n"
+               "\nctxd-cli talks to a running daemon (sessions, prompts, stats, replay, doctor).")
     p.add_argument("--version", action="version", version=f"ctxd {__version__}")
     p.add_argument("--stdio", action="store_true", help="serve stdio (the default when no other transport is given)")
     p.add_argument("--socket", nargs="?", const="", default=None, metavar="PATH",

@@ -72,6 +72,6 @@ async def open_here(config: Config) -> EmbeddedDaemon:
         raise NotHere(str(exc), other) from None
     except StartupError as exc:
         raise NotHere(f"cannot start the ctxd daemon: {exc}") from None
-    log.warning("ctxd daemon %d in this process, serving %s", os.getpid(), config.socket_path)
+    log.info("ctxd daemon %d in this process, serving %s", os.getpid(), config.socket_path)
     tune_for_daemon()  # (the daemon's, in this process)
     return EmbeddedDaemon(daemon, LocalPort(daemon.service))

@@ -442,7 +442,8 @@ def budget_pairs(budget: dict[str, Any]) -> list[tuple[str, str | Styled]]:
         room = f"{num(budget.get('usable'))} usable - {num(budget.get('reservedOutput'))} reserved"
         if overhead:
             room += f" - {num(overhead)} added"
-        room = f"({room}) / {ratio:.2f} provider ratio"
+        # (A ratio of 1 divides nothing: only the provider's added tokens were learned.)
+        room = f"({room}) / {ratio:.2f} provider ratio" if ratio != 1.0 else f"{room} by the provider"
     return [
         ("window", num(budget.get("contextWindow"))),
         ("max prompt", f"{num(budget.get('maxPromptTokens'))} ({room})"),
@@ -477,6 +478,55 @@ def reliability(rel: dict[str, Any] | None) -> str | Styled:
     score = rel.get("score")
     text = level + (f" (score {score:.2f})" if isinstance(score, (int, float)) else "")
     return Styled(text, RELIABILITY_STYLES.get(level, ""))
+
+
+def reliability_pairs(rel: dict[str, Any] | None) -> list[tuple[str, "str | Styled"]]:
+    """The level and score, what the score is made of, and the advice that comes with the
+    level (``stats``, ``sessions show``), a line each."""
+    pairs: list[tuple[str, "str | Styled"]] = [("reliability", reliability(rel))]
+    pairs += [("", ("= " if index == 0 else "x ") + part) for index, part in enumerate(reliability_parts(rel or {}))]
+    for index, advice in enumerate((rel or {}).get("recommendations") or []):
+        pairs.append(("advice" if index == 0 else "", advice))
+    return pairs
+
+
+RELIABILITY_HELP = """\
+Reliability is how far the session's answers can be trusted as its context
+is compressed: score = model x compressions x context, each from 0 to 1.
+  model         the model's size: 70B and up (and hosted frontier models)
+                0.95, 30B 0.85, 13B 0.70 (also a size ctxd cannot tell),
+                7B 0.50, smaller 0.30
+  compressions  1.00 less 0.15 for each compression pass so far, never
+                below 0.30
+  context       1.00 while the prompt is under the compression trigger,
+                down to 0.70 as it reaches the largest prompt; x 0.85 once
+                anything was truncated or folded
+Levels: high from 0.85, medium from 0.60, low from 0.40, critical below
+(never critical while nothing was compressed). Each level comes with advice
+(sessions show, --json: reliability.recommendations)."""
+
+
+def reliability_parts(rel: dict[str, Any]) -> list[str]:
+    """The factors of a reliability score, in words: ``model 0.70 (size unknown: counted
+    as 13B)``, ``compressions 0.85 (1 pass)``, ``context 1.00``."""
+    model, penalty, confidence = rel.get("modelFactor"), rel.get("compressionPenalty"), rel.get("contextConfidence")
+    if not all(isinstance(v, (int, float)) for v in (model, penalty, confidence)):
+        return []
+    size = rel.get("modelSizeBillions")
+    if isinstance(size, (int, float)):
+        size_text = f"{size:g}B"
+    elif model >= 0.95:  # type: ignore[operator]
+        size_text = "a hosted frontier model"
+    else:
+        size_text = "size unknown: counted as 13B"
+    passes = rel.get("compressionCount") or 0
+    return [f"model {model:.2f} ({size_text})", f"compressions {penalty:.2f} ({count(passes, 'pass')})",
+            f"context {confidence:.2f}"]
+
+
+def reliability_why(rel: dict[str, Any]) -> str:
+    """:func:`reliability_parts` on one line."""
+    return " x ".join(reliability_parts(rel))
 
 
 def status(value: str) -> Styled:

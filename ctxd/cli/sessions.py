@@ -299,7 +299,7 @@ def show(ctx: click.Context, session_id: str) -> None:
         render.print_json(info)
         return
     pairs = session_pairs(info)
-    pairs.append(("reliability", render.reliability(info.get("reliability"))))
+    pairs += render.reliability_pairs(info.get("reliability"))
     pinned = info.get("pinned") or []
     pairs.append(("pinned", ", ".join(f"seq {s}" for s in pinned) if pinned else "none"))
     render.fields(pairs)

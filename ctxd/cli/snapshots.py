@@ -111,7 +111,9 @@ def content_summary(content: dict[str, Any]) -> list[tuple[str, Any]]:
     """What a snapshot holds, in figures."""
     users = content.get("userMessages") or []
     others = content.get("messages") or []
-    roles = Counter(str(m.get("message", {}).get("role", "?")) for m in others)
+    # (A user-role message among the others carries tool results, not the user's words.)
+    roles = Counter("tool" if role == "user" else role
+                    for role in (str(m.get("message", {}).get("role", "?")) for m in others))
     in_context = sum(1 for m in [*users, *others] if m.get("inContext"))
     pinned = content.get("pinned") or []
     return [
@@ -205,7 +207,17 @@ def restore(ctx: click.Context, session_id: str, snapshot_id: str, yes: bool) ->
          if start is not None else "nothing (no messages after the snapshot)"),
     ]
     if result.get("contextTokens") is not None:
-        pairs.append(("context", f"{render.num(result['contextTokens'])} tokens"))
+        pairs.append(("context", f"{render.num(result['contextTokens'])} tokens"
+                      + (" (the restored context did not fit the largest prompt: compressed right away)"
+                         if result.get("compressed") else "")))
+    if result.get("goalChanged"):
+        before = (result.get("previousGoal") or {}).get("description")
+        after = (result.get("goal") or {}).get("description")
+        pairs.append(("goal", render.Styled(
+            f"changed: {before or 'none'} -> {after or 'none'} (the snapshot's; the backup keeps the one before)",
+            "yellow")))
+    else:
+        pairs.append(("goal", "unchanged"))
     render.fields(pairs)
 
 

@@ -29,10 +29,16 @@ def drift_cell(value: float | None) -> Any:
     return render.Styled(text, "yellow") if abs(value - 1.0) > 0.15 else text
 
 
+def _with_reliability(fn: Any) -> Any:
+    fn.__doc__ = fn.__doc__.replace("{reliability}", render.RELIABILITY_HELP.replace("\n", "\n    "))
+    return fn
+
+
 @click.command("stats")
 @session_argument
 @json_option
 @click.pass_context
+@_with_reliability
 def stats(ctx: click.Context, session_id: str) -> None:
     """Counts and tokens by role and kind, counted-vs-reported drift, and the budget.
 
@@ -48,6 +54,9 @@ def stats(ctx: click.Context, session_id: str) -> None:
       available   max prompt less the system part, pins, checkpoints and margin:
                   the room for the conversation (trigger is a share of it)
       free        max prompt less prompt
+
+    \b
+    {reliability}
     """
     settings = settings_of(ctx)
 
@@ -95,7 +104,7 @@ def stats(ctx: click.Context, session_id: str) -> None:
             ("pruned through", f"seq {result.get('prunedThroughSeq', 0)}"),
             ("watermark", f"seq {result.get('watermarkSeq', 0)}"),
             ("pinned", ", ".join(str(s) for s in result.get("pinned") or []) or "none"),
-            ("reliability", f"{reliability.get('level', '-')} (score {reliability.get('score', '-')})"),
+            *render.reliability_pairs(reliability),
             ("prompt cache", _prompt_cache(result.get("promptCache") or {})),
         ], title="Compression")
     render.fields(render.budget_pairs(result["budget"]), title="Budget")

@@ -282,7 +282,8 @@ def render_live(state: LiveState) -> RenderableType:
     reliability = Text("Reliability: ")
     reliability.append(level, style=render.RELIABILITY_STYLES.get(level, "") + " bold")
     if isinstance(rel.get("score"), (int, float)):
-        reliability.append(f" (score {rel['score']:.2f})")
+        why = render.reliability_why(rel)
+        reliability.append(f" (score {rel['score']:.2f}" + (f" = {why}" if why else "") + ")")
     reliability.append(f"  ·  {render.count(state.compressions, 'compression')}")
     top.add_row(reliability, Text(""))
     if state.compressing is not None:

@@ -110,10 +110,12 @@ def detect_format(data_or_path: bytes | str | Path | Any) -> str:
     return _detect(doc)
 
 
-def load_transcripts_from_bytes(data: bytes, format: str = "auto",
-                                name: str | None = None) -> list[Transcript]:
-    """Import every conversation in ``data``; ``name`` is used in messages and as fallback title."""
-    label = name or "<data>"
+def load_transcripts_from_bytes(data: bytes, format: str = "auto", name: str | None = None,
+                                label: str | None = None) -> list[Transcript]:
+    """Import every conversation in ``data``; ``name`` (a file's) is used in messages and as
+    fallback title; ``label`` names data that is no file, in messages only (a document sent
+    to ``session/import``: its session is titled from its first user message)."""
+    label = label or name or "<data>"
     if format != "auto" and format not in _BY_NAME:
         raise TranscriptError(
             f"{label}: unknown format {format!r} (known: auto, {', '.join(FORMATS)})")

@@ -84,6 +84,15 @@ class SnapshotRestoreResult(msgspec.Struct, rename="camel", omit_defaults=True):
     rolled_back_from: int | None = None
     rolled_back_to: int | None = None
     context_tokens: int = 0
+    """The prompt's size now (after the pass below, if one ran)."""
+    goal_changed: bool = False
+    """The snapshot's goal (``goal``, none when null) replaced the one the session had
+    (``previousGoal``; the backup snapshot keeps it)."""
+    goal: Union[Goal, None] = None
+    previous_goal: Union[Goal, None] = None
+    compressed: bool = False
+    """The restored context did not fit the largest prompt: it was compressed right away (as
+    the next prompt would have been), so every figure is the one of the prompt to be sent."""
 
 
 class SnapshotDeleteResult(msgspec.Struct, rename="camel"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -166,14 +167,19 @@ class Proxy:
                                 status_code=503)
         out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None  # (what the next request builds on is conv.align.current)
-        log.debug("session %s: %d messages from the client, %d sent upstream (%d tokens)", tracked.id,
-                  len(parts.conversation), len(out.get("input" if api == "responses" else "messages") or []),
-                  prompt.get("tokens", 0))
         upstream = self.upstream_request("POST", self.chat_url(api, request.url.path),
                                          headers=self.forward_headers(request, json_body=True),
                                          params=request.query_params or None, content=dumps(out))
         streaming = apis.is_streaming(api, body)
+        started = time.perf_counter()
         response = await self._exchange(api, upstream, whole="unless-ok" if streaming else "always", client=request)
+        # One line per proxied request (-v): which session, what the client sent, what went
+        # upstream, and the upstream's answer.
+        log.info("%s %s: session %s, %d messages from the client, %d sent (%s tokens): %s %d in %.2f s%s",
+                 request.method, request.url.path, tracked.id, len(parts.conversation),
+                 len(out.get("input" if api == "responses" else "messages") or []), f"{prompt.get('tokens', 0):,}",
+                 "upstream" if not isinstance(response, Response) else "answered", response.status_code,
+                 time.perf_counter() - started, ", streamed" if streaming else "")
         if isinstance(response, Response):
             return response
         if not streaming or response.status_code != 200:
@@ -434,8 +440,12 @@ class Proxy:
         upstream = self.upstream_request(request.method, self.upstream_url(api, request.url.path),
                                          headers=self.forward_headers(request, json_body=False),
                                          params=request.query_params or None, content=content)
+        started = time.perf_counter()
         response = await self._exchange(api, upstream, whole="never", replayable=body is not None,
                                         client=request if body is not None else None)
+        log.info("%s %s: passed through: %s %d in %.2f s", request.method, request.url.path,
+                 "upstream" if not isinstance(response, Response) else "answered", response.status_code,
+                 time.perf_counter() - started)
         if isinstance(response, Response):
             return response
 

@@ -160,7 +160,10 @@ class Endpoint:
             if exc is None:
                 self.send({"jsonrpc": "2.0", "id": msg_id, "result": task.result()})
             elif isinstance(exc, CtxdError):
-                log.info("request %r failed: %s", msg_id, exc.message)
+                # A session looked up that does not exist (the proxy finding a conversation's
+                # session, a client's "does it exist?") is an answer, not a failure: -vv only.
+                log.log(logging.DEBUG if exc.code == ErrorCode.SessionNotFound else logging.INFO,
+                        "request %r refused: %s", msg_id, exc.message)
                 self.send({"jsonrpc": "2.0", "id": msg_id, "error": exc.to_dict()})
             else:
                 log.error("internal error in request %r", msg_id, exc_info=exc)

@@ -8,6 +8,7 @@ written in one transaction, so it exists whole or not at all.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import uuid
 from datetime import timedelta
@@ -31,7 +32,7 @@ from ctxd.protocol.snapshot import (
     SnapshotRestored,
     SnapshotRestoreResult,
 )
-from ctxd.service import fields, notify
+from ctxd.service import compression, fields, notify
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service.state import SessionState
@@ -39,8 +40,11 @@ from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store import snapshots as store
+from ctxd.store.sessions import counted_role
 from ctxd.store.snapshots import SnapshotRow
 from ctxd.store.state import decode_stored
+
+log = logging.getLogger(__name__)
 
 
 def _new_id() -> str:
@@ -165,7 +169,7 @@ async def get(svc: Service, params: SnapshotRef) -> SnapshotContent:
              for m in all_users if not stored.is_rolled_back(m.seq)]
     others = [SnapshotMessage(seq=m.seq, message=m.message, tokens=m.tokens.total, in_context=True)
               for m in sorted(kept + recent, key=lambda m: m.seq)
-              if m.seq in context_seqs and m.message.role != "user"]
+              if m.seq in context_seqs and counted_role(m.message) != "user"]
     thinking = sum(m.tokens.thinking for m in kept + recent if m.seq in context_seqs)
     return SnapshotContent(info=snap.info, user_messages=users, messages=others, checkpoints=snap.checkpoints,
                            goal=snap.goal, watermark_seq=stored.watermark_seq, pinned=list(stored.pinned),
@@ -173,9 +177,12 @@ async def get(svc: Service, params: SnapshotRef) -> SnapshotContent:
 
 
 def _user_messages(conn: Any, session_id: str, through: int) -> list[message_store.StoredMessage]:
+    """The user's messages up to ``through``: what the user wrote, not the tool results an
+    agent sends in user messages (``store.sessions.counted_role``)."""
     rows = conn.execute("SELECT seq FROM messages WHERE session_id = ? AND role = 'user' AND seq <= ? ORDER BY seq",
                         (session_id, through)).fetchall()
-    return message_store.load_seqs(conn, session_id, [seq for (seq,) in rows])
+    return [m for m in message_store.load_seqs(conn, session_id, [seq for (seq,) in rows])
+            if counted_role(m.message) == "user"]
 
 
 async def delete(svc: Service, params: SnapshotRef) -> SnapshotDeleteResult:
@@ -201,6 +208,7 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
             await asyncio.gather(task, return_exceptions=True)
         async with state.compress_lock, state.lock:
             snap = await _row(svc, state, params.snapshot_id)
+            previous_goal = state.row.goal
             backup = await _take(svc, state, "restore", f"before restoring {params.snapshot_id}")
             restored = decode_stored(snap.state)
             cstate = restored.compression
@@ -239,9 +247,24 @@ async def restore(svc: Service, params: SnapshotRef) -> SnapshotRestoreResult:
             rolled_back_from=rolled[0] if rolled else None, rolled_back_to=rolled[1] if rolled else None))
         notify.updated(svc, state, "restored")
         notify.after_change(svc, state, budget)
-        return SnapshotRestoreResult(session_id=state.id, snapshot_id=snap.info.snapshot_id,
-                                     backup_snapshot_id=backup.snapshot_id,
-                                     rolled_back_from=rolled[0] if rolled else None,
-                                     rolled_back_to=rolled[1] if rolled else None,
-                                     context_tokens=state.row.context_tokens)
+    # A context that does not fit is compressed now, as the next prompt would do: otherwise
+    # every view (sessions list, stats) showed a prompt that will never be sent
+    # ("17,274 / 4,157 (416%)"). Over the trigger only: in the background, as after a push.
+    compressed = False
+    if budget.prompt_tokens > budget.max_prompt_tokens and svc.cache.policy(state).auto:
+        try:
+            await compression.compress(svc, state, trigger="auto")
+            compressed = True
+        except CtxdError as exc:  # (the restore stands; the next prompt says why it cannot fit)
+            log.warning("session %s: the restored context does not fit and was not compressed: %s",
+                        state.id, exc.message)
+    else:
+        compression.schedule(svc, state)
+    return SnapshotRestoreResult(session_id=state.id, snapshot_id=snap.info.snapshot_id,
+                                 backup_snapshot_id=backup.snapshot_id,
+                                 rolled_back_from=rolled[0] if rolled else None,
+                                 rolled_back_to=rolled[1] if rolled else None,
+                                 context_tokens=state.row.context_tokens,
+                                 goal_changed=snap.goal != previous_goal, goal=snap.goal,
+                                 previous_goal=previous_goal, compressed=compressed)
 

@@ -172,7 +172,7 @@ def _parse(params: ImportParams, max_messages: int,
     except (DocumentError, ValueError) as exc:
         raise CtxdError(ErrorCode.ImportFailed, f"document ({fmt}): {exc}", {"field": "document"}) from None
     try:
-        transcripts = load_transcripts_from_bytes(text.encode("utf-8"), format=fmt, name="document")
+        transcripts = load_transcripts_from_bytes(text.encode("utf-8"), format=fmt, label="document")
     except TranscriptError as exc:
         raise CtxdError(ErrorCode.ImportFailed, str(exc), {"field": "document"}) from None
     docs, warnings = [], []

@@ -48,8 +48,26 @@ KINDS = ("text", "toolCall", "toolResult", "thinking", "framing")
 _KIND_SET = frozenset(KINDS)
 
 
+def counted_role(message: Message) -> str:
+    """The role a message is counted under: its own, except a user message that carries no
+    words of the user's, only tool results (Anthropic's shape for them) or tool output an
+    agent sends as a user message (``metadata.observation``): that one is ``tool``. The
+    user's messages are what the user wrote (``context/stats``, snapshots)."""
+    if message.role != "user":
+        return message.role
+    metadata = message.metadata
+    if metadata and metadata.get("observation") is True:
+        return "tool"
+    content = message.content
+    if isinstance(content, list) and content and any(isinstance(b, ToolResultBlock) for b in content) \
+            and not any(isinstance(b, TextBlock) and b.text.strip() for b in content):
+        return "tool"
+    return "user"
+
+
 class SessionStats(msgspec.Struct):
-    """Per-session aggregates, updated with each push (stored as JSON on the row)."""
+    """Per-session aggregates, updated with each push (stored as JSON on the row). Roles are
+    counted as :func:`counted_role` says (tool results sent as user messages are ``tool``)."""
 
     by_role: dict[str, RoleTotals] = {}
     by_kind: dict[str, KindTotals] = {}
@@ -67,7 +85,7 @@ class SessionStats(msgspec.Struct):
         n_text = n_call = n_result = n_thinking = n_framing = 0
         t_text = t_call = t_result = t_thinking = t_framing = 0
         for message, tokens in counted:
-            role = message.role
+            role = counted_role(message)
             totals = roles.get(role)
             if totals is None:
                 totals = roles[role] = [0, 0]
@@ -88,7 +106,7 @@ class SessionStats(msgspec.Struct):
                         results += 1
                     elif isinstance(block, ThinkingBlock):
                         n_thinking += 1
-            if role == "tool":  # all tool output, whatever form its content takes
+            if message.role == "tool":  # all tool output, whatever form its content takes
                 texts, results = 0, max(results, 1)
             n_text += texts
             n_result += results

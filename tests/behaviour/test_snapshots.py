@@ -342,6 +342,13 @@ async def test_snapshot_errors_and_delete():
 BATCH = 50
 
 
+def _users(message: dict[str, Any]) -> bool:
+    """The user's own message: not one that only carries Anthropic-style tool results."""
+    content = message["content"]
+    return message["role"] == "user" and not (isinstance(content, list)
+                                              and all(b["type"] == "tool_result" for b in content))
+
+
 async def test_snapshots_never_see_half_a_batch():
     async with running() as d:
         pusher = await d.connect()
@@ -379,17 +386,17 @@ async def test_snapshots_never_see_half_a_batch():
             last = snap["lastSeq"]
             assert snap["messageCount"] == last
             assert snap["tokenCount"] == sum(history[q]["tokens"] for q in range(1, last + 1))
-            users = sum(1 for q in range(1, last + 1) if history[q]["message"]["role"] == "user")
-            assert snap["userMessageCount"] == users
+            users = [q for q in range(1, last + 1) if _users(history[q]["message"])]
+            assert snap["userMessageCount"] == len(users)
             content = await taker.call("snapshot/get", {"sessionId": "c", "snapshotId": snap["snapshotId"]})
             assert content["info"] == snap
             user_seqs = [m["seq"] for m in content["userMessages"]]
-            assert user_seqs == [q for q in range(1, last + 1) if history[q]["message"]["role"] == "user"]
+            assert user_seqs == users
             for m in content["userMessages"] + content["messages"]:
                 assert m["seq"] <= last
                 assert m["message"] == history[m["seq"]]["message"]
                 assert m["tokens"] == history[m["seq"]]["tokens"]
-            assert all(m["message"]["role"] != "user" for m in content["messages"])
+            assert all(not _users(m["message"]) for m in content["messages"])
             in_context = {m["seq"] for m in content["messages"]} | {
                 m["seq"] for m in content["userMessages"] if m["inContext"]}
             if last:
