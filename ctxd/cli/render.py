@@ -443,7 +443,7 @@ def budget_pairs(budget: dict[str, Any]) -> list[tuple[str, str | Styled]]:
         if overhead:
             room += f" - {num(overhead)} added"
         # (A ratio of 1 divides nothing: only the provider's added tokens were learned.)
-        room = f"({room}) / {ratio:.2f} provider ratio" if ratio != 1.0 else f"{room} by the provider"
+        room = f"({room}) / {ratio:.2f} provider ratio" if ratio != 1.0 else room
     return [
         ("window", num(budget.get("contextWindow"))),
         ("max prompt", f"{num(budget.get('maxPromptTokens'))} ({room})"),

@@ -344,7 +344,8 @@ async def test_stats_by_role_and_kind(lsp, sid):
     assert stats["messageCount"] == 9
     assert stats["tokenCount"] == pushed["tokenCount"]
     by_role = stats["byRole"]
-    assert {role: v["messages"] for role, v in by_role.items()} == {"user": 3, "assistant": 4, "tool": 2}
+    # (The user message that only carries a tool_result block is tool output, not the user's.)
+    assert {role: v["messages"] for role, v in by_role.items()} == {"user": 2, "assistant": 4, "tool": 3}
     assert sum(v["tokens"] for v in by_role.values()) == stats["tokenCount"]
     kinds = stats["byKind"]
     assert kinds["toolCall"]["blocks"] == 3  # two OpenAI calls, one tool_use
