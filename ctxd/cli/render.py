@@ -480,10 +480,10 @@ def reliability(rel: dict[str, Any] | None) -> str | Styled:
     return Styled(text, RELIABILITY_STYLES.get(level, ""))
 
 
-def reliability_pairs(rel: dict[str, Any] | None) -> list[tuple[str, "str | Styled"]]:
+def reliability_pairs(rel: dict[str, Any] | None) -> list[tuple[str, str | Styled]]:
     """The level and score, what the score is made of, and the advice that comes with the
     level (``stats``, ``sessions show``), a line each."""
-    pairs: list[tuple[str, "str | Styled"]] = [("reliability", reliability(rel))]
+    pairs: list[tuple[str, str | Styled]] = [("reliability", reliability(rel))]
     pairs += [("", ("= " if index == 0 else "x ") + part) for index, part in enumerate(reliability_parts(rel or {}))]
     for index, advice in enumerate((rel or {}).get("recommendations") or []):
         pairs.append(("advice" if index == 0 else "", advice))

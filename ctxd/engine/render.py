@@ -32,7 +32,7 @@ from typing import Any
 
 from ctxd.formats import anthropic, ollama, openai
 from ctxd.formats.common import Result, Turn, join, turn_of
-from ctxd.protocol.message import Message, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ctxd.protocol.message import Message, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ctxd.protocol.providers import OllamaMessage, OpenAIMessage
 from ctxd.tokens import MESSAGE_OVERHEAD, TOOL_BLOCK_OVERHEAD
 

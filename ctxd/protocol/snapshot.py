@@ -88,8 +88,8 @@ class SnapshotRestoreResult(msgspec.Struct, rename="camel", omit_defaults=True):
     goal_changed: bool = False
     """The snapshot's goal (``goal``, none when null) replaced the one the session had
     (``previousGoal``; the backup snapshot keeps it)."""
-    goal: Union[Goal, None] = None
-    previous_goal: Union[Goal, None] = None
+    goal: Goal | None = None
+    previous_goal: Goal | None = None
     compressed: bool = False
     """The restored context did not fit the largest prompt: it was compressed right away (as
     the next prompt would have been), so every figure is the one of the prompt to be sent."""

@@ -30,8 +30,14 @@ from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
 from ctxd.protocol.compression import Checkpoint, SessionSettings
 from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.goal import Goal
-from ctxd.protocol.history import (CompressionRecord, ExportParams, ExportResult, ImportParams, ImportResult,
-                                   SessionEvent)
+from ctxd.protocol.history import (
+    CompressionRecord,
+    ExportParams,
+    ExportResult,
+    ImportParams,
+    ImportResult,
+    SessionEvent,
+)
 from ctxd.protocol.snapshot import SnapshotInfo
 from ctxd.service import compression, turns
 from ctxd.service.clock import now_iso
@@ -274,7 +280,7 @@ def _past_of(doc: SessionDocument, count: int) -> Past | None:
     within("context.state.prunes", [p.through_seq for p in state.prunes], allow_zero=True)
     within("context.state.clips", [c.seq for c in state.clips])
     within("context.state.rolledBack", [seq for low, high in state.rolled_back for seq in (low, high)])
-    for index, cp in enumerate(checkpoints + retired):
+    for cp in checkpoints + retired:
         within(f"checkpoint {cp.id}", [seq for low, high in cp.message_ranges for seq in (low, high)])
     snapshots = []
     for index, raw in enumerate(doc.snapshots):

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-import pytest
 
 from ctxd.importers import load_transcripts
 from ctxd.service import ingest, sessions, stats

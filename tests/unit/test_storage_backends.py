@@ -17,9 +17,9 @@ from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.notifications import SessionUpdated
 from ctxd.protocol.snapshot import SnapshotCreated
 from ctxd.service import controls, goals, history, ingest, prompt, sessions, snapshots
-from ctxd.service.stats import stats as stats_of
 from ctxd.service.core import Service
 from ctxd.service.events import CollectingEvents
+from ctxd.service.stats import stats as stats_of
 from ctxd.store.backend import Storage
 
 from .service_helpers import params

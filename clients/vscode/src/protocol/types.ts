@@ -346,6 +346,13 @@ export interface ExpandResult {
   messages: HistoryMessage[];
 }
 
+/**
+ * The session as a document (``json``: ctxd's own; ``jsonl``: OpenAI chat messages, one
+ * a line; ``markdown``: to read). Each carries every message and the session's past: its
+ * context state, checkpoints (active and merged away), goal, snapshots, the record of its
+ * compressions and events and its calibration; ``session/import`` of it gives the same
+ * session and the same prompt.
+ */
 export interface ExportParams {
   sessionId: string;
   format?: ExportFormat;
@@ -1085,6 +1092,10 @@ export interface SnapshotRestoreResult {
   rolledBackFrom?: number | null;
   rolledBackTo?: number | null;
   contextTokens?: number;
+  goalChanged?: boolean;
+  goal?: Goal | null;
+  previousGoal?: Goal | null;
+  compressed?: boolean;
 }
 
 export interface SnapshotRestored {
