@@ -16,7 +16,10 @@ go back in the Anthropic shape as they were pushed, first in their assistant mes
 with extended thinking on, Anthropic refuses a tool-use loop whose last assistant
 message does not start with its thinking. Unsigned thinking (other providers'
 reasoning, imports) and every thinking block in the OpenAI and Ollama shapes are
-history only (docs/decisions.md, "Thinking blocks").
+history only (docs/decisions.md, "Thinking blocks"). The context counts an assistant
+message's thinking when it is signed, whatever the shape (so the prompt fits any of
+them); each shape's ``Rendered.format_tokens`` takes off what it does not send, so a
+prompt's count is of what it sends.
 
 The pairing is the engine's; the shapes are ``ctxd.formats``': a stored message is read
 as a neutral turn (``formats.common.turn_of``) and the paired turns are written out by
@@ -66,8 +69,10 @@ class Rendered:
     system_head: str | None = None
     """The client's part of the system text (see :func:`_system_head`)."""
     format_tokens: int = 0
-    """What this provider's shape adds besides (Anthropic's opening user turn when the
-    conversation would start with the assistant): the caller adds it to the prompt's count."""
+    """What this provider's shape adds to, or takes from, the context's count: Anthropic's
+    opening user turn when the conversation would start with the assistant, less the
+    thinking the context counts and the shape does not send (:func:`counted_thinking`;
+    all of it in the OpenAI and Ollama shapes). The caller adds it to the prompt's count."""
 
 
 def _pair(messages: list[Message], count: Callable[[str], int]) -> tuple[list[Turn], int, list[str]]:
@@ -127,6 +132,23 @@ def signed_thinking(message: Message) -> bool:
     content = message.content
     return message.role == "assistant" and isinstance(content, list) and any(
         isinstance(b, ThinkingBlock) and b.signature for b in content)
+
+
+def counted_thinking(messages: list[Message], count: Callable[[str], int]) -> int:
+    """The thinking the context counts for these messages as sent: every thinking block
+    of an assistant message with signed thinking, as ``MessageTokens.thinking`` counts it
+    (``engine.context.sent_tokens``; views without their thinking are not signed)."""
+    total = 0
+    for message in messages:
+        if signed_thinking(message):
+            assert isinstance(message.content, list)  # (signed_thinking says so)
+            total += sum(count(b.thinking) for b in message.content if isinstance(b, ThinkingBlock))
+    return total
+
+
+def sent_thinking(out: list[Any], count: Callable[[str], int]) -> int:
+    """The thinking an Anthropic prompt's messages carry."""
+    return sum(count(b.thinking) for m in out for b in m.content if isinstance(b, anthropic.AnthropicThinking))
 
 
 def pairing_ids(message: Message) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -222,14 +244,16 @@ def render_openai(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     turns, extra, repairs = _pair(plan.messages, count)
     system, turns = _system_first(plan, turns)
     out: list[OpenAIMessage] = [OpenAIMessage(role="system", content=join(system))] if system else []
-    return Rendered(out + openai.emit(turns), None, extra, repairs, _system_head(plan, system))
+    return Rendered(out + openai.emit(turns), None, extra, repairs, _system_head(plan, system),
+                    -counted_thinking(plan.messages, count))
 
 
 def render_ollama(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     turns, extra, repairs = _pair(plan.messages, count)
     system, turns = _system_first(plan, turns)
     out: list[OllamaMessage] = [OllamaMessage(role="system", content=join(system))] if system else []
-    return Rendered(out + ollama.emit(turns), None, extra, repairs, _system_head(plan, system))
+    return Rendered(out + ollama.emit(turns), None, extra, repairs, _system_head(plan, system),
+                    -counted_thinking(plan.messages, count))
 
 
 def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
@@ -241,8 +265,10 @@ def render_anthropic(plan: PromptPlan, count: Callable[[str], int]) -> Rendered:
     system_parts, turns = _system_first(plan, turns)
     head = _system_head(plan, system_parts)
     out = anthropic.emit(turns, system_parts)
+    thinking = sent_thinking(out, count) - counted_thinking(plan.messages, count)
     out, more, fixes = anthropic.finish(out, count)
-    return Rendered(out, join(system_parts) if system_parts else None, extra, repairs + fixes, head, more)
+    return Rendered(out, join(system_parts) if system_parts else None, extra, repairs + fixes, head,
+                    more + thinking)
 
 
 def _system_head(plan: PromptPlan, system: list[str]) -> str | None:
@@ -332,6 +358,8 @@ class IncrementalRenderer:
         self.system: list[str] = []
         self.head: str | None = None
         self.extra = 0
+        self.thinking = 0
+        """The prefix's :attr:`Rendered.format_tokens` for its thinking."""
         self.repairs: list[str] = []
         self.unanswered: set[str] = set()
         """Calls in the prefix without a result there (rendered with a stand-in)."""
@@ -397,6 +425,7 @@ class IncrementalRenderer:
         self.extra, self.repairs = extra, repairs
         self.system = list(system)
         self.out = self._emit(turns, self.system)
+        self.thinking = self._thinking(self.prefix, self.out, count)
 
     def _emit(self, turns: list[Turn], system: list[str]) -> list[Any]:
         if self.fmt == "openai":
@@ -405,10 +434,17 @@ class IncrementalRenderer:
             return ollama.emit(turns)
         return anthropic.emit(turns, system)
 
+    def _thinking(self, messages: list[Message], out: list[Any], count: Callable[[str], int]) -> int:
+        """What the thinking of ``messages``, written out as ``out``, adds to their count
+        in this shape (see :attr:`Rendered.format_tokens`)."""
+        sent = sent_thinking(out, count) if self.fmt == "anthropic" else 0
+        return sent - counted_thinking(messages, count)
+
     def _extend(self, messages: list[Message], count: Callable[[str], int]) -> None:
         turns, extra, repairs = _pair(messages, count)
         system = list(self.system)
         out = self._emit(turns, system)
+        self.thinking += self._thinking(messages, out, count)
         self.out = anthropic.join_messages(self.out, out) if self.fmt == "anthropic" else self.out + out
         self.system = system
         self.prefix = self.prefix + messages
@@ -419,11 +455,13 @@ class IncrementalRenderer:
         turns, extra, repairs = _pair(tail, count)
         system = list(self.system)
         out = self._emit(turns, system)
+        thinking = self.thinking + self._thinking(tail, out, count)
         extra += self.extra
         repairs = self.repairs + repairs
         if self.fmt == "anthropic":
             messages, more, fixes = anthropic.finish(anthropic.join_messages(self.out, out), count)
-            return Rendered(messages, join(system) if system else None, extra, repairs + fixes, self.head, more)
+            return Rendered(messages, join(system) if system else None, extra, repairs + fixes, self.head,
+                            more + thinking)
         first: list[Any] = []
         if system:
             text = join(system)
@@ -432,7 +470,7 @@ class IncrementalRenderer:
                 # with the same objects as the one before, which ``ctxd proxy`` builds on.)
                 self.first = (OpenAIMessage if self.fmt == "openai" else OllamaMessage)(role="system", content=text)
             first = [self.first]
-        return Rendered(first + self.out + out, None, extra, repairs, self.head)
+        return Rendered(first + self.out + out, None, extra, repairs, self.head, thinking)
 
 
 RENDERERS: dict[str, Callable[[PromptPlan, Callable[[str], int]], Rendered]] = {

@@ -338,8 +338,8 @@ def join_messages(head: list[AnthropicMessage], tail: list[AnthropicMessage]) ->
 def finish(out: list[AnthropicMessage], count: Callable[[str], int]) -> tuple[list[AnthropicMessage], int, list[str]]:
     """A user turn first; a final assistant turn (a prefill) without thinking (Anthropic
     continues text, never thinking) and without trailing whitespace. Works on copies of
-    what it changes (``out``'s messages may be cached). Also the tokens added and what was
-    repaired."""
+    what it changes (``out``'s messages may be cached). Also the tokens this adds (the
+    opening turn) less the thinking it leaves out, and what was repaired."""
     extra = 0
     repairs: list[str] = []
     if out and out[0].role == "assistant":
@@ -352,6 +352,7 @@ def finish(out: list[AnthropicMessage], count: Callable[[str], int]) -> tuple[li
         lead = _leading_thinking(content)
         last = content[-1]
         if lead or isinstance(last, AnthropicText):
+            extra -= sum(count(b.thinking) for b in content[:lead] if isinstance(b, AnthropicThinking))
             content = content[lead:]
             if isinstance(last, AnthropicText):
                 stripped = last.text.rstrip()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from ctxd.config import Config
 from ctxd.service import ingest, prompt, sessions, stats
 from ctxd.service.core import Service
@@ -84,3 +86,56 @@ async def test_an_anthropic_prompt_that_needs_an_opening_turn_counts_it(service:
     assert openai.tokens == openai.budget.prompt_tokens
     assert anthropic.tokens == anthropic.budget.prompt_tokens > openai.tokens
     assert anthropic.budget.free == anthropic.budget.max_prompt_tokens - anthropic.tokens
+
+
+THOUGHT = "The parser fails on nested brackets; the tokenizer splits them too early. " * 6
+
+
+def thinking(text: str, signature: str | None = "sig-1") -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "thinking", "thinking": text}
+    if signature is not None:
+        block["signature"] = signature
+    return block
+
+
+def conversation(with_thinking: bool, prefill: bool) -> list[dict[str, Any]]:
+    """A user turn, an assistant answer carrying signed thinking (and an unsigned block,
+    which no shape sends), then either the user's next turn or an assistant prefill that
+    carries thinking as well (which the Anthropic shape cannot send)."""
+    first = [thinking(THOUGHT), thinking("Other provider's reasoning.", None)] if with_thinking else []
+    messages = [{"role": "user", "content": "Why does the parser fail?"},
+                {"role": "assistant", "content": [*first, {"type": "text", "text": "Nested brackets."}]}]
+    messages.append({"role": "user", "content": "Fix it."})
+    if prefill:
+        last = [thinking(THOUGHT + " Again.", "sig-2")] if with_thinking else []
+        messages.append({"role": "assistant", "content": [*last, {"type": "text", "text": "The fix is"}]})
+    return messages
+
+
+async def test_the_count_is_of_the_thinking_each_shape_sends(service: Service) -> None:
+    """Thinking is sent back in the Anthropic shape only, and only an assistant message's
+    signed blocks, and never in a final assistant turn (a prefill): each shape's prompt
+    count, and its budget, are of what that shape sends. A twin session without the
+    thinking gives what the rest costs."""
+    for prefill in (False, True):
+        got: dict[tuple[bool, str], int] = {}
+        for with_thinking in (True, False):
+            sid = f"t-{prefill}-{with_thinking}"
+            await sessions.create_session(service, params("session/create", sessionId=sid, model="claude-sonnet-4-5",
+                                                          contextWindow=200_000))
+            await ingest.push(service, params("session/push", sessionId=sid,
+                                              messages=conversation(with_thinking, prefill)))
+            for fmt in ("openai", "ollama", "anthropic"):
+                out = await prompt.prompt(service, params("context/prompt", sessionId=sid, format=fmt))
+                assert out.tokens == out.budget.prompt_tokens
+                assert out.budget.free == out.budget.max_prompt_tokens - out.tokens
+                sent = msgspec.json.encode(out.messages).decode()
+                assert ("Other provider's reasoning" in sent) is False
+                got[with_thinking, fmt] = out.tokens
+        for fmt in ("openai", "ollama"):
+            assert got[True, fmt] == got[False, fmt], (prefill, fmt, got)
+        state = await service.cache.get("t-False-True")
+        signed = state.counter.count(THOUGHT)
+        assert signed > 0
+        # The Anthropic shape sends the first answer's signed thinking; a prefill's it cannot.
+        assert got[True, "anthropic"] == got[False, "anthropic"] + signed, (prefill, got)
