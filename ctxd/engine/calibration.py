@@ -59,6 +59,14 @@ class Fit:
         return self.ratio * counted + self.overhead
 
 
+def teaches(counted: int, reported: int, window: int = 0) -> bool:
+    """Whether a ``(counted, reported)`` pair says anything about what the provider counts
+    (the rules of :func:`pair`, for pairs learned elsewhere: ``session/create``'s
+    ``usageSamples``)."""
+    return (counted >= MIN_COUNTED and reported > 0 and not (window > 0 and reported > window)
+            and reported >= PARTIAL * counted)
+
+
 def pair(reported: int, candidates: tuple[int, ...], current: Fit | None, window: int = 0) -> tuple[int, int] | None:
     """``(counted, reported)`` for one usage report, or None when it teaches nothing: also
     when it reports more input than the session's ``window`` holds, which no provider
@@ -72,9 +80,7 @@ def pair(reported: int, candidates: tuple[int, ...], current: Fit | None, window
         best = min(usable, key=lambda c: abs(math.log(reported / max(1.0, current.predict(c)))))
     else:
         best = min(usable, key=lambda c: abs(math.log(reported / c)))
-    if reported < PARTIAL * best:
-        return None
-    return (best, reported)
+    return (best, reported) if teaches(best, reported, window) else None
 
 
 def remember(samples: list[tuple[int, int]], new: tuple[int, int] | None) -> list[tuple[int, int]]:

@@ -95,7 +95,8 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
         # Learned by another session of the same client and model (engine/calibration.py):
         # the newest few, as that session would keep them; pairs that teach nothing dropped.
         row.stats.drift.usage_samples = [
-            (c, r) for c, r in params.usage_samples if c >= calibration.MIN_COUNTED and r > 0][-calibration.SAMPLES:]
+            (c, r) for c, r in params.usage_samples
+            if calibration.teaches(c, r, params.context_window or 0)][-calibration.SAMPLES:]
     if params.settings is not None:
         row.settings = params.settings
     state = svc.cache.adopt_new(row)

@@ -415,11 +415,14 @@ async def test_a_session_starts_from_usage_samples_learned_elsewhere(service: Se
     (what a client passes on to the next session of the same client and model)."""
     learned = [(c, int(c * 1.1) + 6_000) for c in (2_000, 4_000, 6_000, 8_000)]
     await _create(service, "fresh", window=24_000)
-    await _create(service, "seeded", window=24_000, usageSamples=[list(p) for p in learned + [(10, 5)]])
+    # Pairs that teach nothing: nothing counted, a report under half the count (a runtime
+    # that counted only what its cache missed), a report larger than the window.
+    useless = [(0, 5), (4_000, 1_000), (8_000, 30_000)]
+    await _create(service, "seeded", window=24_000, usageSamples=[list(p) for p in learned + useless])
     fresh = await stats.stats(service, "fresh")
     seeded = await stats.stats(service, "seeded")
     assert fresh.usage_drift.samples == [] and fresh.budget.token_overhead == 0
-    assert seeded.usage_drift.samples == learned  # the pair below 256 counted tokens teaches nothing
+    assert seeded.usage_drift.samples == learned
     assert 5_000 <= seeded.budget.token_overhead <= 6_000 and seeded.budget.token_ratio > 1.05
     assert seeded.budget.max_prompt_tokens < fresh.budget.max_prompt_tokens - 5_000
     with pytest.raises(msgspec.ValidationError):
