@@ -280,6 +280,10 @@ def _past_of(doc: SessionDocument, count: int) -> Past | None:
     within("context.state.prunes", [p.through_seq for p in state.prunes], allow_zero=True)
     within("context.state.clips", [c.seq for c in state.clips])
     within("context.state.rolledBack", [seq for low, high in state.rolled_back for seq in (low, high)])
+    for where, seqs in (("context.state.superseded", state.superseded), ("context.state.current", state.current)):
+        within(where, seqs)
+        if any(a >= b for a, b in zip(seqs, seqs[1:])):  # (looked up by bisection)
+            raise _bad(where, "must name each message once, in increasing order")
     for cp in checkpoints + retired:
         within(f"checkpoint {cp.id}", [seq for low, high in cp.message_ranges for seq in (low, high)])
     snapshots = []

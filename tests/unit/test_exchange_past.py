@@ -54,6 +54,9 @@ async def test_a_staged_import_keeps_the_past(service: Service, monkeypatch: pyt
     ("context.state.pinned", lambda doc: doc["session"]["context"]["state"].update(pinned=[999])),
     ("context.state.keptSeqs", lambda doc: doc["session"]["context"]["state"].update(keptSeqs=[0])),
     ("messages[2].seq", lambda doc: doc["messages"][2].update(seq=40)),
+    ("context.state.superseded", lambda doc: doc["session"]["context"]["state"].update(superseded=[999])),
+    ("context.state.superseded", lambda doc: doc["session"]["context"]["state"].update(superseded=[3, 2])),
+    ("context.state.current", lambda doc: doc["session"]["context"]["state"].update(current=[0])),
     ("context.snapshots[0]", lambda doc: doc["session"]["context"]["snapshots"][0].update(info={"x": 1})),
 ])
 async def test_a_past_that_does_not_fit_its_history_is_refused(service: Service, where: str, change: Any) -> None:
@@ -66,6 +69,26 @@ async def test_a_past_that_does_not_fit_its_history_is_refused(service: Service,
                                                       sessionId="bad"))
     assert info.value.code == ErrorCode.ImportFailed and where in info.value.message, info.value.message
     assert "bad" not in {s.session_id for s in await sessions.list_sessions(service, params("session/list"))}
+
+
+async def test_a_clients_superseded_and_current_context_comes_back(service: Service) -> None:
+    """What a client said it no longer sends (``supersede``) and what it named its current
+    working context (``current``) are part of the past: the copy sends the same prompt."""
+    def copy_of(n: int) -> dict[str, Any]:
+        return {"role": "user", "content": f"file a.py, version {n}: " + "x = 1\n" * 20,
+                "idempotencyKey": f"file-{n}"}
+
+    await sessions.create_session(service, params("session/create", sessionId="orig", model="gpt-4o",
+                                                  contextWindow=8192))
+    await ingest.push(service, params("session/push", sessionId="orig", messages=[copy_of(1), *chat(0, 2)]))
+    await prompt.prompt(service, params("context/prompt", sessionId="orig", supersede=["file-1"],
+                                        push=[copy_of(2)], current=["file-2"]))
+    original = await seen(service, "orig")
+    assert (1, "superseded") in original["statuses"]
+    document = (await transfer.export(service, params("session/export", sessionId="orig", format="json"))).document
+    assert json.loads(document)["session"]["context"]["state"]["superseded"] == [1]
+    await transfer.import_session(service, params("session/import", document=document, sessionId="copy"))
+    assert await seen(service, "copy") == original
 
 
 async def test_a_document_without_a_past_starts_afresh(service: Service) -> None:
