@@ -37,8 +37,9 @@ MIN_COUNTED = 1
 """Calls with less than this counted teach nothing (an empty prompt: no ratio in it)."""
 LOW, HIGH = 0.8, 2.0
 """Bounds of the ratio: a wild report never halves the window more than this."""
-MAX_OVERHEAD_SHARE = 0.25
-"""The overhead never takes more than this share of the window."""
+MAX_OVERHEAD_SHARE = 0.5
+"""The overhead never takes more than this share of the window: an agent's tool
+definitions can take over a third of a small one (Claude Code's ~20k at a 48k window)."""
 LEARN_SPAN = 0.1
 """The counts of the pairs must spread over this share of the window before a ratio other
 than 1 is fitted (or ``MIN_LEARN_SPAN`` tokens in a small window)."""

@@ -60,10 +60,12 @@ def test_a_constant_beside_a_little_conversation_is_not_taken_for_a_ratio():
 def test_without_spread_the_difference_is_the_overhead_and_it_is_bounded():
     assert calibration.fit([], 8192) == Fit()
     assert calibration.fit([(10_000, 12_700)], 200_000) == Fit(1.0, 2_700)
-    # The overhead never takes more than a quarter of the window.
-    assert calibration.fit([(1_000, 9_000)], 8192) == Fit(1.0, 8192 // 4)
+    # The overhead never takes more than half the window (an agent's tool definitions can
+    # take over a third of a small one: Claude Code's ~20k at 48k).
+    assert calibration.fit([(1_000, 9_000)], 8192) == Fit(1.0, 8192 // 2)
+    assert calibration.fit([(1_000, 18_000)], 48_000) == Fit(1.0, 17_000)
     samples = [(c, c + 60_000) for c in (1_000, 2_000, 4_000)]
-    assert calibration.fit(samples, 32_768).overhead == 32_768 // 4
+    assert calibration.fit(samples, 32_768).overhead == 32_768 // 2
     # A provider that counts less than ctxd: a ratio below 1 (bounded), no overhead.
     assert calibration.fit([(10_000, 9_000)], 8192) == Fit(0.9, 0)
     assert calibration.fit([(10_000, 5_000)], 8192) == Fit(calibration.LOW, 0)
