@@ -156,6 +156,10 @@ class CompressionConfig(_Section):
     low_water_fraction: float = 0.82
     """A compression takes the oldest part of the conversation just far enough to leave it at
     this share of the available budget, and no further."""
+    cached_low_water_fraction: float = 0.55
+    """The same for a session whose provider caches prompts (``[billing]``): each pass bills
+    the conversation it leaves again as new input, so passes go deeper and come seldom
+    (docs/decisions.md, "Compression that pays")."""
     min_growth_fraction: float = 0.10
     """Automatic compression waits until the conversation grew by this share of the available
     budget since the last one (no compaction loops)."""
@@ -262,6 +266,77 @@ class ModelsConfig(_Section):
     """Model name (or prefix) to its maximum output tokens."""
 
 
+class ProviderBilling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One provider's prompt cache and input price (``[billing.providers.NAME]``)."""
+
+    cache: Literal["none", "automatic", "breakpoints"] = "none"
+    min_tokens: Annotated[int, msgspec.Meta(ge=0)] = 1024
+    step: Annotated[int, msgspec.Meta(ge=1)] = 1
+    read: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    write: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    ttl_seconds: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    max_breakpoints: Annotated[int, msgspec.Meta(ge=0)] = 0
+    input_price: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
+class ModelBilling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """A model's exceptions to its provider's billing (``[billing.models."PREFIX"]``)."""
+
+    provider: str | None = None
+    min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    read: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    write: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    input_price: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
+def _default_providers() -> dict[str, ProviderBilling]:
+    # Public list prices and cache rules (2025): Anthropic's prompt caching (5-minute entries,
+    # writes 1.25x, reads 0.1x, 4 breakpoints, 1,024 tokens at least for Sonnet and Opus),
+    # OpenAI's automatic prefix caching (from 1,024 tokens in steps of 128; the GPT-5 family
+    # reads at 0.1x, older models in [billing.models]), DeepSeek's context caching (64-token
+    # units, hits 0.1x, kept for hours); local servers bill nothing and cache nothing ctxd counts.
+    return {
+        "anthropic": ProviderBilling(cache="breakpoints", min_tokens=1024, read=0.1, write=1.25, ttl_seconds=300,
+                                     max_breakpoints=4, input_price=3.0),
+        "openai": ProviderBilling(cache="automatic", min_tokens=1024, step=128, read=0.1, ttl_seconds=300,
+                                  input_price=1.25),
+        "deepseek": ProviderBilling(cache="automatic", min_tokens=64, step=64, read=0.1, ttl_seconds=3600,
+                                    input_price=0.28),
+        "ollama": ProviderBilling(),
+        "local": ProviderBilling(),
+    }
+
+
+def _default_models() -> dict[str, ModelBilling]:
+    return {
+        "gpt-4o": ModelBilling(read=0.5, input_price=2.5),
+        "gpt-4.1": ModelBilling(read=0.25, input_price=2.0),
+        "gpt-5-mini": ModelBilling(input_price=0.25),
+        "o3": ModelBilling(read=0.25, input_price=2.0),
+        "o4-mini": ModelBilling(read=0.25, input_price=1.1),
+        "claude-opus-4-5": ModelBilling(min_tokens=4096, input_price=5.0),
+        "claude-opus-4": ModelBilling(input_price=15.0),
+        "claude-haiku-4-5": ModelBilling(min_tokens=4096, input_price=1.0),
+        "claude-3-5-haiku": ModelBilling(min_tokens=2048, input_price=0.8),
+        "claude-3-haiku": ModelBilling(min_tokens=2048, input_price=0.25),
+        "deepseek": ModelBilling(provider="deepseek"),
+    }
+
+
+class BillingConfig(_Section):
+    """What providers bill for a prompt and how they cache it: what ``context/stats``,
+    ``ctxd-cli stats`` and the proxy's ``X-Ctxd-Bill*`` headers report, and what decides
+    when compression pays (docs/decisions.md, "Compression that pays"). A session's rules
+    are its model's entry on top of its provider's (a session without a provider is
+    matched by its model's name); a provider not in the table caches nothing and has no
+    price. Prices are USD per million uncached input tokens (0: unknown)."""
+
+    providers: dict[str, ProviderBilling] = msgspec.field(default_factory=_default_providers)
+    """Provider name (a session's ``provider``) to its cache rules and input price."""
+    models: dict[str, ModelBilling] = msgspec.field(default_factory=_default_models)
+    """Model name prefix to its exceptions (longest prefix wins)."""
+
+
 class ProxyConfig(_Section):
     """``ctxd proxy``: an HTTP proxy on 127.0.0.1 for agents that speak the OpenAI, Anthropic
     or Ollama API (see docs/proxy.md). Client credentials are forwarded, never stored."""
@@ -326,6 +401,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     snapshots: SnapshotsConfig = msgspec.field(default_factory=SnapshotsConfig)
     sessions: SessionsConfig = msgspec.field(default_factory=SessionsConfig)
     models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
+    billing: BillingConfig = msgspec.field(default_factory=BillingConfig)
     proxy: ProxyConfig = msgspec.field(default_factory=ProxyConfig)
 
     # --- resolved paths ------------------------------------------------------------
@@ -460,6 +536,11 @@ def load_config(
     data = _merge(data, env_overrides(env))
     if overrides:
         data = _merge(data, overrides)
+    # The billing tables are merged onto their defaults entry by entry and key by key: a
+    # file that changes one price keeps every other provider's rules.
+    billing = data.get("billing")
+    if isinstance(billing, dict):
+        data["billing"] = _merge(msgspec.to_builtins(BillingConfig()), billing)
     try:
         return msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:

@@ -21,6 +21,50 @@ def _prompt_cache(cache: dict[str, Any]) -> str:
             f"{render.num(cache.get('compared', 0))} started with the previous one ({share:.0%})")
 
 
+def _money(usd: float | None) -> str:
+    return "" if usd is None else f", ${usd:,.4f}" if usd < 1 else f", ${usd:,.2f}"
+
+
+def _input_bill(bill: dict[str, Any]) -> str:
+    """A bill's three parts and what they weigh, in uncached input tokens (and dollars)."""
+    return (f"uncached {render.num(bill.get('uncached', 0))}, written {render.num(bill.get('cacheWrite', 0))}, "
+            f"read {render.num(bill.get('cacheRead', 0))}: {render.num(round(bill.get('billed', 0)))} billed"
+            f"{_money(bill.get('usd'))}")
+
+
+CACHES = {"breakpoints": "cache breakpoints", "automatic": "automatic prefix cache", "none": "no prompt cache"}
+
+
+def bill_pairs(bill: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``context/stats``' bill as label/value pairs: the session's input billed through ctxd
+    and as the client's own requests would have been, the passes' share, the newest request."""
+    requests = bill.get("requests", 0)
+    pairs: list[tuple[str, Any]] = [
+        ("provider", f"{bill.get('provider')} ({CACHES.get(bill.get('cache', ''), bill.get('cache'))})"),
+        ("requests", f"{render.num(requests)} ({render.num(bill.get('measured', 0))} from the provider's usage, "
+                     f"the rest estimated)" if requests else "none yet"),
+    ]
+    if not requests:
+        return pairs
+    ratio = bill.get("ratio")
+    pairs += [
+        ("through ctxd", _input_bill(bill.get("ctxd") or {})),
+        ("direct", _input_bill(bill.get("direct") or {})),
+        ("ratio", render.Styled(f"{ratio:.2f}x direct", "yellow") if ratio is not None and ratio > 1.0
+         else "-" if ratio is None else f"{ratio:.2f}x direct"),
+        ("passes", f"{render.num(bill.get('passes', 0))}, which billed {render.num(round(bill.get('passCost', 0)))} "
+                   f"again of what was cached"),
+    ]
+    last = bill.get("lastRequest")
+    if last:
+        how = "reported" if last.get("measured") else "estimated"
+        pairs.append(("last request", f"{_input_bill(last.get('ctxd') or {})} ({how}); direct "
+                                      f"{render.num(round((last.get('direct') or {}).get('billed', 0)))}"))
+    if bill.get("budgetNote"):
+        pairs.append(("budget", bill["budgetNote"]))
+    return pairs
+
+
 def drift_cell(value: float | None) -> Any:
     """A drift ratio, highlighted when the encoding is clearly not the model's."""
     if value is None:
@@ -57,6 +101,16 @@ def stats(ctx: click.Context, session_id: str) -> None:
 
     \b
     {reliability}
+
+    
+    The bill, per request (a prompt and the push after it) and for the session:
+      uncached    input tokens billed at the input price
+      written     written to the provider's prompt cache (Anthropic: 1.25x)
+      read        read from it (about 0.1x)
+      billed      the three weighed by the provider's rules ([billing]), in
+                  uncached input tokens (and dollars when the price is known)
+      direct      the same for the client's own requests (its whole history,
+                  its previous request cached), had it gone direct
     """
     settings = settings_of(ctx)
 
@@ -108,3 +162,5 @@ def stats(ctx: click.Context, session_id: str) -> None:
             ("prompt cache", _prompt_cache(result.get("promptCache") or {})),
         ], title="Compression")
     render.fields(render.budget_pairs(result["budget"]), title="Budget")
+    if result.get("bill"):
+        render.fields(bill_pairs(result["bill"]), title="Bill (input tokens, as the provider counts them)")

@@ -444,6 +444,18 @@ class ActiveContext:
                           messages=self.conversation(),
                           context_parts=[p for p in (self.goal_text, self.section_text) if p])
 
+    def prompt_pieces(self) -> list[tuple[object, int]]:
+        """The prompt as a provider's prompt cache sees it, in order: ``(key, tokens)`` per
+        piece, equal keys for pieces sent alike (the system part, each checkpoint, each
+        message as sent). The tokens of the pieces two prompts share from the start are
+        what the second can read from the cache the first filled (``service/billing.py``)."""
+        out: list[tuple[object, int]] = [(("system", self.system_prompt, self.goal_text),
+                                          PROMPT_PRIMING + self.system_tokens)]
+        out += [(("checkpoint", cp.id, cp.level, cp.tokens, cp.compressed_at), cp.tokens) for cp in self.checkpoints]
+        out += [(("kept", e.seq, e.view_tokens), e.view_tokens) for e in self.kept if e.view is not None]
+        out += [(("recent", e.seq, e.view_tokens), e.view_tokens) for e in self.recent if e.view is not None]
+        return out
+
     def view_entry(self, entry: Entry, kept: bool, count: Callable[[str], int],
                    protected: tuple[str, ...], pinned_set: set[int] | None = None) -> None:
         state = self.state

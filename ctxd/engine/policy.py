@@ -26,6 +26,11 @@ class CompressionPolicy:
     low_water_fraction: float = 0.7
     """A compression takes the oldest part of the conversation just far enough to leave it at
     this share of the available budget, and no further."""
+    room_fraction: float = 0.7
+    """The share a pass that could not reach the low-water mark (the user's words fill the
+    conversation) shortens the summaries to, at most: the quality-first mark even where the
+    low-water mark is deeper because the provider caches (summaries are where older turns
+    live)."""
     min_growth_fraction: float = 0.10
     """Automatic compression waits until the conversation grew by this share of the
     available budget since the last one (no compaction loops)."""

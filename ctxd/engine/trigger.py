@@ -1,10 +1,14 @@
-"""When to compress: the trigger and the loop guard (layer 3's first question).
+"""When to compress: the trigger, the loop guard, and what a pass costs (layer 3's first question).
 
 :func:`decide` is asked after every change that grows the conversation (a push, an
-import) and before a prompt is rendered: over the trigger, and grown enough since the
-last pass (``compression.min_growth_fraction`` of available, so a pass never follows
-a pass that freed little), or the prompt no longer fits. Pure: figures in, a decision
-out; the service schedules the pass (``service/compression.py``).
+import) and before a prompt is rendered. A pass runs when the window forces it (the
+conversation is over the trigger, or the prompt no longer fits) and, where the session's
+provider caches prompts (:class:`Economy`), also earlier when it pays: the provider's
+cache has expired (the next request is billed whole anyway), or the tokens it saves
+over the coming requests outweigh what it breaks (``engine/billing.py``). Every pass but
+one the prompt needs to fit waits for the loop guard: the conversation grew by
+``compression.min_growth_fraction`` of available since the last pass. Pure: figures in,
+a decision out; the service schedules the pass (``service/compression.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ctxd.engine.billing import CacheRules, worth_a_pass
 from ctxd.engine.context import CompressionState
 from ctxd.engine.policy import CompressionPolicy
 from ctxd.protocol.context import Budget
@@ -25,11 +30,35 @@ class Decision:
     """Set when the trigger was passed but compression may not run: worth telling clients."""
 
 
-def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy) -> Decision:
-    """Whether automatic compression should run now (past the trigger, within the loop guard)."""
+@dataclass(frozen=True)
+class Economy:
+    """What a session's prompts cost, for a provider that caches them (``service/billing.py``)."""
+
+    rules: CacheRules
+    growth: float = 0.0
+    """Tokens (ctxd's count) the conversation grows by per request; 0 while unknown."""
+    summary_cost: float = 0.0
+    """What a pass's own requests cost (an LLM summary), in uncached input tokens."""
+    cold: bool = False
+    """The provider's cache of the last prompt has expired."""
+
+
+def low_water(policy: CompressionPolicy, budget: Budget) -> int:
+    """Where a pass leaves the conversation: the low-water mark, kept a loop guard's step
+    below the trigger (a session whose own trigger is set lower than the mark would
+    otherwise have passes that free nothing)."""
+    share = min(policy.low_water_fraction, budget.trigger_fraction - policy.min_growth_fraction)
+    return math.floor(max(0.0, share) * budget.available)
+
+
+def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy,
+           economy: Economy | None = None) -> Decision:
+    """Whether automatic compression should run now."""
     fits = budget.prompt_tokens <= budget.max_prompt_tokens
     if budget.used <= budget.trigger_at and fits:
-        return Decision(False, "below the trigger")
+        if economy is None or not policy.auto:
+            return Decision(False, "below the trigger")
+        return _early(state, budget, policy, economy)
     if not policy.auto:
         return Decision(False, "automatic compression is off for this session", "auto-off")
     last = state.last_after_used
@@ -39,3 +68,23 @@ def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy) -
             return Decision(False, f"the conversation grew to {budget.used} tokens since the last compression "
                                    f"left {last}; waiting for {needed} (no compaction loops)", "growth")
     return Decision(True, "over the trigger" if fits else "the prompt no longer fits")
+
+
+def _early(state: CompressionState, budget: Budget, policy: CompressionPolicy, economy: Economy) -> Decision:
+    """Below the trigger, for a provider that caches: a pass when it pays, never before the
+    loop guard's step (from the last pass, and above where this pass would leave it)."""
+    step = math.ceil(policy.min_growth_fraction * budget.available)
+    target = low_water(policy, budget)
+    grown = budget.used - target
+    last = state.last_after_used
+    if grown < step or (last is not None and budget.used < last + step):
+        return Decision(False, "below the trigger")
+    if economy.cold:
+        return Decision(True, "the provider's prompt cache has expired: a pass now breaks nothing cached")
+    ratio = budget.token_ratio
+    # The pass rewrites what follows the checkpoints already sent: the conversation it leaves.
+    if worth_a_pass(round(grown * ratio), round(target * ratio), economy.summary_cost, economy.growth * ratio,
+                    economy.rules):
+        return Decision(True, f"compressing now ({budget.used} tokens, {grown} above where a pass leaves the "
+                              f"conversation) costs less over the coming requests than the cache it breaks")
+    return Decision(False, "below the trigger")

@@ -50,9 +50,12 @@ USAGE: tuple[UsageField, ...] = (
     ("completion_tokens", None, "outputTokens"),
     ("total_tokens", None, "totalTokens"),
     ("completion_tokens_details", "reasoning_tokens", "reasoningTokens"),
+    ("prompt_tokens_details", "cached_tokens", "cachedInputTokens"),
+    ("prompt_cache_hit_tokens", None, "cachedInputTokens"),
 )
 """Usage fields. ``prompt_tokens`` already includes ``prompt_tokens_details.cached_tokens``
-(unlike Anthropic's ``input_tokens``), so the cached count is no ``cacheReadTokens``."""
+(unlike Anthropic's ``input_tokens``), so the cached count is ``cachedInputTokens``, no
+``cacheReadTokens`` (DeepSeek's ``prompt_cache_hit_tokens`` the same)."""
 
 NATIVE_MESSAGE = {"tool_call_id": "toolCallId", "tool_calls": "toolCalls"}
 """Message fields a client may push in OpenAI's spelling (renamed to ctxd's)."""

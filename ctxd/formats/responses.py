@@ -20,8 +20,10 @@ USAGE: tuple[UsageField, ...] = (
     ("output_tokens", None, "outputTokens"),
     ("total_tokens", None, "totalTokens"),
     ("output_tokens_details", "reasoning_tokens", "reasoningTokens"),
+    ("input_tokens_details", "cached_tokens", "cachedInputTokens"),
 )
-"""Usage fields. ``input_tokens`` includes ``input_tokens_details.cached_tokens``."""
+"""Usage fields. ``input_tokens`` includes ``input_tokens_details.cached_tokens``
+(``cachedInputTokens``)."""
 
 SKIPPED = frozenset({"reasoning"})
 """Items ctxd leaves out entirely (never pushed, never in the chain): a model's reasoning,

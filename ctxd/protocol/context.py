@@ -79,6 +79,60 @@ class PromptParams(msgspec.Struct, rename="camel"):
     change."""
 
 
+class InputBill(msgspec.Struct, rename="camel"):
+    """Input tokens of one request (or a session's requests) as the provider bills them,
+    in its count (``budget.tokenRatio`` and ``tokenOverhead`` applied to ctxd's):
+    ``uncached`` at the input price, ``cacheWrite`` written to the prompt cache (Anthropic
+    bills them 1.25x), ``cacheRead`` read from it (about 0.1x). ``billed`` is the sum
+    weighed by the provider's rules ([billing] in docs/configuration.md), in uncached input
+    tokens; ``usd`` the same in US dollars when the model's price is known."""
+
+    uncached: int = 0
+    cache_write: int = 0
+    cache_read: int = 0
+    billed: float = 0.0
+    usd: float | None = None
+
+
+class RequestBill(msgspec.Struct, rename="camel", kw_only=True):
+    """One request's input, through ctxd and as the client's own request (its whole history,
+    whose previous request was its cached prefix) would have been billed. ``measured``:
+    ctxd's side comes from the usage the provider reported with the reply; otherwise both
+    are ctxd's estimates (the prefix shared with the previous prompt, while the provider's
+    cache lives). On a prompt, the session's totals so far, this request included
+    (``sessionBilled``, ``sessionDirect``, ``sessionRequests``)."""
+
+    ctxd: InputBill
+    direct: InputBill
+    measured: bool = False
+    session_billed: float = 0.0
+    session_direct: float = 0.0
+    session_requests: int = 0
+
+
+class SessionBill(msgspec.Struct, rename="camel", kw_only=True):
+    """A session's requests as billed (``context/stats``): through ctxd and as sending the
+    whole history directly would have been, under ``provider``'s rules (``cache``: how it
+    caches: ``breakpoints``, ``automatic`` or ``none``). ``ratio`` is ctxd's ``billed`` over
+    direct's. ``passCost``: what the compression passes cost by rewriting what the cache held
+    (tokens billed again as new input, in uncached input tokens), over ``passes`` passes.
+    ``budgetNote``: set when the session's window is below its model's, saying what the
+    smaller budget costs."""
+
+    provider: str
+    cache: str
+    requests: int = 0
+    measured: int = 0
+    """Requests whose ctxd figures came from the provider's usage."""
+    ctxd: InputBill = msgspec.field(default_factory=InputBill)
+    direct: InputBill = msgspec.field(default_factory=InputBill)
+    ratio: float | None = None
+    passes: int = 0
+    pass_cost: float = 0.0
+    last_request: RequestBill | None = None
+    budget_note: str | None = None
+
+
 class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=True):
     """``tokens`` is the whole prompt as ctxd counts it (never more than
     ``budget.maxPromptTokens``); ``lastSeq`` is the newest message it includes."""
@@ -92,6 +146,8 @@ class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=Tr
     reliability: Reliability
     compression_count: int
     checkpoint_count: int
+    bill: RequestBill | None = None
+    """What this request is expected to cost, through ctxd and direct (see ``RequestBill``)."""
 
 
 class OpenAIPrompt(_PromptBase, tag="openai"):
@@ -195,3 +251,4 @@ class ContextStatsResult(msgspec.Struct, rename="camel"):
     pruned_through_seq: int
     pinned: list[int]
     prompt_cache: PromptCacheStats = msgspec.field(default_factory=PromptCacheStats)
+    bill: SessionBill | None = None

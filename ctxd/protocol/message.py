@@ -128,6 +128,11 @@ class Usage(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_f
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
     reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    """Of ``inputTokens``, those the provider read from its prompt cache, where its input
+    count includes them (OpenAI's ``prompt_tokens_details.cached_tokens``, DeepSeek's
+    ``prompt_cache_hit_tokens``). Anthropic counts its cache reads beside ``input_tokens``:
+    those are ``cacheReadTokens``."""
 
 
 class Message(msgspec.Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):

@@ -51,6 +51,30 @@ class BadRequest(Exception):
     """A request the proxy cannot act on; the client gets a 400 with this message."""
 
 
+def _bill_value(bill: dict[str, Any]) -> str:
+    text = (f"uncached={bill.get('uncached', 0)}; cache-write={bill.get('cacheWrite', 0)}; "
+            f"cache-read={bill.get('cacheRead', 0)}; billed={bill.get('billed', 0)}")
+    usd = bill.get("usd")
+    return text if usd is None else f"{text}; usd={usd}"
+
+
+def bill_headers(session_id: str, prompt: dict[str, Any]) -> dict[str, str]:
+    """The proxy's own response headers: the session, and what this request is expected to
+    bill (input tokens as the provider counts them, ctxd's estimate: the reply's usage comes
+    after the headers), through ctxd and had the client gone direct, and the session's totals
+    so far (docs/proxy.md, "What it costs")."""
+    out = {"x-ctxd-session": session_id}
+    bill = prompt.get("bill")
+    if isinstance(bill, dict):
+        out["x-ctxd-bill"] = _bill_value(bill.get("ctxd") or {})
+        out["x-ctxd-bill-direct"] = _bill_value(bill.get("direct") or {})
+        billed, direct = bill.get("sessionBilled", 0), bill.get("sessionDirect", 0)
+        ratio = f"; ratio={billed / direct:.4f}" if direct else ""
+        out["x-ctxd-bill-session"] = (f"requests={bill.get('sessionRequests', 0)}; billed={billed}; "
+                                      f"direct={direct}{ratio}")
+    return out
+
+
 class ClientGone:
     """While the proxy waits for the upstream's answer, watches the client's connection and
     cancels the waiting task if the client hangs up: a whole answer (or a stream's head)
@@ -182,6 +206,7 @@ class Proxy:
                  time.perf_counter() - started, ", streamed" if streaming else "")
         if isinstance(response, Response):
             return response
+        ours = bill_headers(tracked.id, prompt)
         if not streaming or response.status_code != 200:
             # The reply is pushed once the answer is handed to uvicorn (Starlette runs the
             # task right after the body's send, in this turn of the loop): the answer's
@@ -191,10 +216,10 @@ class Proxy:
             push = BackgroundTask(self._push_whole, api, conv, tracked, chain_then, response) \
                 if response.status_code == 200 else None
             return Response(response.content, status_code=response.status_code,
-                            headers=self.back_headers(response, decoded=True), background=push)
+                            headers={**self.back_headers(response, decoded=True), **ours}, background=push)
         return StreamingResponse(self._relay(api, conv, tracked, chain_then, response),
                                  status_code=response.status_code,
-                                 headers=self.back_headers(response, decoded=True))
+                                 headers={**self.back_headers(response, decoded=True), **ours})
 
     def _read(self, request: Request, api: Api, raw: bytes) -> tuple[dict[str, Any], Any, Conversation] | None:
         """The request's body, its parts and the conversation it belongs to; None for a body

@@ -52,6 +52,7 @@ from ctxd.engine.pipeline import (
 from ctxd.engine.policy import MIN_TARGET, CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.trigger import decide
+from ctxd.engine.trigger import low_water as low_water_mark
 from ctxd.protocol.compression import (
     Checkpoint,
     CheckpointAgedNotification,
@@ -67,7 +68,7 @@ from ctxd.protocol.compression import (
 from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import CtxdError, ErrorCode, session_not_found
 from ctxd.protocol.message import Message
-from ctxd.service import notify, snapshots
+from ctxd.service import billing, notify, snapshots
 from ctxd.service.clock import now_iso
 from ctxd.service.core import Service
 from ctxd.service.events import NullProgress, Progress
@@ -131,7 +132,7 @@ def schedule(svc: Service, state: SessionState) -> None:
         return
     budget = svc.cache.budget(state)
     policy = svc.cache.policy(state)
-    decision = decide(state.cstate, budget, policy)
+    decision = decide(state.cstate, budget, policy, billing.economy(svc, state))
     if decision.compress:
         state.skip_reason = None
         task = asyncio.get_running_loop().create_task(_background(svc, state), name=f"compress-{state.id}")
@@ -179,7 +180,7 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
         budget = svc.cache.budget(state)
         policy = svc.cache.policy(state)
         if not force:
-            decision = decide(state.cstate, budget, policy)
+            decision = decide(state.cstate, budget, policy, billing.economy(svc, state))
             if not decision.compress:
                 return CompressResult(session_id=state.id, compressed=False, layers=[],
                                       before_tokens=ctx.prompt_tokens, after_tokens=ctx.prompt_tokens,
@@ -208,10 +209,7 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
 
 
 def _low_water(policy: CompressionPolicy, budget: Budget) -> int:
-    """The low-water mark, kept a loop guard's step below the trigger (a session whose own
-    trigger is set lower than the mark would otherwise have passes that free nothing)."""
-    share = min(policy.low_water_fraction, budget.trigger_fraction - policy.min_growth_fraction)
-    return math.floor(max(0.0, share) * budget.available)
+    return low_water_mark(policy, budget)
 
 
 async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, stage: _Stages,
@@ -293,11 +291,12 @@ async def _make_room(svc: Service, state: SessionState, ctx: ActiveContext, run:
     compress again, each pass freeing a few tokens and breaking the prompt cache. (A
     step down to the low-water mark, but never less than one loop guard's: summaries are
     where older turns live, and shortening them further costs more than the passes it
-    saves; docs/decisions.md.)"""
+    saves; docs/decisions.md. Where the provider caches, still the quality-first mark:
+    ``policy.room_fraction``.)"""
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
-    share = min(budget.trigger_fraction - policy.min_growth_fraction, policy.low_water_fraction)
+    share = min(budget.trigger_fraction - policy.min_growth_fraction, policy.room_fraction)
     if share <= 0 or ctx.used <= math.floor(share * budget.available):
         return
     # Every token the checkpoints give back raises available by one, the goal by ``share``.

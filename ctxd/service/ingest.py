@@ -41,7 +41,7 @@ from ctxd.protocol.errors import CtxdError, ErrorCode, invalid_params, session_n
 from ctxd.protocol.goal import Goal
 from ctxd.protocol.message import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from ctxd.protocol.session import PushedMessage, PushResult, SessionPushParams
-from ctxd.service import compression, notify, snapshots, turns
+from ctxd.service import billing, compression, notify, snapshots, turns
 from ctxd.service.clock import now_iso, parse_iso
 from ctxd.service.core import Service
 from ctxd.service.state import SessionState, StaleSession, context_moved, figures_after
@@ -326,6 +326,7 @@ def _copy_stats(stats: SessionStats) -> SessionStats:
         by_role={k: RoleTotals(v.messages, v.tokens) for k, v in stats.by_role.items()},
         by_kind={k: KindTotals(v.blocks, v.tokens) for k, v in stats.by_kind.items()},
         drift=DriftTotals(**msgspec.structs.asdict(stats.drift)),
+        bill=msgspec.structs.replace(stats.bill),
     )
 
 
@@ -417,6 +418,10 @@ def _write_job(conn: sqlite3.Connection, job: PushJob) -> _Outcome:
         added_tokens += tokens.total
         results.append(PushedMessage(seq=last_seq, tokens=tokens.total))
     drift.history_context = history_context
+    if counted and state.billing.pending is not None:
+        # The push after a prompt (its reply, with the provider's usage when the client
+        # passed it on): that request's bill joins the totals.
+        billing.accrue(state, stats.bill, next((m.usage for m, _ in counted if m.usage is not None), None))
     stats.add_messages(counted)
     derived = _derive(state, job.watermark_tools, [(m.seq, m.message) for m in stored], now)
     title = None

@@ -18,7 +18,7 @@ from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.formats.anthropic import cache_breakpoints
 from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, PromptParams, PromptResult
 from ctxd.protocol.session import SessionPushParams
-from ctxd.service import compression, controls, ingest
+from ctxd.service import billing, compression, controls, ingest
 from ctxd.service.core import Service
 from ctxd.service.notify import session_reliability
 from ctxd.service.state import SessionState
@@ -110,16 +110,17 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
         _count_prefix(state, ctx, params.format)
         budget = svc.cache.budget(state)
         row = state.row
-    # One count: the budget's (the context counts the pairing repairs too), plus what this
-    # provider's shape alone adds, and the budget handed out says the same.
-    tokens = budget.prompt_tokens + out.format_tokens
-    if out.format_tokens:
-        budget = msgspec.structs.replace(budget, prompt_tokens=tokens, free=budget.max_prompt_tokens - tokens)
+        # One count: the budget's (the context counts the pairing repairs too), plus what this
+        # provider's shape alone adds, and the budget handed out says the same.
+        tokens = budget.prompt_tokens + out.format_tokens
+        if out.format_tokens:
+            budget = msgspec.structs.replace(budget, prompt_tokens=tokens, free=budget.max_prompt_tokens - tokens)
+        bill = billing.on_prompt(svc, state, ctx, tokens, _shape(ctx))
     state.last_prompt_tokens = tokens
     common: dict[str, Any] = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,
                   last_seq=row.last_seq, message_count=row.message_count, budget=budget,
                   reliability=session_reliability(state, budget),
-                  compression_count=ctx.state.compression_count, checkpoint_count=len(ctx.checkpoints))
+                  compression_count=ctx.state.compression_count, checkpoint_count=len(ctx.checkpoints), bill=bill)
     if params.format == "anthropic":
         if params.cache_control:
             system, messages = cache_breakpoints(out.system, out.messages, out.system_head)

@@ -19,6 +19,7 @@ import msgspec
 
 from ctxd.config import Config
 from ctxd.engine import calibration
+from ctxd.engine.billing import BillingTable, CacheRules, ModelRules, Tracker
 from ctxd.engine.budget import BudgetPolicy, budget_for
 from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, sent_tokens
@@ -80,6 +81,9 @@ class SessionState:
     """The last budget computed and what it was computed from (``SessionCache.budget``)."""
     policy_memo: tuple[tuple[object, ...], CompressionPolicy] | None = None
     """The last compression policy and the settings it was made from (``SessionCache.policy``)."""
+    billing: Tracker = field(default_factory=Tracker)
+    """What the requests cost so far, between prompts (``service/billing.py``)."""
+    rules_memo: tuple[tuple[object, ...], CacheRules] | None = None
 
     @property
     def id(self) -> str:
@@ -148,7 +152,21 @@ def budget_policy(config: Config, row: SessionRow) -> BudgetPolicy:
     )
 
 
-def compression_policy(config: Config, row: SessionRow) -> CompressionPolicy:
+def billing_table(config: Config) -> BillingTable:
+    """``[billing]`` as the engine's plain table."""
+    b = config.billing
+    return BillingTable(
+        providers={name: CacheRules(provider=name, cache=p.cache, min_tokens=p.min_tokens, step=p.step, read=p.read,
+                                    write=p.write, ttl_seconds=p.ttl_seconds, max_breakpoints=p.max_breakpoints,
+                                    input_price=p.input_price)
+                   for name, p in b.providers.items()},
+        models={prefix: ModelRules(provider=m.provider, min_tokens=m.min_tokens, read=m.read, write=m.write,
+                                   input_price=m.input_price)
+                for prefix, m in b.models.items()})
+
+
+def compression_policy(config: Config, row: SessionRow, caches: bool = False) -> CompressionPolicy:
+    """``caches``: the session's provider caches prompts (its passes go deeper)."""
     c = config.compression
     s = row.settings
     return CompressionPolicy(
@@ -156,7 +174,8 @@ def compression_policy(config: Config, row: SessionRow) -> CompressionPolicy:
         strategy=s.strategy or c.strategy,
         overflow_policy=s.overflow_policy or c.overflow_policy,
         keep_recent=c.keep_recent if s.keep_recent is None else s.keep_recent,
-        low_water_fraction=c.low_water_fraction,
+        low_water_fraction=c.cached_low_water_fraction if caches else c.low_water_fraction,
+        room_fraction=c.low_water_fraction,
         min_growth_fraction=c.min_growth_fraction,
         prune_minimum=c.prune_minimum,
         prune_protect=c.prune_protect,
@@ -207,6 +226,7 @@ class SessionCache:
         self._states: dict[str, SessionState] = {}
         self._loaded: OrderedDict[str, int] = OrderedDict()
         self._loaded_tokens = 0
+        self.billing = billing_table(config)
 
     def adopt(self, row: SessionRow) -> SessionState:
         """The cached state of a stored session (created from ``row`` if not cached)."""
@@ -340,13 +360,24 @@ class SessionCache:
     # configuration is fixed for the daemon's life.
 
     def policy(self, state: SessionState) -> CompressionPolicy:
-        key = msgspec.structs.astuple(state.row.settings)
+        caches = self.rules(state).caches
+        key = (*msgspec.structs.astuple(state.row.settings), caches)
         memo = state.policy_memo
         if memo is not None and memo[0] == key:
             return memo[1]
-        policy = compression_policy(self.config, state.row)
+        policy = compression_policy(self.config, state.row, caches)
         state.policy_memo = (key, policy)
         return policy
+
+    def rules(self, state: SessionState) -> CacheRules:
+        """How the session's provider bills and caches its prompts (``[billing]``)."""
+        key = (state.row.provider, state.row.model)
+        memo = state.rules_memo
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        rules = self.billing.rules(state.row.provider, state.row.model)
+        state.rules_memo = (key, rules)
+        return rules
 
     def budget(self, state: SessionState) -> Budget:
         """The session's budget (the same object while nothing it depends on changed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ctxd.protocol.context import ContextStatsResult, KindStats, PromptCacheStats, RoleStats, UsageDrift
+from ctxd.service import billing
 from ctxd.service.core import Service
 from ctxd.service.notify import session_reliability
 
@@ -52,4 +53,5 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
             prompts=served.prompts, compared=served.prompts_followed, prefix_kept=served.prefix_kept,
             prefix_kept_share=round(served.prefix_kept / served.prompts_followed, 4)
             if served.prompts_followed else None),
+        bill=billing.session_bill(svc, state),
     )

@@ -44,6 +44,23 @@ class DriftTotals(msgspec.Struct):
     """The newest (ctxd's count, provider's count) pairs, oldest first (engine/calibration.py)."""
 
 
+class BillTotals(msgspec.Struct, omit_defaults=True):
+    """A session's requests as billed (``service/billing.py``): each ``(uncached, written,
+    read)`` in the provider's count; ``*_billed`` weighed by the rules in force when the
+    request was made, in uncached input tokens; ``last``: the newest request's ctxd and
+    direct triples and whether ctxd's came from the provider's usage."""
+
+    requests: int = 0
+    measured: int = 0
+    ctxd: tuple[int, int, int] = (0, 0, 0)
+    direct: tuple[int, int, int] = (0, 0, 0)
+    ctxd_billed: float = 0.0
+    direct_billed: float = 0.0
+    passes: int = 0
+    pass_cost: float = 0.0
+    last: tuple[tuple[int, int, int], tuple[int, int, int], bool] | None = None
+
+
 KINDS = ("text", "toolCall", "toolResult", "thinking", "framing")
 _KIND_SET = frozenset(KINDS)
 
@@ -72,6 +89,7 @@ class SessionStats(msgspec.Struct):
     by_role: dict[str, RoleTotals] = {}
     by_kind: dict[str, KindTotals] = {}
     drift: DriftTotals = msgspec.field(default_factory=DriftTotals)
+    bill: BillTotals = msgspec.field(default_factory=BillTotals)
 
     def add_message(self, message: Message, tokens: MessageTokens) -> None:
         """Count one message into the role and kind totals (the drift is the caller's)."""

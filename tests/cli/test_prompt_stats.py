@@ -59,5 +59,23 @@ def test_prompt_formats_and_stats(cli: Cli) -> None:
     for word in ("By role", "By kind", "toolCall", "output ratio", "input ratio", "Budget", "trigger"):
         assert word in text
 
+    # The bill: the prompts asked above, priced under OpenAI's rules (gpt-4o), through ctxd
+    # and direct; the last one counts as a request until a push follows it.
+    bill = stats["bill"]
+    assert (bill["provider"], bill["cache"], bill["requests"]) == ("openai", "automatic", 1)
+    assert bill["ctxd"]["uncached"] > 0 and bill["ratio"] == 1.0
+    cli("push", "p", "--message-json", input=json.dumps([
+        {"role": "user", "content": "and now?"},
+        {"role": "assistant", "content": "Done.", "usage": {"inputTokens": 70, "cachedInputTokens": 0}}]))
+    cli("prompt", "p", "--format", "openai")
+    cli("push", "p", "--message-json", input=json.dumps([
+        {"role": "assistant", "content": "Still done.", "usage": {"inputTokens": 75, "cachedInputTokens": 0}}]))
+    bill = cli.json("stats", "p")["bill"]
+    assert (bill["requests"], bill["measured"]) == (2, 2) and bill["lastRequest"]["measured"]
+    text = cli("stats", "p").stdout
+    for words in ("Bill", "openai (automatic prefix cache)", "2 (2 from the provider's usage", "through ctxd",
+                  "direct", "1.00x direct" if bill["ratio"] == 1.0 else "x direct", "last request", "(reported)"):
+        assert words in text, words
+
     assert cli("stats", "missing", expect=1).error_line().endswith("(-33001)")
     assert cli("prompt", "missing", expect=1).error_line().endswith("(-33001)")

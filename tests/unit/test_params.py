@@ -77,8 +77,9 @@ def test_usage_details_and_citations_are_kept_not_refused():
          "usage": {"input_tokens": 9, "output_tokens": 4, "service_tier": "standard",
                    "cache_creation": {"ephemeral_5m_input_tokens": 0}}},
     )
-    # (cached_tokens is part of prompt_tokens for OpenAI: a detail, not cacheReadTokens)
-    assert openai.usage == Usage(input_tokens=50, output_tokens=20, total_tokens=70, reasoning_tokens=12)
+    # (cached_tokens is part of prompt_tokens for OpenAI: cachedInputTokens, not cacheReadTokens)
+    assert openai.usage == Usage(input_tokens=50, output_tokens=20, total_tokens=70, reasoning_tokens=12,
+                                 cached_input_tokens=32)
     assert openai.metadata == {"usageDetails": {"prompt_tokens_details": {"cached_tokens": 32, "audio_tokens": 0},
                                                 "completion_tokens_details": {"reasoning_tokens": 12}}}
     assert anthropic.content == [TextBlock(text="per the docs")]

@@ -282,8 +282,9 @@ async def test_a_whole_conversation_pushed_at_once_fills_the_window(service: Ser
     them and summarizes only as far as the low-water mark needs, so the prompt is
     filled to about that mark with the newest turns verbatim, assistant ones included;
     before, it summarized everything but the newest message, crushed the summaries to a
-    line and left most of the window empty."""
-    await _create(service, window=8192)
+    line and left most of the window empty. (A provider that caches nothing: where one
+    caches, passes go deeper, ``compression.cached_low_water_fraction``.)"""
+    await _create(service, window=8192, provider="local")
     pushed = [m for i in range(300) for m in (
         {"role": "user", "content": f"note {i}: " + " ".join(f"u{i}x{k}" for k in range(12))},
         {"role": "assistant", "content": f"reply {i}: " + " ".join(f"a{i}y{k}" for k in range(12))})]

@@ -54,6 +54,24 @@ describe("status bar", () => {
     assert.equal(statusView({ connection: "connected" }).level, "idle");
   });
 
+  it("shows what the session's requests were billed, against going direct", () => {
+    const bill = {
+      provider: "anthropic", cache: "breakpoints", requests: 31, measured: 29,
+      ctxd: { uncached: 12, cacheWrite: 40312, cacheRead: 512044, billed: 101_606.4, usd: 0.3048 },
+      direct: { uncached: 0, cacheWrite: 52100, cacheRead: 1204503, billed: 185_575.3, usd: 0.5567 },
+      ratio: 0.5475, passes: 3, passCost: 21400, lastRequest: null,
+      budgetNote: "the window is 48,000 tokens of claude-sonnet-4-5's 200,000: 3 compression passes so far",
+    };
+    const view = statusView({ connection: "connected", session: { sessionId: "s" }, budget: budget({}), bill });
+    assert.match(view.tooltip, /billed 102k input tokens \(\$0\.3048\) over 31 requests, 0\.55× direct/);
+    assert.match(view.tooltip, /read 512k from anthropic's cache, wrote 40k, uncached 12/);
+    assert.match(view.tooltip, /3 compressions billed 21k again/);
+    assert.match(view.tooltip, /48,000 tokens of claude-sonnet-4-5's 200,000/);
+    const none = statusView({ connection: "connected", session: { sessionId: "s" }, budget: budget({}),
+      bill: { ...bill, requests: 0 } });
+    assert.doesNotMatch(none.tooltip, /billed/);
+  });
+
   it("formats token counts briefly", () => {
     assert.deepEqual([0, 999, 1000, 1050, 9999, 12345, 128000, 1_500_000].map(formatTokens),
       ["0", "999", "1k", "1.1k", "10k", "12k", "128k", "1.5M"]);

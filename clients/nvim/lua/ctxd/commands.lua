@@ -368,6 +368,62 @@ function M.history()
   end, { buffer = buf, desc = 'ctxd: open this message' })
 end
 
+local function money(usd)
+  if usd == nil or usd == vim.NIL then
+    return ''
+  end
+  return string.format(usd < 1 and ' ($%.4f)' or ' ($%.2f)', usd)
+end
+
+local function input_bill(b)
+  b = b or {}
+  return string.format('uncached %s, written %s, read %s: %s billed%s', ctxd().human(b.uncached or 0),
+    ctxd().human(b.cacheWrite or 0), ctxd().human(b.cacheRead or 0), ctxd().human(math.floor((b.billed or 0) + 0.5)),
+    money(b.usd))
+end
+
+--- The bill lines of context/stats' ``bill`` (what the requests cost, against going direct).
+function M.bill_lines(id, bill)
+  local lines = { string.format("# what %s's requests were billed (input tokens, as %s counts them)", id,
+    bill.provider) }
+  table.insert(lines, string.format('provider      %s (%s)', bill.provider, bill.cache))
+  table.insert(lines, string.format("requests      %d (%d from the provider's usage, the rest estimated)",
+    bill.requests or 0, bill.measured or 0))
+  if (bill.requests or 0) > 0 then
+    table.insert(lines, 'through ctxd  ' .. input_bill(bill.ctxd))
+    table.insert(lines, 'direct        ' .. input_bill(bill.direct))
+    if bill.ratio ~= nil and bill.ratio ~= vim.NIL then
+      table.insert(lines, string.format('ratio         %.2fx direct', bill.ratio))
+    end
+    table.insert(lines, string.format('passes        %d, which billed %s again of what was cached', bill.passes or 0,
+      ctxd().human(math.floor((bill.passCost or 0) + 0.5))))
+    local last = bill.lastRequest
+    if last and last ~= vim.NIL then
+      table.insert(lines, 'last request  ' .. input_bill(last.ctxd) .. (last.measured and ' (reported)' or ' (estimated)'))
+    end
+  end
+  if bill.budgetNote and bill.budgetNote ~= vim.NIL then
+    table.insert(lines, 'budget        ' .. bill.budgetNote)
+  end
+  return lines
+end
+
+function M.bill()
+  local id = active()
+  if not id then
+    return
+  end
+  local stats = call('context/stats', { sessionId = id })
+  if not stats then
+    return
+  end
+  if not stats.bill or stats.bill == vim.NIL then
+    info(id .. ': this daemon does not report bills')
+    return
+  end
+  scratch(string.format('ctxd://%s/bill', id), M.bill_lines(id, stats.bill), 'markdown')
+end
+
 function M.define()
   local cmd = vim.api.nvim_create_user_command
   cmd('CtxdSessions', function()
@@ -400,6 +456,9 @@ function M.define()
   cmd('CtxdHistory', function()
     M.history()
   end, { desc = 'ctxd: the active session\'s history' })
+  cmd('CtxdBill', function()
+    M.bill()
+  end, { desc = 'ctxd: what the active session\'s requests were billed, against going direct' })
 end
 
 return M

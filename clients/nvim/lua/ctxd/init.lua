@@ -21,7 +21,8 @@ local defaults = {
   request_timeout = 15000, -- ms, for commands that wait (sync requests)
   statusline = {
     -- function(state) -> string; state: session, contextTokens, maxPromptTokens,
-    -- triggerAt, messageCount, compressions, compressing, level, connected
+    -- triggerAt, messageCount, compressions, compressing, level, connected,
+    -- billed (input tokens billed so far, in uncached-token units), billRatio (x direct)
     format = nil,
   },
 }
@@ -137,6 +138,9 @@ local function load_stats(session_id)
     status.contextTokens = stats.contextTokens
     status.messageCount = stats.messageCount
     status.compressions = stats.compressionCount or 0
+    local bill = stats.bill ~= vim.NIL and stats.bill or nil
+    status.billed = bill and bill.ctxd and bill.ctxd.billed or nil
+    status.billRatio = bill and bill.ratio ~= vim.NIL and bill.ratio or nil
     apply_budget(stats.budget)
     refresh_status()
   end)

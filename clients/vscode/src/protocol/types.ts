@@ -40,6 +40,7 @@ export interface AnthropicPrompt {
   reliability: Reliability;
   compressionCount: number;
   checkpointCount: number;
+  bill?: RequestBill | null;
 }
 
 export interface AnthropicText {
@@ -295,6 +296,7 @@ export interface ContextStatsResult {
   prunedThroughSeq: number;
   pinned: number[];
   promptCache?: PromptCacheStats;
+  bill?: SessionBill | null;
 }
 
 /**
@@ -541,6 +543,22 @@ export interface InitializeResult {
 }
 
 /**
+ * Input tokens of one request (or a session's requests) as the provider bills them,
+ * in its count (``budget.tokenRatio`` and ``tokenOverhead`` applied to ctxd's):
+ * ``uncached`` at the input price, ``cacheWrite`` written to the prompt cache (Anthropic
+ * bills them 1.25x), ``cacheRead`` read from it (about 0.1x). ``billed`` is the sum
+ * weighed by the provider's rules ([billing] in docs/configuration.md), in uncached input
+ * tokens; ``usd`` the same in US dollars when the model's price is known.
+ */
+export interface InputBill {
+  uncached?: number;
+  cacheWrite?: number;
+  cacheRead?: number;
+  billed?: number;
+  usd?: number | null;
+}
+
+/**
  * Tokens by content kind across the whole history (blocks: how many of that kind).
  */
 export interface KindStats {
@@ -601,6 +619,7 @@ export interface OllamaPrompt {
   reliability: Reliability;
   compressionCount: number;
   checkpointCount: number;
+  bill?: RequestBill | null;
 }
 
 export interface OllamaToolCall {
@@ -643,6 +662,7 @@ export interface OpenAIPrompt {
   reliability: Reliability;
   compressionCount: number;
   checkpointCount: number;
+  bill?: RequestBill | null;
 }
 
 /**
@@ -798,6 +818,23 @@ export interface ReliabilityNotification {
 }
 
 /**
+ * One request's input, through ctxd and as the client's own request (its whole history,
+ * whose previous request was its cached prefix) would have been billed. ``measured``:
+ * ctxd's side comes from the usage the provider reported with the reply; otherwise both
+ * are ctxd's estimates (the prefix shared with the previous prompt, while the provider's
+ * cache lives). On a prompt, the session's totals so far, this request included
+ * (``sessionBilled``, ``sessionDirect``, ``sessionRequests``).
+ */
+export interface RequestBill {
+  ctxd: InputBill;
+  direct: InputBill;
+  measured?: boolean;
+  sessionBilled?: number;
+  sessionDirect?: number;
+  sessionRequests?: number;
+}
+
+/**
  * What automatic retention did to this database's sessions, and what it is set to.
  *
  * ``removed`` counts every session retention ever deleted (never ``session/delete`` or
@@ -860,6 +897,29 @@ export interface ServerCapabilities {
 export interface ServerInfo {
   name: string;
   version: string;
+}
+
+/**
+ * A session's requests as billed (``context/stats``): through ctxd and as sending the
+ * whole history directly would have been, under ``provider``'s rules (``cache``: how it
+ * caches: ``breakpoints``, ``automatic`` or ``none``). ``ratio`` is ctxd's ``billed`` over
+ * direct's. ``passCost``: what the compression passes cost by rewriting what the cache held
+ * (tokens billed again as new input, in uncached input tokens), over ``passes`` passes.
+ * ``budgetNote``: set when the session's window is below its model's, saying what the
+ * smaller budget costs.
+ */
+export interface SessionBill {
+  provider: string;
+  cache: string;
+  requests?: number;
+  measured?: number;
+  ctxd?: InputBill;
+  direct?: InputBill;
+  ratio?: number | null;
+  passes?: number;
+  passCost?: number;
+  lastRequest?: RequestBill | null;
+  budgetNote?: string | null;
 }
 
 /**
@@ -1199,6 +1259,7 @@ export interface Usage {
   cacheReadTokens?: number | null;
   cacheWriteTokens?: number | null;
   reasoningTokens?: number | null;
+  cachedInputTokens?: number | null;
 }
 
 /**

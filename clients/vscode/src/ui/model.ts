@@ -4,8 +4,8 @@
  * `ctxd:` URIs. No `vscode` import: tested directly.
  */
 import {
-  Budget, Checkpoint, CtxdNotification, ExpandResult, HistoryEntry, Message, Prompt, SearchHit, SessionInfo,
-  SnapshotInfo,
+  Budget, Checkpoint, CtxdNotification, ExpandResult, HistoryEntry, Message, Prompt, SearchHit, SessionBill,
+  SessionInfo, SnapshotInfo,
 } from "../protocol/types";
 
 export function formatTokens(n: number): string {
@@ -48,6 +48,7 @@ export interface StatusInput {
   budget?: Budget;
   overflowed?: boolean;
   compressing?: { stage: string; percentage: number };
+  bill?: SessionBill | null;
 }
 
 export interface StatusView {
@@ -80,6 +81,7 @@ export function statusView(input: StatusInput): StatusView {
   if (input.compressing) {
     lines.push(`compressing: ${input.compressing.stage} ${input.compressing.percentage}%`);
   }
+  lines.push(...billLines(input.bill));
   if (level === "overflow") {
     lines.push("The prompt does not fit: compress, unpin, or raise the window.");
   } else if (level === "trigger") {
@@ -87,6 +89,31 @@ export function statusView(input: StatusInput): StatusView {
   }
   lines.push("Click to pick the session.");
   return { text, tooltip: lines.join("\n"), level };
+}
+
+function dollars(usd: number | null): string {
+  return usd === null || usd === undefined ? "" : usd < 1 ? ` ($${usd.toFixed(4)})` : ` ($${usd.toFixed(2)})`;
+}
+
+/** What the session's requests were billed (input tokens, in uncached-token units), against going direct. */
+export function billLines(bill: SessionBill | null | undefined): string[] {
+  if (!bill || !bill.requests) {
+    return [];
+  }
+  const c = bill.ctxd;
+  const lines = [
+    `billed ${formatTokens(Math.round(c.billed))} input tokens${dollars(c.usd)} over ${bill.requests} requests` +
+      (bill.ratio !== null ? `, ${bill.ratio.toFixed(2)}× direct` : ""),
+    `  read ${formatTokens(c.cacheRead)} from ${bill.provider}'s cache, wrote ${formatTokens(c.cacheWrite)}, ` +
+      `uncached ${formatTokens(c.uncached)}`,
+  ];
+  if (bill.passes) {
+    lines.push(`  ${bill.passes} compressions billed ${formatTokens(Math.round(bill.passCost))} again`);
+  }
+  if (bill.budgetNote) {
+    lines.push(`  ${bill.budgetNote}`);
+  }
+  return lines;
 }
 
 // --- tree labels ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 /** The status bar item: the active session's prompt against maxPromptTokens, live. */
 import * as vscode from "vscode";
 import { CtxdSupervisor } from "../protocol/supervisor";
-import { Budget, CtxdNotification, SessionInfo } from "../protocol/types";
+import { Budget, CtxdNotification, SessionBill, SessionInfo } from "../protocol/types";
 import { ActiveSession } from "./active";
 import { StatusInput, StatusLevel, statusView } from "./model";
 
@@ -20,6 +20,7 @@ export class StatusBar implements vscode.Disposable {
   readonly item: vscode.StatusBarItem;
   private session: Pick<SessionInfo, "sessionId" | "title"> | undefined;
   private budget: Budget | undefined;
+  private bill: SessionBill | null | undefined;
   private overflowed = false;
   private compressing: { stage: string; percentage: number } | undefined;
   private dirty = false;
@@ -123,6 +124,7 @@ export class StatusBar implements vscode.Disposable {
       }
       this.session = info;
       this.budget = stats.budget;
+      this.bill = stats.bill;
       if (stats.budget.promptTokens <= stats.budget.maxPromptTokens) {
         this.overflowed = false;
       }
@@ -142,6 +144,7 @@ export class StatusBar implements vscode.Disposable {
       budget: this.budget,
       overflowed: this.overflowed,
       compressing: this.compressing,
+      bill: this.bill,
     };
     return statusView(input);
   }

@@ -1,0 +1,139 @@
+"""A session's bill (service/billing.py): each prompt priced through ctxd and direct, the
+reply's usage taking ctxd's place, passes and what they rewrite, on a real Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from ctxd.config import Config
+from ctxd.protocol.context import InputBill
+from ctxd.service import controls, ingest, prompt, sessions, stats
+from ctxd.service.core import Service
+from ctxd.service.events import CollectingEvents
+from tests.unit.service_helpers import params, settle
+
+SID = "bill"
+SYSTEM = "You are a careful assistant. " + " ".join(f"rule{k}: answer plainly." for k in range(400))
+
+
+async def _create(svc: Service, **extra: Any) -> None:
+    fields = {"model": "claude-sonnet-4-5", "provider": "anthropic", "contextWindow": 16_000,
+              "systemPrompt": SYSTEM, **extra}
+    await sessions.create_session(svc, params("session/create", sessionId=SID, **fields))
+
+
+async def _turn(svc: Service, i: int, *, usage: dict[str, int] | None = None, words: int = 30) -> Any:
+    """Push a user message, take the prompt, push the reply (with ``usage``)."""
+    await ingest.push(svc, params("session/push", sessionId=SID, messages=[
+        {"role": "user", "content": f"question {i}: " + " ".join(f"q{i}x{k}" for k in range(words))}]))
+    await settle(svc)
+    result = await prompt.prompt(svc, params("context/prompt", sessionId=SID, format="anthropic"))
+    reply: dict[str, Any] = {"role": "assistant", "content": f"answer {i}: " + " ".join(
+        f"a{i}y{k}" for k in range(words))}
+    if usage is not None:
+        reply["usage"] = usage
+    await ingest.push(svc, params("session/push", sessionId=SID, messages=[reply]))
+    return result
+
+
+async def test_prompts_are_billed_through_ctxd_and_direct(service: Service) -> None:
+    await _create(service)
+    first = await _turn(service, 0)
+    # The first request: nothing cached, everything written (Anthropic); direct the same.
+    assert first.bill.ctxd.cache_read == 0 and first.bill.ctxd.cache_write == first.tokens
+    assert first.bill.direct.cache_write == first.tokens and first.bill.session_requests == 1
+    second = await _turn(service, 1)
+    # The second starts with the whole first prompt: read from the cache, the rest written.
+    assert second.bill.ctxd.cache_read == first.tokens
+    assert second.bill.ctxd.cache_write == second.tokens - first.tokens
+    assert second.bill.ctxd.billed == pytest.approx(first.tokens * 0.1 + (second.tokens - first.tokens) * 1.25, abs=0.1)
+    assert second.bill.ctxd.usd == pytest.approx(second.bill.ctxd.billed * 3.0 / 1e6, rel=1e-3)
+    bill = (await stats.stats(service, SID)).bill
+    assert bill is not None and (bill.provider, bill.cache, bill.requests, bill.measured) == ("anthropic",
+                                                                                             "breakpoints", 2, 0)
+    assert bill.ratio == 1.0  # nothing compressed: ctxd's prompt is the client's
+    assert bill.ctxd.billed == pytest.approx(first.bill.ctxd.billed + second.bill.ctxd.billed, abs=0.2)
+    assert bill.last_request is not None and not bill.last_request.measured
+
+
+async def test_the_reply_usage_replaces_the_estimate(service: Service) -> None:
+    await _create(service)
+    await _turn(service, 0, usage={"inputTokens": 7, "cacheWriteTokens": 3_000, "cacheReadTokens": 0,
+                                   "outputTokens": 40})
+    await _turn(service, 1, usage={"inputTokens": 5, "cacheWriteTokens": 90, "cacheReadTokens": 3_000,
+                                   "outputTokens": 40})
+    bill = (await stats.stats(service, SID)).bill
+    assert bill is not None and (bill.requests, bill.measured) == (2, 2)
+    assert bill.ctxd == InputBill(uncached=12, cache_write=3_090, cache_read=3_000,
+                                  billed=pytest.approx(12 + 3_090 * 1.25 + 300, abs=0.1),
+                                  usd=pytest.approx((12 + 3_090 * 1.25 + 300) * 3e-6, rel=1e-3))
+    assert bill.last_request is not None and bill.last_request.measured
+    assert (bill.last_request.ctxd.uncached, bill.last_request.ctxd.cache_read) == (5, 3_000)
+    # Direct on the provider's scale: what it counted beside ctxd's messages (tools, its own
+    # framing) is in the client's request too; nothing compressed, so the same tokens.
+    direct = bill.direct
+    assert direct.uncached + direct.cache_write + direct.cache_read == 12 + 3_090 + 3_000
+    assert direct.cache_read == 3_007
+
+
+async def test_an_openai_reply_reports_its_cached_part(service: Service) -> None:
+    await _create(service, model="gpt-5", provider="openai")
+    await _turn(service, 0, usage={"inputTokens": 3_200, "cachedInputTokens": 0})
+    await _turn(service, 1, usage={"inputTokens": 3_300, "cachedInputTokens": 3_072})
+    bill = (await stats.stats(service, SID)).bill
+    assert bill is not None and bill.cache == "automatic" and bill.measured == 2
+    assert (bill.ctxd.uncached, bill.ctxd.cache_write, bill.ctxd.cache_read) == (3_428, 0, 3_072)
+
+
+async def test_a_pass_rewrites_what_follows_the_system_part(service: Service, events: CollectingEvents) -> None:
+    await _create(service)
+    for i in range(6):
+        await _turn(service, i, words=60)
+    before = await _turn(service, 6, words=60)
+    assert (await controls.compress(service, params("context/compress", sessionId=SID))).compressed
+    await settle(service)
+    after = await _turn(service, 7, words=60)
+    # Only the system prompt and what comes before the first change stay cached.
+    assert 0 < after.bill.ctxd.cache_read < before.tokens
+    assert after.bill.ctxd.cache_read >= after.budget.system_tokens
+    await _turn(service, 8, words=60)
+    bill = (await stats.stats(service, SID)).bill
+    assert bill is not None and bill.passes == 1 and bill.pass_cost > 0
+    # The client's own request kept growing, its previous request always cached.
+    assert bill.last_request is not None and bill.last_request.direct.cache_read > before.tokens
+
+
+async def test_an_expired_cache_is_billed_whole(service_config: Config, events: CollectingEvents) -> None:
+    config = msgspec.structs.replace(service_config, billing=msgspec.convert(
+        {"providers": {"anthropic": {"cache": "breakpoints", "read": 0.1, "write": 1.25, "ttl_seconds": 0}}},
+        type(service_config.billing)))
+    svc = await Service.open(config, events=events)
+    try:
+        await _create(svc)
+        await _turn(svc, 0)
+        second = await _turn(svc, 1)
+        assert second.bill.ctxd.cache_read == 0 and second.bill.direct.cache_read == 0
+    finally:
+        await svc.close()
+
+
+async def test_a_provider_without_a_cache_bills_every_token_and_nothing_in_money(service: Service) -> None:
+    await _create(service, model="llama3.2", provider="ollama")
+    await _turn(service, 0)
+    second = await _turn(service, 1)
+    assert second.bill.ctxd == InputBill(uncached=second.tokens, billed=float(second.tokens), usd=None)
+    bill = (await stats.stats(service, SID)).bill
+    assert bill is not None and bill.cache == "none" and bill.ctxd.usd is None
+
+
+async def test_a_window_below_the_models_says_what_it_costs(service: Service) -> None:
+    await _create(service)  # 16,000 of claude-sonnet-4-5's 200,000
+    await _turn(service, 0)
+    bill = (await stats.stats(service, SID)).bill
+    assert bill is not None and bill.budget_note is not None
+    assert "16,000 tokens of claude-sonnet-4-5's 200,000" in bill.budget_note and "passes" in bill.budget_note
+    await sessions.update_session(service, params("session/update", sessionId=SID, contextWindow=200_000))
+    assert (await stats.stats(service, SID)).bill.budget_note is None  # type: ignore[union-attr]
