@@ -214,19 +214,18 @@ class Pending:
     rules: CacheRules
     after_pass: bool = False
     pass_cost: float = 0.0
-    extra: int = 0
-    """What the client's own request holds beyond ctxd's prompt (provider count): with
-    the provider's report of ctxd's prompt, direct's size is that report plus this."""
+    whole: bool = False
+    """ctxd's prompt was the client's whole history (nothing compressed yet): direct's
+    request is the same request, so the provider's report of it is direct's too."""
     direct_kept: int = 0
     """The prefix direct's request shares with its previous one (0: the cache expired)."""
 
     def direct_for(self, reported: Bill | None) -> Bill:
-        """Direct's bill, on the scale of the provider's report of ctxd's side when there
-        is one (what the provider counts beside the messages, tools and all, is in both)."""
-        if reported is None:
+        """Direct's bill: the same as ctxd's while ctxd sent the whole history, on the
+        provider's report when there is one; else the estimate."""
+        if reported is None or not self.whole:
             return self.direct
-        size = reported.tokens + self.extra
-        return split(size, min(self.direct_kept, size), self.rules)
+        return split(reported.tokens, min(self.direct_kept, reported.tokens), self.rules)
 
 
 @dataclass
@@ -243,14 +242,17 @@ class Tracker:
     prompt: int = 0
     """The last prompt's size (provider count)."""
     direct: int = 0
-    """The size the client's own request had at the last request billed (provider count; on
-    the scale of the provider's report when that request's usage came)."""
-    direct_estimate: int = 0
-    """The same, as estimated when the last prompt was handed out."""
+    """The size the client's own request had at the last request (provider count): the
+    provider's report while ctxd sent the whole history, then grown by what was pushed
+    since, at the budget's ratio (a direct request grows by what is added to it)."""
+    direct_history: int = 0
+    """The history's size (ctxd's count) when ``direct`` was taken."""
     at: float | None = None
     """When the last prompt was handed out (``time.monotonic``)."""
     passes: int = 0
-    """The session's compression count at the last prompt."""
+    """Passes that changed the context so far (``service/compression.py`` counts them)."""
+    passes_seen: int = 0
+    """``passes`` at the last prompt."""
     history: list[int] = field(default_factory=list)
     """The history's size at the newest prompts (the growth per request)."""
     pending: Pending | None = None

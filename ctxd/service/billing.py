@@ -74,19 +74,28 @@ def on_prompt(svc: Service, state: SessionState, ctx: ActiveContext, tokens: int
     history = state.row.stats.drift.history_context
     prompt = _provider(tokens, budget)
     ctxd = split(prompt, 0 if cold else min(prompt, _provider(kept, budget)), rules)
-    direct_size = _provider(PROMPT_PRIMING + _head_tokens(state) + history, budget)
-    direct = split(direct_size, 0 if cold else min(direct_size, tracker.direct_estimate), rules)
-    passed = state.cstate.compression_count != tracker.passes and tracker.at is not None
+    # Direct: the client's whole history. While ctxd sends all of it (nothing compressed),
+    # the same request as ctxd's; after, the previous direct request grown by what was
+    # pushed since (anchored on what the provider reported, not on a fresh estimate).
+    left_out = PROMPT_PRIMING + _head_tokens(state) + history - tokens
+    whole = left_out <= 0 and state.cstate.boundary == 0 and not state.cstate.prunes and not state.cstate.clips
+    if whole or not tracker.direct:
+        direct_size = prompt + (0 if whole else _provider(left_out, budget) - budget.token_overhead)
+    else:
+        direct_size = tracker.direct + max(0, round(budget.token_ratio * (history - tracker.direct_history)))
+    direct_kept = 0 if cold else tracker.direct
+    direct = split(direct_size, min(direct_size, direct_kept), rules)
+    passed = tracker.passes != tracker.passes_seen and tracker.at is not None
     cost = 0.0
     if passed and not cold:
         # What the previous request had cached and this one bills again (new messages aside).
         grown = max(0, direct_size - tracker.direct)
         cost = rules.rewrite * max(0, min(tracker.prompt, prompt - grown) - ctxd.read)
-    tracker.pending = Pending(ctxd, direct, rules, after_pass=passed, pass_cost=cost,
-                              extra=max(0, direct_size - prompt), direct_kept=0 if cold else tracker.direct)
+    tracker.pending = Pending(ctxd, direct, rules, after_pass=passed, pass_cost=cost, whole=whole,
+                              direct_kept=direct_kept)
     tracker.shape, tracker.recent, tracker.prompt = shape, len(ctx.recent), prompt
-    tracker.direct = tracker.direct_estimate = direct_size
-    tracker.at, tracker.passes = now, state.cstate.compression_count
+    tracker.direct, tracker.direct_history = direct_size, history
+    tracker.at, tracker.passes_seen = now, tracker.passes
     tracker.remember(history)
     totals = state.row.stats.bill
     return RequestBill(ctxd=_input(ctxd, rules), direct=_input(direct, rules),

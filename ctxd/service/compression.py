@@ -806,6 +806,7 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
             raise
         budget = svc.cache.budget(state)
     if compressed:
+        state.billing.passes += 1  # (what the next prompt's bill charges to a pass)
         freed = run.before - after
         svc.events.emit(state.id, CompressedNotification(
             session_id=state.id, layers=run.layers, before_tokens=run.before, after_tokens=after,  # type: ignore[arg-type]
