@@ -27,10 +27,11 @@ class CompressionPolicy:
     """A compression takes the oldest part of the conversation just far enough to leave it at
     this share of the available budget, and no further."""
     room_fraction: float = 0.7
-    """The share a pass that could not reach the low-water mark (the user's words fill the
-    conversation) shortens the summaries to, at most: the quality-first mark even where the
-    low-water mark is deeper because the provider caches (summaries are where older turns
-    live)."""
+    """The quality-first low-water mark, even where the provider caches and passes go
+    deeper: a pass that could not reach the low-water mark (the user's words fill the
+    conversation) shortens the summaries to this share at most (summaries are where older
+    turns live), and a pass before the trigger because it pays waits until the
+    conversation fills this share of the window."""
     min_growth_fraction: float = 0.10
     """Automatic compression waits until the conversation grew by this share of the
     available budget since the last one (no compaction loops)."""

@@ -72,12 +72,15 @@ def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy,
 
 def _early(state: CompressionState, budget: Budget, policy: CompressionPolicy, economy: Economy) -> Decision:
     """Below the trigger, for a provider that caches: a pass when it pays, never before the
-    loop guard's step (from the last pass, and above where this pass would leave it)."""
+    loop guard's step (from the last pass, and above where this pass would leave it), and
+    only once the conversation fills the window to the quality-first mark
+    (``policy.room_fraction``): cost alone never leaves a window mostly unused."""
     step = math.ceil(policy.min_growth_fraction * budget.available)
     target = low_water(policy, budget)
     grown = budget.used - target
     last = state.last_after_used
-    if grown < step or (last is not None and budget.used < last + step):
+    if grown < step or (last is not None and budget.used < last + step) or \
+            budget.used < math.floor(policy.room_fraction * budget.available):
         return Decision(False, "below the trigger")
     if economy.cold:
         return Decision(True, "the provider's prompt cache has expired: a pass now breaks nothing cached")

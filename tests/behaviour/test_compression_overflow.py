@@ -264,7 +264,9 @@ async def test_overflow_policy_error_refuses_with_the_figures():
 
 async def test_reliability_thresholds_and_checkpoint_lifecycle():
     root = short_root()
-    daemon = CtxdProc(root).start()
+    # Deeper, earlier passes than the defaults (which leave checkpoints few enough that
+    # this session never ages one): the lifecycle is what is checked here, not the schedule.
+    daemon = CtxdProc(root, sets=["budget.trigger_fraction=0.97", "compression.low_water_fraction=0.82"]).start()
     try:
         conn = await daemon.connect()
         drive = await chat_session(conn, "agent", window=4096, model="llama3.1:70b")

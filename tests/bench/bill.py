@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -207,6 +208,9 @@ class Agent:
     """Tool calls per task, at least and at most."""
     max_requests: int = 0
     """Stop after the task during which this many requests were made (0: all ``turns`` tasks)."""
+    until: float = 0.0
+    """Stop after the task during which the client's own request passed this many times the
+    window (0: all ``turns`` tasks)."""
 
     def tools(self) -> list[dict[str, Any]]:
         rng = random.Random(self.seed)
@@ -360,6 +364,8 @@ async def drive(http: httpx.AsyncClient, proxy_url: str, upstream: PricedUpstrea
         run.turns_with_pass += after > before
         if agent.max_requests and run.requests >= agent.max_requests:
             break
+        if agent.until and upstream.priced[(label, "direct")][-1].tokens >= agent.until * agent.window:
+            break
     run.tasks = turn + 1
     run.seconds = time.perf_counter() - started
     infos = [i for i in await _sessions(daemon) if i["sessionId"] == session or i["sessionId"].startswith(session + "~")]
@@ -421,20 +427,19 @@ async def _passes(daemon: Daemon, session: str) -> int:
 
 
 def agents(quick: bool) -> list[tuple[Agent, str]]:
-    """The issue's four CLIs in shape: (agent, its run's length)."""
-    shapes = [Agent("anthropic-48k", "anthropic", 48_000, 20_000, 900, 0, max_tokens=8192, seed=11),
-              Agent("openai-24k", "openai", 24_000, 6_000, 500, 0, seed=12),
-              Agent("responses-24k", "responses", 24_000, 8_000, 500, 0, seed=13),
-              Agent("openai-16k", "openai", 16_000, 3_000, 600, 0, max_tokens=2048, seed=14)]
+    """The issue's four CLIs in shape: (agent, its run's length). A run ends after the task
+    in which the client's own request passes 1.4x the window (``short``: one or two passes)
+    or 3.2x (``long``)."""
+    shapes = [Agent("anthropic-48k", "anthropic", 48_000, 20_000, 900, 10_000, max_tokens=8192, seed=11),
+              Agent("openai-24k", "openai", 24_000, 6_000, 500, 10_000, seed=12),
+              Agent("responses-24k", "responses", 24_000, 8_000, 500, 10_000, seed=13),
+              Agent("openai-16k", "openai", 16_000, 3_000, 600, 10_000, max_tokens=2048, seed=14)]
     out = []
     for shape in shapes:
-        per_turn = (shape.output_median * 1.25 + 60) * 6 + 80  # (a task: 5 tool steps on average)
-        for label, times in (("short", 1.3), ("long", 3.2)):
+        for label, times in (("short", 1.4), ("long", 3.2)):
             if quick and label == "long" and shape.name != "anthropic-48k":
                 continue
-            turns = max(4, math.ceil((times * shape.window - shape.fixed) / per_turn))
-            out.append((Agent(shape.name, shape.api, shape.window, shape.fixed, shape.output_median, turns,
-                              shape.max_tokens, shape.seed), label))
+            out.append((dataclasses.replace(shape, until=times), label))
     return out
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
@@ -109,10 +109,11 @@ class NotifyingProcess(FramedProcess):
                 self._keep(body)
 
 
-def spawn_notifying(lab: Lab, name: str) -> NotifyingProcess:
-    """A stdio ctxd in a fresh data dir of ``lab``, initialized."""
+def spawn_notifying(lab: Lab, name: str, extra: Sequence[str] = ()) -> NotifyingProcess:
+    """A stdio ctxd in a fresh data dir of ``lab``, initialized (``extra``: more flags,
+    e.g. ``--set section.key=value``)."""
     data_dir = lab.fresh(name)
-    argv = lab.ctxd_argv(data_dir)
+    argv = lab.ctxd_argv(data_dir) + list(extra)
     proc = NotifyingProcess(argv, env=lab.ctxd_env, cwd=str(lab.root), stderr_path=str(lab.root / f"{name}.stderr"))
     proc.data_dir = data_dir
     lab.procs.append(proc)

@@ -102,6 +102,8 @@ class Plan:
     big_window: int = 128 * K       # at this window only the concatenated sessions are replayed
     locomo_conversations: int = 0   # 0: all
     held_out: tuple[str, ...] = HELD_OUT  # bench 1: LoCoMo samples never used for tuning
+    provider: str | None = None     # every session's provider (its [billing] rules: how it compresses)
+    sets: tuple[str, ...] = ()      # the daemon's --set flags
     locomo_only: tuple[str, ...] = ()     # replay only these LoCoMo samples (a tuning loop: --locomo)
     agents_per_format: int = 0      # 0: all
     prefix_turns: int = 1000        # bench 4
@@ -398,7 +400,7 @@ class Daemon:
 
     def _proc(self) -> NotifyingProcess:
         if self.proc is None:
-            self.proc = spawn_notifying(self.lab, "quality-ctxd")
+            self.proc = spawn_notifying(self.lab, "quality-ctxd", [x for s in self.plan.sets for x in ("--set", s)])
         return self.proc
 
     def create(self, spec: Spec, window: int) -> tuple[str, dict[str, Any]]:
@@ -406,7 +408,8 @@ class Daemon:
         self.n += 1
         sid = f"q{self.n}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', spec.key)[:60]}-{window}"
         params: dict[str, Any] = {"sessionId": sid, "contextWindow": window, "title": spec.name}
-        for key, value in (("model", spec.model), ("provider", spec.provider), ("systemPrompt", spec.system_prompt)):
+        provider = self.plan.provider or spec.provider
+        for key, value in (("model", spec.model), ("provider", provider), ("systemPrompt", spec.system_prompt)):
             if value:
                 params[key] = value
         info = proc.request("session/create", params)
@@ -1424,8 +1427,14 @@ def main(argv: list[str] | None = None) -> int:
                    f"out from tuning, judged against the target (default {','.join(HELD_OUT)}; 'none': no split)")
     p.add_argument("--locomo", metavar="ID,...", help="replay only these LoCoMo conversations (sample_id): a "
                    "tuning loop on the tuning ones, e.g. `--only 1 --locomo conv-26,conv-30`")
+    p.add_argument("--provider", metavar="NAME", help="create every session with this provider (e.g. "
+                   "anthropic): its [billing] rules decide how it compresses, so the runs show what the "
+                   "cost-driven schedule costs in quality (the budget is a hosted one's too)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="the daemon's configuration (repeatable), e.g. compression.cached_low_water_fraction=0.4")
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    plan = dataclasses.replace(plan, provider=args.provider, sets=tuple(args.set))
     if args.locomo:
         plan = dataclasses.replace(plan, locomo_only=tuple(x.strip() for x in args.locomo.split(",") if x.strip()))
     if args.held_out is not None:

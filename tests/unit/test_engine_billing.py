@@ -85,7 +85,7 @@ def _budget(used: int, window: int = 100_000):
 
 
 def test_a_cached_session_compresses_early_when_it_pays() -> None:
-    policy = CompressionPolicy(low_water_fraction=0.55, min_growth_fraction=0.10)
+    policy = CompressionPolicy(low_water_fraction=0.55, min_growth_fraction=0.10, room_fraction=0.6)
     target = low_water(policy, _budget(0))
     economy = Economy(rules=ANTHROPIC, growth=200)
     best = cycle_turns(target, 0, 200, ANTHROPIC) or 0
@@ -102,12 +102,22 @@ def test_a_cached_session_compresses_early_when_it_pays() -> None:
 
 
 def test_an_expired_cache_makes_a_pass_free() -> None:
-    policy = CompressionPolicy(low_water_fraction=0.55, min_growth_fraction=0.10)
+    policy = CompressionPolicy(low_water_fraction=0.55, min_growth_fraction=0.10, room_fraction=0.6)
     cold = Economy(rules=ANTHROPIC, growth=0, cold=True)
     target = low_water(policy, _budget(0))
     assert decide(CompressionState(), _budget(target + 10_000), policy, cold).compress
     # ... but a pass must still free a loop guard's step.
     assert not decide(CompressionState(), _budget(target + 9_000), policy, cold).compress
+
+
+def test_cost_alone_never_compresses_a_window_mostly_unused() -> None:
+    """Below the quality-first mark (``room_fraction``) no pass comes early, however much
+    it would save: a chat growing slowly in a large window would otherwise be kept small."""
+    policy = CompressionPolicy(low_water_fraction=0.4, min_growth_fraction=0.10, room_fraction=0.9)
+    cheap = Economy(rules=ANTHROPIC, growth=30)
+    assert not decide(CompressionState(), _budget(89_000), policy, cheap).compress
+    assert decide(CompressionState(), _budget(90_000), policy, cheap).compress
+    assert not decide(CompressionState(), _budget(89_000), policy, Economy(rules=ANTHROPIC, cold=True)).compress
 
 
 def test_the_trigger_still_forces_a_pass_and_the_guard_still_holds() -> None:
