@@ -211,21 +211,19 @@ class Pending:
 
     ctxd: Bill
     direct: Bill
+    """Both as estimated when the prompt was handed out (what ``context/prompt`` says)."""
     rules: CacheRules
     after_pass: bool = False
     pass_cost: float = 0.0
     whole: bool = False
     """ctxd's prompt was the client's whole history (nothing compressed yet): direct's
     request is the same request, so the provider's report of it is direct's too."""
-    direct_kept: int = 0
-    """The prefix direct's request shares with its previous one (0: the cache expired)."""
-
-    def direct_for(self, reported: Bill | None) -> Bill:
-        """Direct's bill: the same as ctxd's while ctxd sent the whole history, on the
-        provider's report when there is one; else the estimate."""
-        if reported is None or not self.whole:
-            return self.direct
-        return split(reported.tokens, min(self.direct_kept, reported.tokens), self.rules)
+    cold: bool = False
+    grown: int = 0
+    """What the history grew by since the request ``Tracker.direct`` was taken at (the
+    provider's count): a direct request grows by what is added to it."""
+    history: int = 0
+    """The history's size (ctxd's count) at this prompt."""
 
 
 @dataclass
@@ -242,11 +240,14 @@ class Tracker:
     prompt: int = 0
     """The last prompt's size (provider count)."""
     direct: int = 0
-    """The size the client's own request had at the last request (provider count): the
-    provider's report while ctxd sent the whole history, then grown by what was pushed
+    """The size the client's own request had at the last request billed (provider count):
+    the provider's report while ctxd sent the whole history, then grown by what was pushed
     since, at the budget's ratio (a direct request grows by what is added to it)."""
     direct_history: int = 0
     """The history's size (ctxd's count) when ``direct`` was taken."""
+    direct_estimate: int = 0
+    """The same size as estimated at the last prompt, for the next prompt's estimate (one
+    scale: a report and an estimate can differ, e.g. before calibration learned)."""
     at: float | None = None
     """When the last prompt was handed out (``time.monotonic``)."""
     passes: int = 0

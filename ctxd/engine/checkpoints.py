@@ -20,8 +20,8 @@ from ctxd.protocol.compression import Checkpoint, ToolUse, merge_ranges
 
 SECTION_HEADER = (
     "## Earlier conversation, compressed by ctxd\n"
-    "The conversation before the messages below is summarized here, oldest first. "
-    "User messages are sent as written in the conversation itself, unless folded below."
+    "Where ctxd compressed the conversation, messages like this one summarize its turns, in "
+    "order. User messages are sent as written beside them, unless folded."
 )
 
 
@@ -70,11 +70,35 @@ def measure(cp: Checkpoint, count: Callable[[str], int]) -> Checkpoint:
     return cp
 
 
+def place(cp: Checkpoint) -> tuple[int, int]:
+    """Where a checkpoint goes in the conversation, against ``(seq, 0)`` for a message sent
+    as written: a summary (or a notice of what was left out) after the messages of its span
+    that are sent as written (the user's words of that span, then what the rest of it
+    said); the user's folded words where their oldest was."""
+    if cp.kind == "folded":
+        return (cp.seq_from, -1)
+    return (cp.seq_to, 1)
+
+
+def in_order(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+    """The checkpoints as the conversation holds them (by :func:`place`)."""
+    return sorted(checkpoints, key=place)
+
+
+def message_text(cp: Checkpoint, first: bool) -> str:
+    """A checkpoint as the conversation sends it: its own message (the first opens with
+    the section header, which says what these messages are)."""
+    text = render_checkpoint(cp)
+    return f"{SECTION_HEADER}\n\n{text}" if first else text
+
+
 def render_section(checkpoints: list[Checkpoint]) -> str | None:
-    """The checkpoint section of the system part, or None without checkpoints."""
+    """Every checkpoint's text, in order, as one text (None without checkpoints): what a
+    reader of the whole prompt sees of them (tests, tools)."""
     if not checkpoints:
         return None
-    return "\n\n".join([SECTION_HEADER] + [render_checkpoint(cp) for cp in checkpoints])
+    ordered = in_order(checkpoints)
+    return "\n\n".join(message_text(cp, i == 0) for i, cp in enumerate(ordered))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 import msgspec
 
+from ctxd.engine.checkpoints import in_order, message_text, place
 from ctxd.engine.clip import clip_any, clip_message, clip_words
 from ctxd.engine.render import Pairing, PromptPlan, signed_thinking
 from ctxd.protocol.compression import Checkpoint, merge_ranges
@@ -365,12 +366,14 @@ class ActiveContext:
     goal_text: str | None = None
     # Maintained by refresh()/append():
     system_text: str = ""
+    """The system part: system prompt and goal block."""
     section_text: str = ""
-    """The checkpoint section alone (the end of ``system_text``)."""
+    """The checkpoints' messages' text, in order (they are sent in the conversation)."""
     system_tokens: int = 0
     """Tokens of system prompt + goal block."""
     checkpoint_tokens: int = 0
-    """Tokens the checkpoint section adds to the system part."""
+    """Tokens of the checkpoints' messages."""
+    checkpoint_messages: dict[str, tuple[tuple[object, ...], Message]] = field(default_factory=dict)
     pinned_tokens: int = 0
     used: int = 0
     """Tokens of the conversation (kept + recent, as sent), pinned excluded, with what
@@ -407,13 +410,47 @@ class ActiveContext:
     def entries(self) -> list[Entry]:
         return self.kept + self.recent
 
+    def _behind(self) -> list[Entry | Checkpoint]:
+        """What is behind the boundary, in the order it is sent: the kept messages (the
+        user's words, system and pinned ones) and the checkpoints among them, each after the
+        kept messages of its span (``checkpoints.place``). A pass adds the words it keeps and
+        its checkpoint after what earlier passes left, so the prompt up to there stays as it
+        was and a provider's cache still holds it."""
+        order: list[Entry | Checkpoint] = []
+        checkpoints = in_order(self.checkpoints)
+        i = 0
+        for e in self.kept:
+            while i < len(checkpoints) and place(checkpoints[i]) < (e.seq, 0):
+                order.append(checkpoints[i])
+                i += 1
+            order.append(e)
+        return order + checkpoints[i:]
+
+    def _checkpoint_message(self, cp: Checkpoint, first: bool) -> Message:
+        """The message that sends ``cp`` (the same object while ``cp`` is unchanged, so a
+        renderer can reuse what it rendered)."""
+        key = (cp.id, cp.level, cp.tokens, cp.compressed_at, cp.summary, first)
+        cached = self.checkpoint_messages.get(cp.id)
+        if cached is None or cached[0] != key:
+            cached = (key, Message(role="user", content=message_text(cp, first)))
+            self.checkpoint_messages[cp.id] = cached
+        return cached[1]
+
     def conversation(self) -> list[Message]:
-        """The messages to send after the system part, oldest first. Consecutive kept
-        user messages (their replies summarized) go out as one user message (``_joins``)."""
+        """The messages to send after the system part, oldest first: what is behind the
+        boundary (:meth:`_behind`: checkpoints as user messages of ctxd's, the kept
+        messages; consecutive kept user messages, their replies summarized, go out as one
+        user message, ``_joins``), then the recent messages."""
         pinned = self.pinned_set
         out: list[Message] = []
         prev: Entry | None = None
-        for e in self.kept:
+        first = True
+        for item in self._behind():
+            if isinstance(item, Checkpoint):
+                out.append(self._checkpoint_message(item, first))
+                first, prev = False, None
+                continue
+            e = item
             if e.view is None:
                 continue
             if _joins(prev, e, pinned):
@@ -425,24 +462,23 @@ class ActiveContext:
 
     # --- maintenance --------------------------------------------------------------
 
-    def refresh_system(self, count: Callable[[str], int], section: str | None) -> None:
-        """Recount the system part: system prompt + goal block, then the checkpoint section."""
+    def refresh_system(self, count: Callable[[str], int]) -> None:
+        """Recount the system part (system prompt + goal block) and the checkpoints' messages."""
         head = [p for p in (self.system_prompt, self.goal_text) if p]
         head_text = "\n\n".join(head)
-        full = "\n\n".join(head + ([section] if section else []))
         self.system_tokens = count(head_text) + MESSAGE_OVERHEAD if head_text else 0
-        total = count(full) + MESSAGE_OVERHEAD if full else 0
-        self.checkpoint_tokens = total - self.system_tokens
-        self.system_text = full
-        self.section_text = section or ""
+        texts = [message_text(cp, i == 0) for i, cp in enumerate(in_order(self.checkpoints))]
+        self.checkpoint_tokens = sum(count(t) + MESSAGE_OVERHEAD for t in texts)
+        self.system_text = head_text
+        self.section_text = "\n\n".join(texts)
 
     def prompt_plan(self) -> PromptPlan:
-        """What the renderers turn into a provider's prompt (see ``render.PromptPlan``).
-        Counted as ``system_text`` plus the conversation: the renderers' one merged system
-        message costs no more than that."""
+        """What the renderers turn into a provider's prompt (see ``render.PromptPlan``): the
+        client's system prompt, ctxd's goal block after it, the conversation (checkpoints in
+        it, :meth:`conversation`)."""
         return PromptPlan(system_parts=[self.system_prompt] if self.system_prompt else [],
                           messages=self.conversation(),
-                          context_parts=[p for p in (self.goal_text, self.section_text) if p])
+                          context_parts=[self.goal_text] if self.goal_text else [])
 
     def prompt_pieces(self) -> list[tuple[object, int]]:
         """The prompt as a provider's prompt cache sees it, in order: ``(key, tokens)`` per
@@ -451,8 +487,14 @@ class ActiveContext:
         what the second can read from the cache the first filled (``service/billing.py``)."""
         out: list[tuple[object, int]] = [(("system", self.system_prompt, self.goal_text),
                                           PROMPT_PRIMING + self.system_tokens)]
-        out += [(("checkpoint", cp.id, cp.level, cp.tokens, cp.compressed_at), cp.tokens) for cp in self.checkpoints]
-        out += [(("kept", e.seq, e.view_tokens), e.view_tokens) for e in self.kept if e.view is not None]
+        first = True
+        for item in self._behind():
+            if isinstance(item, Checkpoint):
+                out.append((("checkpoint", item.id, item.level, item.tokens, item.compressed_at, first),
+                            item.tokens + MESSAGE_OVERHEAD))
+                first = False
+            elif item.view is not None:
+                out.append((("kept", item.seq, item.view_tokens), item.view_tokens))
         out += [(("recent", e.seq, e.view_tokens), e.view_tokens) for e in self.recent if e.view is not None]
         return out
 
@@ -530,7 +572,11 @@ class ActiveContext:
         pinned = self.pinned_set
         used = pinned_tokens = 0
         prev: Entry | None = None
-        for entry in self.kept:
+        for item in self._behind():
+            if isinstance(item, Checkpoint):
+                prev = None  # (a checkpoint's message ends a run of kept user messages)
+                continue
+            entry = item
             self.view_entry(entry, True, count, protected, pinned)
             if _joins(prev, entry, pinned):
                 entry.view_tokens -= entry.tokens.overhead - JOIN_TOKENS

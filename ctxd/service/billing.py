@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from ctxd.engine.billing import Bill, CacheRules, Pending, common_prefix, measured, money, split
+from ctxd.engine.billing import Bill, CacheRules, Pending, Tracker, common_prefix, measured, money, split
 from ctxd.engine.context import ActiveContext
 from ctxd.engine.trigger import Economy
 from ctxd.models import model_facts
@@ -79,22 +79,21 @@ def on_prompt(svc: Service, state: SessionState, ctx: ActiveContext, tokens: int
     # pushed since (anchored on what the provider reported, not on a fresh estimate).
     left_out = PROMPT_PRIMING + _head_tokens(state) + history - tokens
     whole = left_out <= 0 and state.cstate.boundary == 0 and not state.cstate.prunes and not state.cstate.clips
-    if whole or not tracker.direct:
+    grown = max(0, round(budget.token_ratio * (history - tracker.direct_history)))
+    if whole or not tracker.direct_estimate:
         direct_size = prompt + (0 if whole else _provider(left_out, budget) - budget.token_overhead)
     else:
-        direct_size = tracker.direct + max(0, round(budget.token_ratio * (history - tracker.direct_history)))
-    direct_kept = 0 if cold else tracker.direct
-    direct = split(direct_size, min(direct_size, direct_kept), rules)
+        direct_size = tracker.direct_estimate + grown
+    direct = split(direct_size, 0 if cold else min(direct_size, tracker.direct_estimate), rules)
     passed = tracker.passes != tracker.passes_seen and tracker.at is not None
     cost = 0.0
     if passed and not cold:
         # What the previous request had cached and this one bills again (new messages aside).
-        grown = max(0, direct_size - tracker.direct)
         cost = rules.rewrite * max(0, min(tracker.prompt, prompt - grown) - ctxd.read)
-    tracker.pending = Pending(ctxd, direct, rules, after_pass=passed, pass_cost=cost, whole=whole,
-                              direct_kept=direct_kept)
+    tracker.pending = Pending(ctxd, direct, rules, after_pass=passed, pass_cost=cost, whole=whole, cold=cold,
+                              grown=grown, history=history)
     tracker.shape, tracker.recent, tracker.prompt = shape, len(ctx.recent), prompt
-    tracker.direct, tracker.direct_history = direct_size, history
+    tracker.direct_estimate = direct_size
     tracker.at, tracker.passes_seen = now, tracker.passes
     tracker.remember(history)
     totals = state.row.stats.bill
@@ -115,8 +114,7 @@ def accrue(state: SessionState, bill: BillTotals, usage: Usage | None) -> None:
     rules = pending.rules
     reported = measured(usage, rules) if usage is not None else None
     ctxd = reported or pending.ctxd
-    direct = pending.direct_for(reported)
-    state.billing.direct = direct.tokens  # (the next request's cached prefix, had it gone direct)
+    direct = _direct(state.billing, pending, reported)
     bill.requests += 1
     bill.measured += reported is not None
     bill.ctxd = _add(bill.ctxd, ctxd)
@@ -127,6 +125,21 @@ def accrue(state: SessionState, bill: BillTotals, usage: Usage | None) -> None:
         bill.passes += 1
         bill.pass_cost += pending.pass_cost
     bill.last = (_triple(ctxd), _triple(direct), reported is not None)
+
+
+def _direct(tracker: Tracker, pending: Pending, reported: Bill | None) -> Bill:
+    """Direct's bill for the totals: on the provider's report while ctxd's request was the
+    client's whole history, else the previous direct request grown by what was pushed; its
+    cached prefix the previous direct request (the next one's, had it gone direct)."""
+    if reported is not None and pending.whole:
+        size = reported.tokens
+    elif tracker.direct:
+        size = tracker.direct + pending.grown
+    else:
+        size = pending.direct.tokens
+    bill = split(size, 0 if pending.cold else min(size, tracker.direct), pending.rules)
+    tracker.direct, tracker.direct_history = size, pending.history
+    return bill
 
 
 def _triple(bill: Bill) -> tuple[int, int, int]:

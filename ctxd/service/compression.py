@@ -76,7 +76,7 @@ from ctxd.service.state import SessionState
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import sessions as session_store
 from ctxd.store.state import decode_stored
-from ctxd.tokens import PROMPT_PRIMING
+from ctxd.tokens import MESSAGE_OVERHEAD, PROMPT_PRIMING
 
 log = logging.getLogger(__name__)
 
@@ -333,9 +333,9 @@ MIN_CLIP = 256
 
 
 def _checkpoint_cost(state: SessionState, ctx: ActiveContext) -> int:
-    """The least a new checkpoint adds to the prompt: its header line and a minimal summary,
-    plus the section header when it is the first."""
-    cost = MIN_TARGET + 16
+    """The least a new checkpoint adds to the prompt: its message with a title line and a
+    minimal summary, plus the section header when it is the first."""
+    cost = MIN_TARGET + 16 + MESSAGE_OVERHEAD
     if not ctx.checkpoints:
         cost += state.counter.count(ckpts.SECTION_HEADER) + 4
     return cost

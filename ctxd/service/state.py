@@ -21,7 +21,6 @@ from ctxd.config import Config
 from ctxd.engine import calibration
 from ctxd.engine.billing import BillingTable, CacheRules, ModelRules, Tracker
 from ctxd.engine.budget import BudgetPolicy, budget_for
-from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, sent_tokens
 from ctxd.engine.goals import render_goal
 from ctxd.engine.policy import CompressionPolicy
@@ -412,7 +411,7 @@ class SessionCache:
             ctx.state.revision += 1  # (what "the newest snapshot already holds this" compares)
         if system:
             ctx.goal_text = render_goal(state.row.goal)
-            ctx.refresh_system(state.counter.count, render_section(ctx.checkpoints))
+            ctx.refresh_system(state.counter.count)
         ctx.refresh(state.counter.count, self.policy(state).protected_tools)
         state.sync_figures()
         self._track(state)

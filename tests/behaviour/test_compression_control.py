@@ -16,6 +16,7 @@ import pytest
 
 from ctxd.client import RpcError
 from tests.e2e.compression_helpers import (
+    checkpoint_text,
     FORMATS,
     Conn,
     CtxdProc,
@@ -274,7 +275,7 @@ async def test_truncate_strategy_and_checkpoint_listing(daemon):
             prompt = await drive.prompt(fmt)
             assert not check_prompt(prompt, 4096)
             assert all(any(t in u for u in user_texts(prompt)) for t in instructions)
-            assert "were left out of the prompt" in system_text(prompt)
+            assert "were left out of the prompt" in checkpoint_text(prompt)
         await drive.expand_all()
         with pytest.raises(RpcError) as error:
             await conn.call("checkpoint/expand", {"sessionId": "trunc", "checkpointId": "ckpt_nosuchthing"})

@@ -19,6 +19,7 @@ import pytest
 from ctxd.client import RpcError
 from ctxd.tokens import PROMPT_PRIMING
 from tests.e2e.compression_helpers import (
+    checkpoint_text,
     FORMATS,
     Conn,
     CtxdProc,
@@ -69,7 +70,7 @@ async def test_long_chat_folds_the_users_words_to_fit():
             for fmt in FORMATS:
                 prompt = await drive.prompt(fmt)  # never refused under the fold policy
                 assert not check_prompt(prompt, 2048), (index, fmt)
-                users, system = user_texts(prompt), system_text(prompt)
+                users, system = user_texts(prompt), checkpoint_text(prompt)
                 for seq, words in said.items():
                     if any(words in u for u in users):
                         continue
@@ -183,7 +184,7 @@ async def test_a_session_of_user_messages_only_still_gets_a_prompt():
         folded = folded_of(active)
         assert folded is not None
         # Everything not in the prompt is counted in the folded notice, none silently dropped.
-        system = system_text(await drive.prompt("openai"))
+        system = checkpoint_text(await drive.prompt("openai"))
         shown = len(re.findall(r"^\[message \d+\]", system, re.M))
         notice = re.search(r"\[User messages quoted exactly below: (\d+)(?:; (\d+) more \([^)]*\) are folded out)?",
                            system)
@@ -264,9 +265,10 @@ async def test_overflow_policy_error_refuses_with_the_figures():
 
 async def test_reliability_thresholds_and_checkpoint_lifecycle():
     root = short_root()
-    # Deeper, earlier passes than the defaults (which leave checkpoints few enough that
-    # this session never ages one): the lifecycle is what is checked here, not the schedule.
-    daemon = CtxdProc(root, sets=["budget.trigger_fraction=0.97", "compression.low_water_fraction=0.82"]).start()
+    # Deeper, earlier passes than the defaults and a smaller share for the summaries (with
+    # the defaults this session never ages one): the lifecycle is checked here, not the schedule.
+    daemon = CtxdProc(root, sets=["budget.trigger_fraction=0.97", "compression.low_water_fraction=0.82",
+                                  "compression.checkpoint_share=0.1"]).start()
     try:
         conn = await daemon.connect()
         drive = await chat_session(conn, "agent", window=4096, model="llama3.1:70b")

@@ -9,16 +9,17 @@ on its system part and last message as Claude Code puts them) talks to a fake up
 (tests/proxy/upstream.py's, answering whole with the usage a caching provider would
 report) twice per request: through ``ctxd proxy`` at a window below the conversation, and
 direct (the client's own request, whatever its size). Every request the upstream
-receives is priced (``tests/bench/pricing.py``): the longest prefix it shares with an
-earlier request whose cache entry lives counts as read, in 128-token blocks from 1,024;
-the rest is written (Anthropic, 1.25x) or uncached (OpenAI); reads bill 0.1x.
+receives is priced as the agent CLIs benchmark prices them (``tests/agents/pricing.py``,
+each request read by ``tests/agents/wire.py``): the longest prefix it shares with an
+earlier request counts as cached, in 128-token blocks from 1,024; the rest is written
+(Anthropic, 1.25x) or uncached (OpenAI); reads bill 0.1x.
 
 Each task: the user asks, the model calls a tool 2-8 times (each call's output goes
 back), then answers.
 
 1. Four agents shaped like the issue's CLIs (Anthropic at 48k with a 20k fixed prefix,
-   OpenAI Chat at 24k and 16k, the Responses API at 24k), each on a run ~1.3x its window
-   and one over 3x: billed through ctxd / direct (target: <= 1.0 on every run, <= 0.8 on
+   OpenAI Chat at 24k and 16k, the Responses API at 24k), each on a run that ends once
+   its own request passes 1.4x the window and one that ends past 3.2x: billed through ctxd / direct (target: <= 1.0 on every run, <= 0.8 on
    runs over twice the window), tokens sent, the share of requests that start with the
    whole previous request, passes, and ctxd's own bill (``context/stats``) against the
    benchmark's pricing.
@@ -56,8 +57,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ctxd.tokens import TokenCounter
-from tests.bench.pricing import ANTHROPIC, OPENAI, Priced, Pricer, billed
+from tests.agents.pricing import Pricer, prices_for
+from tests.agents.wire import count_text, token_ids
 from tests.bench.spine import Result, machine, table
 from tests.bench.workloads import AgentWorkload
 from tests.e2e.helpers import Daemon, short_dir
@@ -65,11 +66,23 @@ from tests.proxy.conftest import ProxyProcess
 from tests.proxy.upstream import MODEL, FakeUpstream
 
 K = 1024
-_COUNTER = TokenCounter.for_encoding("cl100k_base", False)
+WIRE = {"anthropic": "anthropic", "openai": "chat", "responses": "responses"}
+"""The agents harness's names of the APIs (``tests/agents/wire.py``)."""
 
 
-def count(text: str) -> int:
-    return _COUNTER.count(text)
+@dataclass
+class Priced:
+    """One upstream request: its tokens, of them cached (tests/agents/pricing.py), its
+    price in uncached input tokens, and whether the whole previous request is its prefix."""
+
+    tokens: int
+    cached: int
+    cost: float
+    follows: bool
+
+
+def billed(priced: list[Priced]) -> float:
+    return sum(p.cost for p in priced)
 
 
 # --- the upstream: answers whole, with the usage a caching provider reports ----------------
@@ -101,20 +114,22 @@ class PricedUpstream(FakeUpstream):
         api = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic",
                "/v1/responses": "responses"}[request.url.path]
         key = (request.headers.get("x-bench-run", ""), request.headers.get("x-bench", ""))
-        rules = ANTHROPIC if api == "anthropic" else OPENAI
+        ids = token_ids(WIRE[api], body)
         with self._price_lock:
             pricer = self.pricers.get(key)
             if pricer is None:
-                pricer = self.pricers[key] = Pricer(rules, count)
-            priced = pricer.price(api, body, time.monotonic())
-            self.priced.setdefault(key, []).append(priced)
+                pricer = self.pricers[key] = Pricer(prices_for(WIRE[api]))
+            previous = pricer.seen[-1] if pricer.seen else None
+            bill = pricer.add(ids)
+            follows = previous is not None and ids[:len(previous)] == list(previous)
+            self.priced.setdefault(key, []).append(Priced(bill.tokens, bill.cached, bill.cost, follows))
         messages = body.get("messages") if api != "responses" else _items_as_messages(body.get("input") or [])
         text, steps = _task(messages)
         wanted = re.search(r"use the tool (\d+) times", text)
         tool = wanted is not None and steps < int(wanted.group(1))
         answer = f"Step {steps}: " + " ".join(text.split())[:60]
         self.calls += 1
-        bill = priced.bill
+        written = bill.tokens - bill.cached if bill.tokens >= 1024 else 0
         if api == "anthropic":
             content: list[Any] = [{"type": "text", "text": answer}]
             if tool:
@@ -124,9 +139,9 @@ class PricedUpstream(FakeUpstream):
             return JSONResponse({
                 "id": f"msg_{self.calls}", "type": "message", "role": "assistant", "model": MODEL,
                 "content": content, "stop_reason": "tool_use" if tool else "end_turn", "stop_sequence": None,
-                "usage": {"input_tokens": bill.uncached, "output_tokens": 20,
-                          "cache_creation_input_tokens": bill.written, "cache_read_input_tokens": bill.read}})
-        usage_in = bill.uncached + bill.read
+                "usage": {"input_tokens": bill.tokens - bill.cached - written, "output_tokens": 20,
+                          "cache_creation_input_tokens": written, "cache_read_input_tokens": bill.cached}})
+        usage_in = bill.tokens
         if api == "responses":
             if tool:
                 output = [{"type": "function_call", "id": f"fc_{self.calls}", "call_id": f"call_{self.calls:08d}",
@@ -137,7 +152,7 @@ class PricedUpstream(FakeUpstream):
             return JSONResponse({
                 "id": f"resp_{self.calls}", "object": "response", "created_at": 1, "status": "completed",
                 "model": MODEL, "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-                "usage": {"input_tokens": usage_in, "input_tokens_details": {"cached_tokens": bill.read},
+                "usage": {"input_tokens": usage_in, "input_tokens_details": {"cached_tokens": bill.cached},
                           "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 0},
                           "total_tokens": usage_in + 20}})
         message: dict[str, Any] = {"role": "assistant", "content": None if tool else answer}
@@ -148,7 +163,7 @@ class PricedUpstream(FakeUpstream):
             "id": f"chatcmpl-{self.calls}", "object": "chat.completion", "created": 1, "model": MODEL,
             "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool else "stop"}],
             "usage": {"prompt_tokens": usage_in, "completion_tokens": 20, "total_tokens": usage_in + 20,
-                      "prompt_tokens_details": {"cached_tokens": bill.read}}})
+                      "prompt_tokens_details": {"cached_tokens": bill.cached}}})
 
 
 def _task(messages: list[dict[str, Any]]) -> tuple[str, int]:
@@ -231,7 +246,7 @@ class Agent:
                 tool = {"type": "function", "function": {"name": f"tool_{i}", "description": description,
                                                          "parameters": params}}
             tools.append(tool)
-            total += count(json.dumps(tool))
+            total += count_text(json.dumps(tool))
         return tools
 
     def system(self) -> str:
@@ -445,9 +460,8 @@ def agents(quick: bool) -> list[tuple[Agent, str]]:
 
 def run_results(run: Run, upstream: PricedUpstream, label: str) -> list[Result]:
     a = run.agent
-    rules = ANTHROPIC if a.api == "anthropic" else OPENAI
     proxied, direct = upstream.priced[(label, "proxy")], upstream.priced[(label, "direct")]
-    b_proxy, b_direct = billed(proxied, rules), billed(direct, rules)
+    b_proxy, b_direct = billed(proxied), billed(direct)
     ratio = b_proxy / b_direct
     over = run.history_tokens / a.window
     target = 0.8 if over > 2 else 1.0
@@ -460,8 +474,7 @@ def run_results(run: Run, upstream: PricedUpstream, label: str) -> list[Result]:
                "billed_proxy": round(b_proxy), "billed_direct": round(b_direct), "tokens_ratio": round(tokens, 4),
                "prefix_follows_proxy": round(follows, 4), "prefix_follows_direct": round(follows_direct, 4),
                "ctxd_bill": run.bill, "seconds": round(run.seconds, 1), "compressions": run.compressions,
-               "per_request_proxy": [asdict(p.bill) | {"kept": p.kept} for p in proxied],
-               "per_request_direct": [asdict(p.bill) | {"kept": p.kept} for p in direct]}
+               "per_request_proxy": [asdict(p) for p in proxied], "per_request_direct": [asdict(p) for p in direct]}
     name = f"{a.name} {label} ({run.requests} requests, history {over:.1f}x the window, {run.passes} passes)"
     return [
         Result("1", f"{name}: billed, proxy / direct", ratio, "x", 1.0, "direct", ratio, f"<= {target}",
@@ -500,10 +513,10 @@ async def bench_long(http: httpx.AsyncClient, proxy: ProxyProcess, upstream: Pri
     follows = sum(p.follows for p in proxied[1:]) / max(1, len(proxied) - 1)
     follows_direct = sum(p.follows for p in direct[1:]) / max(1, len(direct) - 1)
     share = run.passes / run.requests
-    ratio = billed(proxied, ANTHROPIC) / billed(direct, ANTHROPIC)
+    ratio = billed(proxied) / billed(direct)
     details = {"tasks": run.tasks, "requests": run.requests, "passes": run.passes,
                "turns_with_pass": run.turns_with_pass, "ctxd_bill": run.bill, "compressions": run.compressions,
-               "per_request_proxy": [asdict(p.bill) | {"kept": p.kept, "follows": p.follows} for p in proxied]}
+               "per_request_proxy": [asdict(p) for p in proxied]}
     return [
         Result("2", f"a {run.tasks}-turn agent at 8k ({run.requests} requests): turns with a pass",
                100 * run.turns_with_pass / run.tasks, "%", target="<= 10%",

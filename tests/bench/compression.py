@@ -125,7 +125,6 @@ class EngineFixture:
 
     def context(self) -> Any:
         """A fresh active context (untimed), refreshed as the service leaves it."""
-        from ctxd.engine.checkpoints import render_section
         from ctxd.engine.context import ActiveContext
 
         state = self.state_type(boundary=5000, kept_seqs=[e.seq for e in self.kept], compression_count=4,
@@ -133,7 +132,7 @@ class EngineFixture:
         ctx = ActiveContext(system_prompt="You are a careful coding agent. Use the tools to inspect and edit files.",
                             state=state, checkpoints=list(self.checkpoints), kept=list(self.kept),
                             recent=list(self.recent))
-        ctx.refresh_system(self.count, render_section(ctx.checkpoints))
+        ctx.refresh_system(self.count)
         ctx.refresh(self.count, self.policy.protected_tools)
         return ctx
 
@@ -165,7 +164,6 @@ def engine_pass(fx: EngineFixture, ctx: Any) -> tuple[float, dict[str, Any]]:
     prepare, checkpoint (fixed summary), apply, refresh with the system part, plan the
     ageing of older checkpoints and the merge of the oldest, render the prompt."""
     from ctxd.engine import checkpoints as ckpts
-    from ctxd.engine.checkpoints import render_section
     from ctxd.engine.pipeline import apply_selection, identify, make_checkpoint, prepare
     from ctxd.engine.render import PromptPlan, render_openai
 
@@ -192,7 +190,7 @@ def engine_pass(fx: EngineFixture, ctx: Any) -> tuple[float, dict[str, Any]]:
     lap("make_checkpoint")
     apply_selection(ctx, selection, cp)
     lap("apply_selection")
-    ctx.refresh_system(count, render_section(ctx.checkpoints))
+    ctx.refresh_system(count)
     ctx.refresh(count, policy.protected_tools)
     lap("refresh")
     budget = fx.budget(ctx)

@@ -431,6 +431,15 @@ def system_text(result: dict[str, Any]) -> str:
     return messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
 
 
+CHECKPOINT_OPENINGS = ("## Earlier conversation, compressed by ctxd", "### Messages ", "### Earlier user messages ")
+
+
+def checkpoint_text(result: dict[str, Any]) -> str:
+    """ctxd's checkpoints in a prompt: the messages of its own it sends in the conversation
+    (user messages opening with the section header or a checkpoint's title)."""
+    return "\n\n".join(t for t in user_texts(result) if t.startswith(CHECKPOINT_OPENINGS))
+
+
 def user_texts(result: dict[str, Any]) -> list[str]:
     """Every user text of a prompt (Anthropic: each text block of user messages)."""
     out = []

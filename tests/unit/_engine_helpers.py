@@ -8,7 +8,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from ctxd.engine.budget import BudgetPolicy, budget_for, compute_budget
-from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry
 from ctxd.protocol.compression import Checkpoint
 from ctxd.protocol.context import Budget
@@ -116,7 +115,7 @@ def entries(messages: Iterable[Message], start: int = 1) -> list[Entry]:
 
 def refresh(ctx: ActiveContext, protected: tuple[str, ...] = ()) -> ActiveContext:
     """What the service does after every state change: system part, then views."""
-    ctx.refresh_system(count, render_section(ctx.checkpoints))
+    ctx.refresh_system(count)
     ctx.refresh(count, protected)
     return ctx
 

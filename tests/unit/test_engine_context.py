@@ -194,15 +194,44 @@ def test_append_counts_new_messages():
     assert ctx.call_names["c"] == "ls"
 
 
-def test_checkpoint_section_is_counted_in_the_system_part():
+def test_a_checkpoint_is_a_message_after_the_words_of_its_span():
+    """The system part stays the client's; the checkpoint is a message of ctxd's in the
+    conversation, after the user's words it kept (what a later pass adds comes after it)."""
     ctx = make_ctx([user(words(50)), assistant(words(400)), user("a"), assistant("b"), user("c"),
                     assistant("d"), user("e")], system_prompt="sys")
     selection = prepare(identify(ctx, simple_budget(100_000), CompressionPolicy()), simple_budget(100_000))
     cp = make_checkpoint(selection, "short summary", "test", now=NOW, number=1, count=count)
     apply_selection(ctx, selection, cp)
     refresh(ctx)
-    assert ctx.system_text == "sys\n\n" + render_section([cp])
-    assert ctx.system_tokens + ctx.checkpoint_tokens == count(ctx.system_text) + MESSAGE_OVERHEAD
+    assert ctx.system_text == "sys" and ctx.section_text == render_section([cp])
+    sent = ctx.conversation()
+    kept = [e.seq for e in ctx.kept]
+    assert sent[len(kept) - 1].role == "user" and sent[len(kept)].content == render_section([cp])
+    assert ctx.system_tokens == count("sys") + MESSAGE_OVERHEAD
+    assert ctx.checkpoint_tokens == count(render_section([cp])) + MESSAGE_OVERHEAD
+
+
+def test_a_pass_appends_after_what_earlier_passes_left():
+    """A second pass's checkpoint and words come after the first's: the prompt up to the end
+    of what the first pass left is unchanged (a provider's cache still holds it)."""
+    history = [m for i in range(12) for m in (user(f"question {i} " + words(20)), assistant(words(300)))]
+    ctx = make_ctx(history, system_prompt="sys")
+    budget = simple_budget(100_000)
+    first = prepare(identify(ctx, budget, CompressionPolicy(), keep_recent=14), budget)
+    apply_selection(ctx, first, make_checkpoint(first, "first summary", "test", now=NOW, number=1, count=count))
+    refresh(ctx)
+    before = ctx.conversation()
+    behind = before[:len(before) - len(ctx.recent)]
+    second = prepare(identify(ctx, budget, CompressionPolicy(), keep_recent=4), budget)
+    apply_selection(ctx, second, make_checkpoint(second, "second summary", "test", now=NOW, number=2,
+                                                 count=count), new_pass=False)
+    refresh(ctx)
+    after = ctx.conversation()
+    assert [m.role for m in behind] == ["user", "user"] and "first summary" in behind[-1].content
+    assert after[:len(behind)] == behind
+    said, note = after[len(behind)], after[len(behind) + 1]
+    assert said.role == "user" and said.content.startswith("question ")
+    assert note.role == "user" and "second summary" in note.content and "first summary" not in note.content
 
 
 def test_compression_state_round_trip():
@@ -272,7 +301,11 @@ CASES = 40
 def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[Message], pushed: int) -> None:
     assert history == pristine, "history was edited"
     views = [e for e in ctx.entries() if e.view is not None]
-    sent = ctx.conversation()
+    conversation = ctx.conversation()
+    checkpoint_messages = {id(m) for _, m in ctx.checkpoint_messages.values()}
+    sent = [m for m in conversation if id(m) not in checkpoint_messages]
+    notes = [m for m in conversation if id(m) in checkpoint_messages]
+    assert len(notes) == len(ctx.checkpoints)
     joins = len(views) - len(sent)  # kept user messages sent as one (context._joins)
     real = sum(COUNTER.count_message(m).context for m in sent)
     # A join is counted as a blank line (one token), never less than it costs: the
@@ -281,8 +314,8 @@ def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[
     repairs = ctx.pairing.tokens
     assert real + repairs <= ctx.used + ctx.pinned_tokens <= real + repairs + joins
     assert sum(e.view_tokens for e in ctx.entries()) + repairs == ctx.used + ctx.pinned_tokens
-    assert ctx.system_tokens + ctx.checkpoint_tokens == (count(ctx.system_text) + MESSAGE_OVERHEAD
-                                                         if ctx.system_text else 0)
+    assert ctx.system_tokens == (count(ctx.system_text) + MESSAGE_OVERHEAD if ctx.system_text else 0)
+    assert ctx.checkpoint_tokens == sum(count(m.content) + MESSAGE_OVERHEAD for m in notes)
     seq_list = [e.seq for e in ctx.entries()]
     assert seq_list == sorted(seq_list) and len(set(seq_list)) == len(seq_list)
     assert all(e.seq <= ctx.state.boundary for e in ctx.kept)

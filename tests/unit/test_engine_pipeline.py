@@ -30,6 +30,7 @@ from ctxd.engine.render import render_anthropic, render_ollama, render_openai
 from ctxd.engine.trigger import decide
 from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
 from ctxd.protocol.message import Message, TextBlock
+from ctxd.tokens import MESSAGE_OVERHEAD
 
 from ._engine_helpers import (
     COUNTER,
@@ -446,14 +447,16 @@ def test_apply_selection_moves_the_boundary():
     joined = sum(e.tokens.overhead - JOIN_TOKENS for e in ctx.kept[1:])
     assert ctx.used == before_used - sel.freed_tokens - joined
     section = render_section([cp])
-    assert ctx.checkpoint_tokens == count("You are helpful.\n\n" + section) - count("You are helpful.")
+    assert ctx.checkpoint_tokens == count(section) + MESSAGE_OVERHEAD  # (its own message)
     assert ctx.prompt_tokens == before_prompt - sel.freed_tokens - joined + ctx.checkpoint_tokens
     assert ctx.prompt_tokens < before_prompt
-    # what is sent: the user's words first (kept, as one message), then the recent messages
+    # what is sent: the user's words first (kept, as one message), the checkpoint, then the
+    # recent messages; the system part stays the client's
     sent = ctx.conversation()
     assert sent[0].content == "Write about prime numbers 2-1000\n\ncontinue\n\ncontinue"
-    assert sent[1:] == [e.message for e in ctx.recent]
-    assert "User requested primes" in ctx.system_text
+    assert sent[1].role == "user" and "User requested primes" in sent[1].content
+    assert sent[2:] == [e.message for e in ctx.recent]
+    assert ctx.system_text == "You are helpful."
 
 
 def test_apply_selection_twice_keeps_kept_sorted_and_counts():
@@ -839,7 +842,7 @@ def test_a_session_marker_leaves_when_its_user_words_are_folded():
     fold(ctx, [by_seq(ctx, 2)], allowance=1000, now=NOW, number=2, count=count)
     refresh(ctx)
     assert seqs(ctx.kept) == [7, 9, 10]
-    assert "I adopted a puppy called Oscar" in ctx.system_text  # the folded words, verbatim
+    assert "I adopted a puppy called Oscar" in ctx.section_text  # the folded words, verbatim
 
 
 def test_a_marker_before_the_recent_messages_stays():
@@ -894,7 +897,7 @@ def test_folded_user_words_keep_their_session_date():
     refresh(ctx)
     assert 1 not in seqs(ctx.kept)  # the marker left with the session's last verbatim words...
     # ...its date did not: shown once above that day's folded messages
-    assert "[1 May 2023]\n[message 2] I adopted a puppy called Oscar" in ctx.system_text
+    assert "[1 May 2023]\n[message 2] I adopted a puppy called Oscar" in ctx.section_text
     # a dated folded line is still found by its number (pinning takes it back out)
     assert _folded_lines(ctx.checkpoints[0].summary) == ["[message 2, 1 May 2023] I adopted a puppy called Oscar"]
     from ctxd.engine.folding import unfold

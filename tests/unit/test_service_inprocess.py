@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from ctxd.config import Config
+from ctxd.engine.checkpoints import SECTION_HEADER
 from ctxd.engine.pipeline import STAGES
 from ctxd.protocol.compression import (
     CheckpointCreatedNotification,
@@ -51,7 +52,7 @@ def _texts(result: Any) -> list[str]:
 def _sent(text: str, texts: list[str]) -> bool:
     """``text`` is a message of the prompt, or one of the kept user messages sent as one
     (behind the boundary, consecutive ones go out together, a blank line apart)."""
-    return any(text == t or text in t.split("\n\n") for t in texts[1:])
+    return any(text == t or text in t.split("\n\n") for t in texts if not t.startswith(SECTION_HEADER))
 
 
 async def test_a_push_is_stored_counted_and_announced(service: Service, events: CollectingEvents) -> None:
@@ -101,11 +102,13 @@ async def test_over_the_trigger_a_push_starts_a_pass_announced_stage_by_stage(
     assert done.after_tokens < done.before_tokens
     assert events.of(SessionUpdated, SID)[-1].reason == "compressed"
 
-    # The user's words stay verbatim in the prompt; the checkpoint is in the system part.
+    # The user's words stay verbatim in the prompt; the checkpoint is a message after them.
     result = await _prompt(service)
     texts = _texts(result)
     assert result.checkpoint_count == 1 and result.tokens <= result.budget.max_prompt_tokens
-    assert created.checkpoint.id in texts[0] or created.checkpoint.summary[:40] in texts[0]
+    note = next(i for i, t in enumerate(texts) if t.startswith(SECTION_HEADER))
+    assert created.checkpoint.summary[:40] in texts[note] and result.messages[note].role == "user"
+    assert texts[note - 1].startswith("question 0:")  # after the words it kept
     for message in chat(0, 12, answer_words=60):
         if message["role"] == "user":
             assert _sent(message["content"], texts)
@@ -369,8 +372,8 @@ async def test_every_fold_of_the_users_words_is_announced(service: Service, even
     assert all(f"checkpoint/expand {folds[0].id}" in n.action and "message/pin" in n.action for n in notes)
     assert sum(n.folded_messages for n in notes) == len(named)
     # The checkpoint says what it quotes exactly and what it left out; no "verbatim" above it.
-    system = result.messages[0].content
-    assert "[User messages quoted exactly below: " in system and "verbatim" not in system
+    folded = next(t for t in _texts(result) if "[User messages quoted exactly below: " in t)
+    assert "verbatim" not in folded
 
 
 async def test_a_task_bigger_than_the_room_left_is_sent_as_an_excerpt(service: Service,
