@@ -37,8 +37,9 @@ class Economy:
     rules: CacheRules
     growth: float = 0.0
     """Tokens (ctxd's count) the conversation grows by per request; 0 while unknown."""
-    summary_cost: float = 0.0
-    """What a pass's own requests cost (an LLM summary), in uncached input tokens."""
+    summary_price: float = 0.0
+    """What a pass's own requests cost per token they summarize (an LLM summary reads what
+    it summarizes), in the session's uncached input tokens; 0 for ctxd's own summarizer."""
     cold: bool = False
     """The provider's cache of the last prompt has expired."""
 
@@ -86,8 +87,8 @@ def _early(state: CompressionState, budget: Budget, policy: CompressionPolicy, e
         return Decision(True, "the provider's prompt cache has expired: a pass now breaks nothing cached")
     ratio = budget.token_ratio
     # The pass rewrites what follows the checkpoints already sent: the conversation it leaves.
-    if worth_a_pass(round(grown * ratio), round(target * ratio), economy.summary_cost, economy.growth * ratio,
-                    economy.rules):
+    if worth_a_pass(round(grown * ratio), round(target * ratio), economy.summary_price * grown * ratio,
+                    economy.growth * ratio, economy.rules):
         return Decision(True, f"compressing now ({budget.used} tokens, {grown} above where a pass leaves the "
                               f"conversation) costs less over the coming requests than the cache it breaks")
     return Decision(False, "below the trigger")

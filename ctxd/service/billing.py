@@ -150,15 +150,30 @@ def _add(total: tuple[int, int, int], bill: Bill) -> tuple[int, int, int]:
     return (total[0] + bill.uncached, total[1] + bill.written, total[2] + bill.read)
 
 
-def economy(svc: Service, state: SessionState, summary_cost: float = 0.0) -> Economy | None:
+def economy(svc: Service, state: SessionState) -> Economy | None:
     """What a pass decision weighs for this session (None: its provider caches nothing, so a
     pass breaks no cache and the quality-first schedule applies)."""
     rules = svc.cache.rules(state)
     if not rules.caches:
         return None
     tracker = state.billing
-    return Economy(rules=rules, growth=tracker.growth(), summary_cost=summary_cost,
+    return Economy(rules=rules, growth=tracker.growth(), summary_price=summary_price(svc, state, rules),
                    cold=tracker.cold(time.monotonic(), rules))
+
+
+def summary_price(svc: Service, state: SessionState, rules: CacheRules) -> float:
+    """What an LLM summary costs per token it reads, in the session's uncached input tokens:
+    its model's input price over the session's (1 when either is unknown and the summary
+    model is billed at all); 0 for the extractive summarizer and local servers."""
+    settings = svc.summarizers.settings
+    if settings is None:
+        return 0.0
+    theirs = svc.cache.billing.rules(settings.kind, settings.model or state.row.model)
+    if theirs.cache == "none" and theirs.input_price == 0:
+        return 0.0
+    if theirs.input_price > 0 and rules.input_price > 0:
+        return theirs.input_price / rules.input_price
+    return 1.0
 
 
 def session_bill(svc: Service, state: SessionState) -> SessionBill:

@@ -19,10 +19,10 @@ SID = "bill"
 SYSTEM = "You are a careful assistant. " + " ".join(f"rule{k}: answer plainly." for k in range(400))
 
 
-async def _create(svc: Service, **extra: Any) -> None:
+async def _create(svc: Service, session_id: str = SID, **extra: Any) -> None:
     fields = {"model": "claude-sonnet-4-5", "provider": "anthropic", "contextWindow": 16_000,
               "systemPrompt": SYSTEM, **extra}
-    await sessions.create_session(svc, params("session/create", sessionId=SID, **fields))
+    await sessions.create_session(svc, params("session/create", sessionId=session_id, **fields))
 
 
 async def _turn(svc: Service, i: int, *, usage: dict[str, int] | None = None, words: int = 30) -> Any:
@@ -137,3 +137,29 @@ async def test_a_window_below_the_models_says_what_it_costs(service: Service) ->
     assert "16,000 tokens of claude-sonnet-4-5's 200,000" in bill.budget_note and "passes" in bill.budget_note
     await sessions.update_session(service, params("session/update", sessionId=SID, contextWindow=200_000))
     assert (await stats.stats(service, SID)).bill.budget_note is None  # type: ignore[union-attr]
+
+
+async def test_an_llm_summary_is_a_cost_of_the_pass(service_config: Config, events: CollectingEvents) -> None:
+    """The extractive summarizer costs a pass nothing; an LLM summary reads what it
+    summarizes, at its model's price against the session's (a local server: nothing)."""
+    from ctxd.service.billing import economy
+
+    for backend, model, expected in (("anthropic", "claude-haiku-4-5", 1.0 / 3.0), ("anthropic", "", 1.0),
+                                     ("ollama", "llama3.2", 0.0)):
+        config = msgspec.structs.replace(service_config, summarizer=msgspec.structs.replace(
+            service_config.summarizer, backend=backend, model=model, api_key_env="NO_SUCH_KEY_VARIABLE"))
+        svc = await Service.open(config, events=events)
+        try:
+            await _create(svc, f"{backend}-{model}")
+            state = await svc.cache.get(f"{backend}-{model}")
+            found = economy(svc, state)
+            assert found is not None and found.summary_price == pytest.approx(expected), (backend, model)
+        finally:
+            await svc.close()
+    extractive = await Service.open(service_config, events=events)
+    try:
+        await _create(extractive, "extractive")
+        found = economy(extractive, await extractive.cache.get("extractive"))
+        assert found is not None and found.summary_price == 0.0
+    finally:
+        await extractive.close()
