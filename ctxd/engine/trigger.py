@@ -44,12 +44,37 @@ class Economy:
     """The provider's cache of the last prompt has expired."""
 
 
-def low_water(policy: CompressionPolicy, budget: Budget) -> int:
+def low_water(policy: CompressionPolicy, budget: Budget, economy: Economy | None = None) -> int:
     """Where a pass leaves the conversation: the low-water mark, kept a loop guard's step
     below the trigger (a session whose own trigger is set lower than the mark would
-    otherwise have passes that free nothing)."""
-    share = min(policy.low_water_fraction, budget.trigger_fraction - policy.min_growth_fraction)
+    otherwise have passes that free nothing). Where the provider caches, as deep as passes
+    pay (:func:`cached_depth`), between ``policy.low_water_fraction`` (the deepest) and
+    ``policy.room_fraction`` (the quality-first mark)."""
+    ceiling = budget.trigger_fraction - policy.min_growth_fraction
+    share = min(policy.low_water_fraction, ceiling)
+    if economy is not None and economy.rules.caches:
+        share = cached_depth(policy, budget, economy)
     return math.floor(max(0.0, share) * budget.available)
+
+
+def cached_depth(policy: CompressionPolicy, budget: Budget, economy: Economy) -> float:
+    """The low-water mark where the provider caches, as a share of available. A pass that
+    leaves ``L`` tokens below the trigger ``T`` bills the ``L`` it rewrites again (``w'``
+    more than reading them) once per ``(T - L) / g`` requests, and the prompt averages
+    ``(T + L) / 2``, read at ``r`` per request: per request ``r (T + L) / 2 + g w' L / (T - L)``.
+    Deeper is always cheaper, but past ``T - L = sqrt(2 g w' T / r)`` a pass's share falls
+    under what reading the extra tokens costs, and only the reads are left to save: that
+    is the depth, no shallower than the quality-first mark and no deeper than the floor. A
+    chat growing 30 tokens a request at 32k stays at the quality-first mark; an agent
+    growing a thousand goes to the floor. Unknown growth: the quality-first mark."""
+    ceiling = min(policy.room_fraction, budget.trigger_fraction - policy.min_growth_fraction)
+    floor = min(policy.low_water_fraction, ceiling)
+    rules = economy.rules
+    if economy.growth <= 0 or rules.read <= 0 or budget.available <= 0:
+        return ceiling
+    trigger = budget.trigger_fraction * budget.available
+    step = math.sqrt(2.0 * economy.growth * rules.rewrite * trigger / rules.read)
+    return min(ceiling, max(floor, (trigger - step) / budget.available))
 
 
 def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy,
@@ -77,7 +102,7 @@ def _early(state: CompressionState, budget: Budget, policy: CompressionPolicy, e
     only once the conversation fills the window to the quality-first mark
     (``policy.room_fraction``): cost alone never leaves a window mostly unused."""
     step = math.ceil(policy.min_growth_fraction * budget.available)
-    target = low_water(policy, budget)
+    target = low_water(policy, budget, economy)
     grown = budget.used - target
     last = state.last_after_used
     if grown < step or (last is not None and budget.used < last + step) or \

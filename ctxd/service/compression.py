@@ -208,8 +208,10 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
         return result
 
 
-def _low_water(policy: CompressionPolicy, budget: Budget) -> int:
-    return low_water_mark(policy, budget)
+def _low_water(svc: Service, state: SessionState, policy: CompressionPolicy, budget: Budget) -> int:
+    """Where a pass leaves the conversation (``engine.trigger.low_water``: deeper where the
+    provider caches and passes pay)."""
+    return low_water_mark(policy, budget, billing.economy(svc, state))
 
 
 async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, stage: _Stages,
@@ -219,7 +221,7 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
-    low_water = _low_water(policy, budget)
+    low_water = _low_water(svc, state, policy, budget)
     if _irreducible(ctx) > budget.max_prompt_tokens:
         await _squeeze(svc, state, ctx, run, focus)  # (says so, and changes nothing)
         return
@@ -243,7 +245,7 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
     # Pushes go on during a slow summary; if they alone overflow the prompt again, another
     # round summarizes them rather than truncating.
     for _ in range(MAX_ROUNDS):
-        low_water = _low_water(policy, budget)
+        low_water = _low_water(svc, state, policy, budget)
         if not force and ctx.used <= low_water and fits(ctx, budget):
             break
         # The user's words past their share are folded after this (_fold_users): what that
@@ -498,9 +500,9 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     budget = cache.budget(state)
     if fits(ctx, budget):
         return
-    selection = identify(ctx, budget, policy, keep_recent=1, goal_used=_low_water(policy, budget))
+    selection = identify(ctx, budget, policy, keep_recent=1, goal_used=_low_water(svc, state, policy, budget))
     if selection is not None:
-        changed, selection = await _excerpts_instead(svc, state, ctx, run, selection, _low_water(policy, budget))
+        changed, selection = await _excerpts_instead(svc, state, ctx, run, selection, _low_water(svc, state, policy, budget))
         if changed and fits(ctx, cache.budget(state)):
             return
     if selection is not None:
@@ -518,13 +520,13 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     # output, each under the limit above): excerpts of every large one, in proportion,
     # before the user's words are folded.
     limits = plan_excerpts(clippable(ctx), max(ctx.prompt_tokens - budget.max_prompt_tokens,
-                                               ctx.used - _low_water(policy, budget)))
+                                               ctx.used - _low_water(svc, state, policy, budget)))
     if limits:
         await _apply_excerpts(svc, state, ctx, run, limits, lossy=True)
         budget = cache.budget(state)
         if fits(ctx, budget):
             return
-    await _overflow(svc, state, ctx, run, _low_water(policy, budget), keep_recent=1)
+    await _overflow(svc, state, ctx, run, _low_water(svc, state, policy, budget), keep_recent=1)
     if policy.overflow_policy == "fold" and not fits(ctx, cache.budget(state)):
         await _excerpt_words(svc, state, ctx, run)
 
@@ -540,7 +542,7 @@ async def _excerpt_words(svc: Service, state: SessionState, ctx: ActiveContext, 
     policy = cache.policy(state)
     budget = cache.budget(state)
     over = ctx.prompt_tokens - budget.max_prompt_tokens
-    limits = (plan_word_excerpts(ctx, max(over, ctx.used - _low_water(policy, budget)))
+    limits = (plan_word_excerpts(ctx, max(over, ctx.used - _low_water(svc, state, policy, budget)))
               or plan_word_excerpts(ctx, over))
     if not limits:
         return
@@ -686,7 +688,7 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     prior = next((cp.tokens for cp in ctx.checkpoints if cp.kind == "folded"), 0)
     others = ctx.used - words
     goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
-    goal = max(cap // 2, min(goal, _low_water(policy, budget) - others))
+    goal = max(cap // 2, min(goal, _low_water(svc, state, policy, budget) - others))
     from ctxd.summarize.salience import salience  # (with the first fold, not at start-up)
 
     chosen = plan_fold_users(ctx, goal, rank=lambda texts: salience(texts, state.counter.count, ctx.goal_text))

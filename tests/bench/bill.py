@@ -58,7 +58,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.agents.pricing import Pricer, prices_for
-from tests.agents.wire import count_text, token_ids
+from tests.agents import wire
+from tests.agents.wire import count_text
 from tests.bench.spine import Result, machine, table
 from tests.bench.workloads import AgentWorkload
 from tests.e2e.helpers import Daemon, short_dir
@@ -68,6 +69,35 @@ from tests.proxy.upstream import MODEL, FakeUpstream
 K = 1024
 WIRE = {"anthropic": "anthropic", "openai": "chat", "responses": "responses"}
 """The agents harness's names of the APIs (``tests/agents/wire.py``)."""
+
+_SEGMENTS: dict[str, list[int]] = {}
+
+
+def token_ids(api: str, body: dict[str, Any]) -> list[int]:
+    """``tests.agents.wire.token_ids``, each segment encoded once: a direct request of a
+    long run resends hundreds of thousands of tokens of history every time."""
+    out: list[int] = []
+    for piece in wire.segments(api, body):
+        ids = _SEGMENTS.get(piece)
+        if ids is None:
+            ids = _SEGMENTS[piece] = [*wire._ENCODING.encode_ordinary(piece), *(0,) * wire.MESSAGE_FRAMING]
+        out.extend(ids)
+    return out
+
+
+class RecentPricer(Pricer):
+    """The harness's pricer, comparing a request with the newest earlier ones only: the
+    longest shared prefix is the previous request's, or one of the few before a pass (a
+    long run's direct requests are each compared with all earlier ones otherwise)."""
+
+    NEWEST = 16
+
+    def longest_prefix(self, tokens: Any) -> int:
+        saved, self.seen = self.seen, self.seen[-self.NEWEST:]
+        try:
+            return super().longest_prefix(tokens)
+        finally:
+            self.seen = saved
 
 
 @dataclass
@@ -118,7 +148,7 @@ class PricedUpstream(FakeUpstream):
         with self._price_lock:
             pricer = self.pricers.get(key)
             if pricer is None:
-                pricer = self.pricers[key] = Pricer(prices_for(WIRE[api]))
+                pricer = self.pricers[key] = RecentPricer(prices_for(WIRE[api]))
             previous = pricer.seen[-1] if pricer.seen else None
             bill = pricer.add(ids)
             follows = previous is not None and ids[:len(previous)] == list(previous)

@@ -86,8 +86,8 @@ def _budget(used: int, window: int = 100_000):
 
 def test_a_cached_session_compresses_early_when_it_pays() -> None:
     policy = CompressionPolicy(low_water_fraction=0.55, min_growth_fraction=0.10, room_fraction=0.6)
-    target = low_water(policy, _budget(0))
     economy = Economy(rules=ANTHROPIC, growth=200)
+    target = low_water(policy, _budget(0), economy)
     best = cycle_turns(target, 0, 200, ANTHROPIC) or 0
     assert target + best < 97_000  # (the window would not force a pass there)
     below = decide(CompressionState(), _budget(target + math.floor(best) - 10), policy, economy)
@@ -104,7 +104,7 @@ def test_a_cached_session_compresses_early_when_it_pays() -> None:
 def test_an_expired_cache_makes_a_pass_free() -> None:
     policy = CompressionPolicy(low_water_fraction=0.55, min_growth_fraction=0.10, room_fraction=0.6)
     cold = Economy(rules=ANTHROPIC, growth=0, cold=True)
-    target = low_water(policy, _budget(0))
+    target = low_water(policy, _budget(0), cold)
     assert decide(CompressionState(), _budget(target + 10_000), policy, cold).compress
     # ... but a pass must still free a loop guard's step.
     assert not decide(CompressionState(), _budget(target + 9_000), policy, cold).compress
@@ -113,11 +113,34 @@ def test_an_expired_cache_makes_a_pass_free() -> None:
 def test_cost_alone_never_compresses_a_window_mostly_unused() -> None:
     """Below the quality-first mark (``room_fraction``) no pass comes early, however much
     it would save: a chat growing slowly in a large window would otherwise be kept small."""
-    policy = CompressionPolicy(low_water_fraction=0.4, min_growth_fraction=0.10, room_fraction=0.9)
-    cheap = Economy(rules=ANTHROPIC, growth=30)
+    policy = CompressionPolicy(low_water_fraction=0.4, min_growth_fraction=0.05, room_fraction=0.9)
+    cheap = Economy(rules=ANTHROPIC, growth=10, cold=True)
+    assert low_water(policy, _budget(0), cheap) == 90_000  # (a slow chat: the quality-first mark)
     assert not decide(CompressionState(), _budget(89_000), policy, cheap).compress
-    assert decide(CompressionState(), _budget(90_000), policy, cheap).compress
-    assert not decide(CompressionState(), _budget(89_000), policy, Economy(rules=ANTHROPIC, cold=True)).compress
+    deep = Economy(rules=ANTHROPIC, growth=5_000, cold=True)
+    assert low_water(policy, _budget(0), deep) == 40_000
+    assert not decide(CompressionState(), _budget(89_000), policy, deep).compress
+    assert decide(CompressionState(), _budget(90_000), policy, deep).compress
+
+
+def test_passes_go_as_deep_as_they_pay() -> None:
+    """Where the provider caches, the low-water mark is ``T - sqrt(2 g w' T / r)``: a chat
+    at a large window keeps the quality-first mark, an agent goes to the floor."""
+    policy = CompressionPolicy(low_water_fraction=0.4, min_growth_fraction=0.10, room_fraction=0.87)
+    budget = _budget(0, window=32_000)
+    slow = low_water(policy, budget, Economy(rules=ANTHROPIC, growth=10))
+    assert slow == math.floor(0.87 * budget.available)
+    chat = low_water(policy, budget, Economy(rules=ANTHROPIC, growth=30))
+    assert 0.8 * budget.available < chat < slow
+    middle = low_water(policy, budget, Economy(rules=ANTHROPIC, growth=200))
+    trigger = 0.97 * budget.available
+    assert middle == math.floor(trigger - math.sqrt(2 * 200 * 1.15 * trigger / 0.1))
+    assert 0.4 * budget.available < middle < 0.87 * budget.available
+    agent = low_water(policy, budget, Economy(rules=ANTHROPIC, growth=1_500))
+    assert agent == math.floor(0.4 * budget.available)
+    # Growth not known yet (the first requests): the quality-first mark; no cache: the policy's.
+    assert low_water(policy, budget, Economy(rules=ANTHROPIC)) == slow
+    assert low_water(policy, budget) == math.floor(0.4 * budget.available)
 
 
 def test_the_trigger_still_forces_a_pass_and_the_guard_still_holds() -> None:
