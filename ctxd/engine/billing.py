@@ -21,8 +21,9 @@ tokens) turns that into money where it is known.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal
 
 CacheKind = Literal["none", "automatic", "breakpoints"]
 
@@ -139,7 +140,7 @@ class Bill:
         """In uncached input tokens."""
         return self.uncached + rules.write * self.written + rules.read * self.read
 
-    def __add__(self, other: "Bill") -> "Bill":
+    def __add__(self, other: Bill) -> Bill:
         return Bill(self.uncached + other.uncached, self.written + other.written, self.read + other.read)
 
 

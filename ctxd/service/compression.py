@@ -502,7 +502,8 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         return
     selection = identify(ctx, budget, policy, keep_recent=1, goal_used=_low_water(svc, state, policy, budget))
     if selection is not None:
-        changed, selection = await _excerpts_instead(svc, state, ctx, run, selection, _low_water(svc, state, policy, budget))
+        changed, selection = await _excerpts_instead(svc, state, ctx, run, selection,
+                                                     _low_water(svc, state, policy, budget))
         if changed and fits(ctx, cache.budget(state)):
             return
     if selection is not None:

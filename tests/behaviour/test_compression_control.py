@@ -16,13 +16,13 @@ import pytest
 
 from ctxd.client import RpcError
 from tests.e2e.compression_helpers import (
-    checkpoint_text,
     FORMATS,
     Conn,
     CtxdProc,
     Driver,
     agent_session,
     check_prompt,
+    checkpoint_text,
     predict_compression,
     remove_root,
     seqs_of,

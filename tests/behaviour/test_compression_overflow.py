@@ -19,7 +19,6 @@ import pytest
 from ctxd.client import RpcError
 from ctxd.tokens import PROMPT_PRIMING
 from tests.e2e.compression_helpers import (
-    checkpoint_text,
     FORMATS,
     Conn,
     CtxdProc,
@@ -28,11 +27,11 @@ from tests.e2e.compression_helpers import (
     _prose,
     agent_session,
     check_prompt,
+    checkpoint_text,
     long_chat,
     remove_root,
     seqs_of,
     short_root,
-    system_text,
     user_texts,
 )
 

@@ -19,8 +19,9 @@ back), then answers.
 
 1. Four agents shaped like the issue's CLIs (Anthropic at 48k with a 20k fixed prefix,
    OpenAI Chat at 24k and 16k, the Responses API at 24k), each on a run that ends once
-   its own request passes 1.4x the window and one that ends past 3.2x: billed through ctxd / direct (target: <= 1.0 on every run, <= 0.8 on
-   runs over twice the window), tokens sent, the share of requests that start with the
+   its own request passes 1.4x the window and one that ends past 3.2x: billed through
+   ctxd / direct (target: <= 1.0 on every run, <= 0.8 on runs over twice the window),
+   tokens sent, the share of requests that start with the
    whole previous request, passes, and ctxd's own bill (``context/stats``) against the
    benchmark's pricing.
 2. The proxy benchmark's long conversation in shape (each turn: a short request, one
@@ -51,14 +52,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.agents.pricing import Pricer, prices_for
 from tests.agents import wire
+from tests.agents.pricing import Pricer, prices_for
 from tests.agents.wire import count_text
 from tests.bench.spine import Result, machine, table
 from tests.bench.workloads import AgentWorkload
@@ -413,7 +413,8 @@ async def drive(http: httpx.AsyncClient, proxy_url: str, upstream: PricedUpstrea
             break
     run.tasks = turn + 1
     run.seconds = time.perf_counter() - started
-    infos = [i for i in await _sessions(daemon) if i["sessionId"] == session or i["sessionId"].startswith(session + "~")]
+    infos = [i for i in await _sessions(daemon)
+             if i["sessionId"] == session or i["sessionId"].startswith(session + "~")]
     run.sessions = [i["sessionId"] for i in infos]
     run.passes = await _passes(daemon, session)
     stats = await _stats(daemon, session)
