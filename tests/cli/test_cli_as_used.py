@@ -142,7 +142,7 @@ def test_config_and_paths(cli: Cli) -> None:
     assert by_key["storage.durability"] == {"key": "storage.durability", "value": "full", "source": "env",
                                             "variable": "CTXD_STORAGE_DURABILITY"}  # env over the file
     assert by_key["daemon.socket"]["source"] == "flag" and by_key["daemon.socket"]["value"] == str(other)
-    assert by_key["budget.trigger_fraction"] == {"key": "budget.trigger_fraction", "value": 0.97,
+    assert by_key["budget.trigger_fraction"] == {"key": "budget.trigger_fraction", "value": 1.0,
                                                  "source": "default"}
     changed = cli("config", "--changed").stdout
     assert re.search(r"compression\.keep_recent +7 +file", changed)
