@@ -78,9 +78,12 @@ def test_ids_of_a_raw_message():
 def test_usage():
     raw = {"prompt_tokens": 5401, "completion_tokens": 137, "total_tokens": 5538,
            "prompt_tokens_details": {"cached_tokens": 5120}, "completion_tokens_details": {"reasoning_tokens": 64}}
-    # (cached_tokens is part of prompt_tokens: no cacheReadTokens)
+    # (cached_tokens is part of prompt_tokens: cachedInputTokens, no cacheReadTokens)
     assert formats.usage("openai", raw) == {"inputTokens": 5401, "outputTokens": 137, "totalTokens": 5538,
-                                            "reasoningTokens": 64}
+                                            "reasoningTokens": 64, "cachedInputTokens": 5120}
+    # DeepSeek's spelling of the same
+    assert formats.usage("openai", {"prompt_tokens": 900, "prompt_cache_hit_tokens": 640}) == \
+        {"inputTokens": 900, "cachedInputTokens": 640}
     assert formats.usage("openai", {"prompt_tokens": -1, "completion_tokens": True, "total_tokens": 2.0}) == {}
     assert formats.usage("openai", None) == {}
 
