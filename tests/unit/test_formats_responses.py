@@ -56,7 +56,8 @@ def test_usage():
     assert formats.usage("responses", {"input_tokens": 90, "output_tokens": 30, "total_tokens": 120,
                                        "input_tokens_details": {"cached_tokens": 64},
                                        "output_tokens_details": {"reasoning_tokens": 20}}) == \
-        {"inputTokens": 90, "outputTokens": 30, "totalTokens": 120, "reasoningTokens": 20}
+        {"inputTokens": 90, "outputTokens": 30, "totalTokens": 120, "reasoningTokens": 20,
+         "cachedInputTokens": 64}
 
 
 def test_system_text_is_instructions_then_leading_system_items():
