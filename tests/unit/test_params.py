@@ -102,4 +102,5 @@ def test_a_responses_api_usage_keeps_its_reasoning_count():
                       "usage": {"input_tokens": 90, "output_tokens": 30, "total_tokens": 120,
                                 "input_tokens_details": {"cached_tokens": 64},
                                 "output_tokens_details": {"reasoning_tokens": 20}}})
-    assert answer.usage == Usage(input_tokens=90, output_tokens=30, total_tokens=120, reasoning_tokens=20)
+    assert answer.usage == Usage(input_tokens=90, output_tokens=30, total_tokens=120, reasoning_tokens=20,
+                                 cached_input_tokens=64)
