@@ -249,6 +249,9 @@ class Tracker:
     direct_estimate: int = 0
     """The same size as estimated at the last prompt, for the next prompt's estimate (one
     scale: a report and an estimate can differ, e.g. before calibration learned)."""
+    estimate_history: int = 0
+    """The history's size (ctxd's count) when ``direct_estimate`` was taken: the next
+    prompt's estimate grows by what was pushed since, not since the last reply."""
     at: float | None = None
     """When the last prompt was handed out (``time.monotonic``)."""
     passes: int = 0

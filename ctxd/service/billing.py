@@ -80,20 +80,21 @@ def on_prompt(svc: Service, state: SessionState, ctx: ActiveContext, tokens: int
     left_out = PROMPT_PRIMING + _head_tokens(state) + history - tokens
     whole = left_out <= 0 and state.cstate.boundary == 0 and not state.cstate.prunes and not state.cstate.clips
     grown = max(0, round(budget.token_ratio * (history - tracker.direct_history)))
+    since = max(0, round(budget.token_ratio * (history - tracker.estimate_history)))
     if whole or not tracker.direct_estimate:
         direct_size = prompt + (0 if whole else _provider(left_out, budget) - budget.token_overhead)
     else:
-        direct_size = tracker.direct_estimate + grown
+        direct_size = tracker.direct_estimate + since
     direct = split(direct_size, 0 if cold else min(direct_size, tracker.direct_estimate), rules)
     passed = tracker.passes != tracker.passes_seen and tracker.at is not None
     cost = 0.0
     if passed and not cold:
         # What the previous request had cached and this one bills again (new messages aside).
-        cost = rules.rewrite * max(0, min(tracker.prompt, prompt - grown) - ctxd.read)
+        cost = rules.rewrite * max(0, min(tracker.prompt, prompt - since) - ctxd.read)
     tracker.pending = Pending(ctxd, direct, rules, after_pass=passed, pass_cost=cost, whole=whole, cold=cold,
                               grown=grown, history=history)
     tracker.shape, tracker.recent, tracker.prompt = shape, len(ctx.recent), prompt
-    tracker.direct_estimate = direct_size
+    tracker.direct_estimate, tracker.estimate_history = direct_size, history
     tracker.at, tracker.passes_seen = now, tracker.passes
     tracker.remember(history)
     totals = state.row.stats.bill

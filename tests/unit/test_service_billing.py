@@ -163,3 +163,22 @@ async def test_an_llm_summary_is_a_cost_of_the_pass(service_config: Config, even
         assert found is not None and found.summary_price == 0.0
     finally:
         await extractive.close()
+
+
+async def test_asking_twice_for_the_same_prompt_prices_it_the_same(service: Service) -> None:
+    """A client may ask for the prompt again before it pushes (an editor's view, a retry):
+    with nothing pushed between, direct's request is the same size (what was pushed since
+    the last reply is not counted twice once a pass has left direct's size estimated)."""
+    await _create(service)
+    for i in range(6):
+        await _turn(service, i, words=60)
+    assert (await controls.compress(service, params("context/compress", sessionId=SID))).compressed
+    await settle(service)
+    for i in range(6, 9):
+        await _turn(service, i, words=60)
+    ask = params("context/prompt", sessionId=SID, format="anthropic")
+    first = await prompt.prompt(service, ask)
+    again = await prompt.prompt(service, ask)
+    assert first.bill is not None and again.bill is not None
+    assert again.bill.direct.cache_write + again.bill.direct.cache_read + again.bill.direct.uncached == \
+        first.bill.direct.cache_write + first.bill.direct.cache_read + first.bill.direct.uncached
