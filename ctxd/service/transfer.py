@@ -23,7 +23,6 @@ from typing import Any
 import anyio
 import msgspec
 
-from ctxd.engine.checkpoints import render_section
 from ctxd.engine.context import ActiveContext, CompressionState, Entry, sent_tokens
 from ctxd.engine.goals import render_goal
 from ctxd.exchange import DocumentError, ExportedMessage, SessionDocument
@@ -314,7 +313,7 @@ def _figures(svc: Service, row: SessionRow, past: Past, rows: list[tuple[int, Ne
         recent=[Entry.of(seq, new.message, new.tokens) for seq, new in rows
                 if seq > cstate.boundary and not cstate.is_rolled_back(seq)])
     ctx.goal_text = render_goal(row.goal)
-    ctx.refresh_system(counter.count, render_section(ctx.checkpoints))
+    ctx.refresh_system(counter.count)
     ctx.refresh(counter.count, compression_policy(svc.config, row).protected_tools)
     return Figures(ctx.system_tokens, ctx.checkpoint_tokens, ctx.pinned_tokens, ctx.used, len(ctx.checkpoints),
                    list(ctx.pairing.open))
