@@ -56,8 +56,14 @@ async def test_a_fork_and_a_new_conversation_start_with_what_was_learned(start_p
     async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
         messages: list[dict] = []
         await _turns(client, messages, 14, 0)
-        grown = [upstream.input_tokens(r.json) for r in upstream.chats()]
-        assert max(grown) > WINDOW * 0.8  # the conversation reached the window
+        # The conversation reached the window: sent whole it would leave no room for the
+        # reply (the proxy left part of it out), and the fullest request came within one
+        # tool result (~1k tokens) of that room (~19.5k with the margin). Where below it
+        # the fullest lands depends on where the passes left the conversation, not on the
+        # overhead this test is about.
+        whole = {"system": SYSTEM, "tools": TOOLS, "messages": messages}
+        assert upstream.input_tokens(whole) > WINDOW - REPLY
+        assert max(upstream.input_tokens(r.json) for r in upstream.chats()) > WINDOW * 0.75
         # The agent rewrites an early reply: the conversation forks, the fork starts with
         # the whole history, and knows the tools' weight from its first request on.
         reply = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
