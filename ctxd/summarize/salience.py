@@ -209,7 +209,7 @@ _AGENT_WEIGHTS = _Weights(rarity=2.0, rarity_cap=4.0, recency=1.0, first=0.3, en
 # counting as rare, LoCoMo answers kept at 16k 31.7% -> 33.2%; 1.0 / 0.8 kept 32.5%).
 # A speaker's own news, and when it happened, weigh more (first person 0.45 a word, a date
 # 0.7 -> 1.7): LoCoMo's evidence turns ranked at AUC 0.781 -> 0.81, evidence turns kept
-# over 7-17k windows 1.30x -> 1.36x a sliding window (docs/performance.md).
+# over 7-17k windows 1.30x -> 1.36x a sliding window (docs/decisions.md).
 _CHAT_WEIGHTS = _Weights(rarity=3.0, rarity_cap=7.0, recency=0.3, first=0.0, entity=0.6, number=0.5,
                          number_word=0.2, date=1.7, place=0.3, path=1.0, ident=0.3, outcome=0.2, decision=0.8,
                          error=0.3, filler=1.0, question=0.4, long=0.0, personal=0.45)

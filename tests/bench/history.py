@@ -196,8 +196,7 @@ def scan(conn: sqlite3.Connection, query: str, limit: int = 20) -> list[tuple[st
     at ``limit`` rows like the search does.
 
     ``body`` is a BLOB (the message's JSON): SQLite's LIKE never matches a BLOB operand,
-    so it is read as text. (``ctxd.store.search.like_scan`` compares the BLOB itself and
-    finds nothing, scanning the whole table every time; see docs/performance.md.)"""
+    so it is read as text, as ``ctxd.store.search.like_scan`` reads it too."""
     words = query.split()
     sql = ("SELECT session_id, seq FROM messages WHERE "
            + " AND ".join(["CAST(body AS TEXT) LIKE ?"] * len(words)) + " LIMIT ?")
