@@ -68,3 +68,38 @@ def test_typescript_types_follow_the_schema() -> None:
     session_info = after.split("export interface SessionInfo {", 1)[1].split("}", 1)[0]
     assert "  pinnedCount: number;" in session_info
     assert '  "session/renamed": SessionRef;' in after and '  "session/renamed",' in after
+
+
+def test_performance_and_decisions_are_references() -> None:
+    """docs/performance.md and docs/decisions.md say what holds now (figures with the
+    command that gives them), not the sessions that got there: git has the history. Each
+    stays short enough to read (issue 25: 400 and 600 lines), and no heading is dated like
+    a session log."""
+    dated = re.compile(r"^#+ .*\b20\d\d-\d\d-\d\d")
+    for name, limit in (("performance.md", 400), ("decisions.md", 600)):
+        lines = (REPO / "docs" / name).read_text(encoding="utf-8").splitlines()
+        assert len(lines) <= limit, f"docs/{name} has {len(lines)} lines (at most {limit}): keep what holds now"
+        stale = [line for line in lines if dated.match(line)]
+        assert not stale, f"docs/{name} has dated session headings: {stale[:3]}"
+
+
+def test_section_links_into_the_reference_docs_resolve() -> None:
+    """A citation like (docs/performance.md, "Proxy benchmark") in code, tests or docs names
+    a heading, or the opening words of a bold entry, that the document still has."""
+    cite = re.compile(r"docs/(performance|decisions)\.md[,\s(]*[\"“]([^\"”]+)[\"”]")
+    targets = {name: (REPO / "docs" / f"{name}.md").read_text(encoding="utf-8") for name in ("performance", "decisions")}
+    missing = []
+    for top in ("ctxd", "tests", "docs", "README.md", "pyproject.toml"):
+        root = REPO / top
+        for path in ([root] if root.is_file() else sorted(root.rglob("*"))):
+            if path.suffix not in (".py", ".md", ".toml") or "__pycache__" in path.parts:
+                continue
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            text = " ".join(line.strip().lstrip("#").strip() for line in lines)  # comments run on
+            for doc, title in cite.findall(text):
+                words = title.strip().rstrip(".:")
+                headings = [line.lstrip("#").strip() for line in targets[doc].splitlines() if line.startswith("#")]
+                bold = re.findall(r"\*\*([^*]+)\*\*", targets[doc])
+                if not any(h.startswith(words) for h in headings) and not any(b.startswith(words) for b in bold):
+                    missing.append(f"{path.relative_to(REPO)}: docs/{doc}.md, \"{words}\"")
+    assert not missing, "citations of sections that no longer exist: " + "; ".join(missing)

@@ -309,7 +309,7 @@ def test_the_code_names_its_ideas_instead_of_citing_design_notes() -> None:
     root = PACKAGE.parent
     paths = [p for top in ("ctxd", "tests", "protocol", "clients/vscode/src") for p in sorted((root / top).rglob("*"))
              if p.suffix in (".py", ".md", ".json", ".sql", ".ts", ".lua") and "__pycache__" not in p.parts]
-    paths.append(root / "docs" / "configuration.md")
+    paths += sorted((root / "docs").glob("*.md")) + [root / "README.md"]
     found = [f"{p.relative_to(root)}:{n}" for p in paths
              for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
              if cite.search(line)]
