@@ -94,6 +94,10 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     current: list[int] = []
     """Messages pinned because a client named them its current working context
     (``context/prompt`` ``current``): unpinned when it no longer does. Sorted."""
+    working: list[int] = []
+    """Messages pinned as the agent's working set (``engine/workset.py``: the newest read of
+    each file its tool calls read, with its call): unpinned when a newer copy or a file
+    worked on more recently takes their place. Sorted."""
     clips: list[ClipEvent] = []
     """Recent tool outputs too big for the prompt, sent as excerpts (``engine/clip.py``)."""
 

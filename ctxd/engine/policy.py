@@ -51,6 +51,10 @@ class CompressionPolicy:
     user_share: float = 0.5
     """The user's messages stay verbatim in the conversation while they take at most this
     share of the largest prompt; only past it does the overflow policy fold the oldest."""
+    working_share: float = 0.25
+    """An agent's working set (the newest read of each file its tool calls read,
+    ``engine/workset.py``) is kept verbatim while it takes at most this share of the largest
+    prompt, the client's and the user's pins included."""
     critical_fraction: float = 0.98
     """``context/threshold`` says "critical" when the prompt reaches this share of the largest
     prompt: above the trigger (0.95 of what the conversation may use), so a client hears

@@ -1,0 +1,156 @@
+"""The agent's working set (engine/workset.py): which file reads stay verbatim, from tool
+calls alone, and how the pins follow it."""
+
+from __future__ import annotations
+
+from ctxd.engine.pipeline import identify
+from ctxd.engine.policy import CompressionPolicy
+from ctxd.engine.workset import (
+    EDIT,
+    READ,
+    apply_working_set,
+    call_touches,
+    plan_working_set,
+    working_set,
+)
+from ctxd.protocol.message import CustomCall, Message, ToolCall
+from tests.unit._engine_helpers import (
+    a_call,
+    a_result,
+    budget_of,
+    entries,
+    make_ctx,
+    o_call,
+    o_result,
+    refresh,
+    user,
+    words,
+)
+
+PATCH = "*** Begin Patch\n*** Update File: src/app.py\n@@\n-a = 1\n+a = 2\n*** End Patch\n"
+
+
+def sent(e):  # type: ignore[no-untyped-def]
+    return e.sent_tokens
+
+
+def shell(call_id: str, cmd: str) -> Message:
+    return o_call((call_id, "exec_command", {"cmd": cmd, "yield_time_ms": 10000}))
+
+
+def patch(call_id: str, text: str = PATCH) -> Message:
+    return Message(role="assistant", tool_calls=[ToolCall(id=call_id, type="custom",
+                                                          custom=CustomCall(name="apply_patch", input=text))])
+
+
+def test_paths_come_from_documented_call_shapes() -> None:
+    def kinds(*args, **kw):  # type: ignore[no-untyped-def]
+        return [(t.path, t.kind) for t in call_touches("c", *args, **kw)]
+
+    assert kinds({"cmd": "sed -n '1,400p' src/app.py"}) == [("src/app.py", READ)]
+    assert kinds('{"command": "cat ./README.md"}') == [("README.md", READ)]
+    assert kinds({"command": ["bash", "-lc", "head -n 50 docs/design.md"]}) == [("docs/design.md", READ)]
+    assert kinds({"cmd": "sed -i 's/a/b/' src/app.py"}) == [("src/app.py", EDIT)]
+    assert kinds({"file_path": "/repo/x.py"}) == [("/repo/x.py", READ)]
+    assert kinds({"filePath": "x.py", "oldString": "a", "newString": "b"}) == [("x.py", EDIT)]
+    assert kinds(None, PATCH) == [("src/app.py", EDIT)]
+    assert kinds({"input": "--- a/lib/y.py\n+++ b/lib/y.py\n@@\n-x\n+y\n"}) == [("lib/y.py", EDIT)]
+    # What prints something other than the file: not a read of it.
+    assert kinds({"cmd": "git log -p -- src/app.py"}) == []
+    assert kinds({"cmd": "cat src/app.py | grep def"}) == []
+    assert kinds({"cmd": "python3 -m unittest tests/test_app.py"}) == []
+    assert kinds({"cmd": "sed -n '1,400p' src/app.py && rm -rf /"}) == []
+
+
+def test_the_newest_read_of_each_file_with_its_call() -> None:
+    es = entries([
+        user("fix it"),
+        shell("r1", "sed -n '1,400p' src/app.py"), o_result("r1", "old copy " + words(50)),   # 2, 3
+        shell("r2", "cat README.md"), o_result("r2", "readme " + words(30)),                  # 4, 5
+        shell("r3", "sed -n '1,400p' src/app.py"), o_result("r3", "new copy " + words(50)),   # 6, 7
+        shell("t", "python3 -m unittest"), o_result("t", words(80)),                         # 8, 9
+    ])
+    assert working_set(es, 10_000, sent) == [4, 5, 6, 7]
+
+
+def test_files_worked_on_come_first_then_the_most_files_that_fit() -> None:
+    es = entries([
+        user("fix it"),
+        shell("a", "cat src/app.py"), o_result("a", words(200)),      # 2, 3: read, then patched
+        shell("b", "cat big.csv"), o_result("b", words(600)),          # 4, 5: read once, big
+        shell("c", "cat small.md"), o_result("c", words(100)),         # 6, 7: read once
+        patch("p"), o_result("p", "Success."),                         # 8, 9
+    ])
+    pair = {e.seq: e.sent_tokens for e in es}
+    app = pair[2] + pair[3]
+    assert working_set(es, app + pair[6] + pair[7], sent) == [2, 3, 6, 7]
+    # Too small for the file being patched: the others still go in where they fit.
+    assert working_set(es, app - 1, sent) == [6, 7]
+    assert working_set(es, 10_000, sent) == [2, 3, 4, 5, 6, 7]
+
+
+def test_anthropic_reads_and_structured_read_tools() -> None:
+    es = entries([
+        user("fix it"),
+        a_call(("t1", "Read", {"file_path": "/repo/a.py"})), a_result(("t1", "code " + words(40))),
+        a_call(("t2", "Edit", {"file_path": "/repo/a.py", "old_string": "x", "new_string": "y"})),
+        a_result(("t2", "ok")),
+    ])
+    assert working_set(es, 10_000, sent) == [2, 3]
+
+
+def test_a_pass_keeps_the_working_set_and_summarizes_the_rest() -> None:
+    """Before, the read of the file being patched went into the checkpoint with the rest;
+    pinned as the working set it stays whole behind the boundary, and an older copy leaves."""
+    ctx = make_ctx([
+        user("fix the bug in src/app.py"),
+        shell("r1", "sed -n '1,400p' src/app.py"), o_result("r1", "first copy " + words(300)),   # 2, 3
+        shell("g", "git log -p"), o_result("g", words(900, "code")),                           # 4, 5
+        shell("r2", "sed -n '1,400p' src/app.py"), o_result("r2", "second copy " + words(300)),  # 6, 7
+        shell("t", "python3 -m unittest"), o_result("t", words(900, "test")),                  # 8, 9
+        patch("p"), o_result("p", "Success."),                                                 # 10, 11
+        user("and now?"),
+    ])
+    budget = budget_of(ctx, window=8192)
+    seqs = plan_working_set(ctx, budget.max_prompt_tokens, CompressionPolicy().working_share)
+    assert seqs == [6, 7]
+    assert apply_working_set(ctx, seqs)
+    refresh(ctx)
+    assert ctx.state.working == [6, 7] and set(ctx.state.pinned) == {6, 7}
+    selection = identify(ctx, budget_of(ctx, window=8192), CompressionPolicy(), keep_recent=1)
+    assert selection is not None
+    assert {e.seq for e in selection.keep} >= {6, 7}
+    assert 7 not in selection.message_seqs  # (not summarized: sent whole)
+    # A newer read of the file replaces the older copy, which leaves the prompt.
+    ctx.kept = [e for e in ctx.recent if e.seq in (1, 6, 7)]
+    ctx.recent = [e for e in ctx.recent if e.seq > 11]
+    ctx.state.boundary = 11
+    ctx.state.kept_seqs = [1, 6, 7]
+    ctx.recent += entries([shell("r3", "cat src/app.py"), o_result("r3", "third copy " + words(300))], start=13)
+    refresh(ctx)
+    seqs = plan_working_set(ctx, budget.max_prompt_tokens, CompressionPolicy().working_share)
+    assert seqs == [13, 14]
+    assert apply_working_set(ctx, seqs)
+    assert [e.seq for e in ctx.kept] == [1] and ctx.state.pinned == [13, 14]
+
+
+def test_the_newest_turn_comes_before_the_working_set() -> None:
+    """A newest tool result too big to fit beside the files: the files yield, it stays whole."""
+    ctx = make_ctx([
+        user("fix it"),
+        shell("r", "cat src/app.py"), o_result("r", words(1500)),
+        shell("t", "python3 -m unittest"), o_result("t", words(5200, "test")),
+    ])
+    budget = budget_of(ctx, window=8192)
+    assert plan_working_set(ctx, budget.max_prompt_tokens, 0.5) == []
+    ctx.recent = ctx.recent[:3]
+    refresh(ctx)
+    assert plan_working_set(ctx, budget.max_prompt_tokens, 0.5) == [2, 3]
+
+
+def test_the_users_pins_are_left_alone() -> None:
+    ctx = make_ctx([user("x"), shell("r", "cat a.py"), o_result("r", words(20))], pinned=[3])
+    assert apply_working_set(ctx, [2, 3])
+    assert ctx.state.working == [2] and ctx.state.pinned == [2, 3]
+    assert apply_working_set(ctx, [])
+    assert ctx.state.working == [] and ctx.state.pinned == [3]
