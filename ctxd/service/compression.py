@@ -53,6 +53,7 @@ from ctxd.engine.policy import MIN_TARGET, CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.trigger import decide
 from ctxd.engine.trigger import low_water as low_water_mark
+from ctxd.engine.workset import apply_working_set, plan_working_set, working_changes
 from ctxd.protocol.compression import (
     Checkpoint,
     CheckpointAgedNotification,
@@ -226,6 +227,12 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
         await _squeeze(svc, state, ctx, run, focus)  # (says so, and changes nothing)
         return
 
+    # The agent's working set first: the newest read of each file it works on stays
+    # verbatim (pinned with its call) ahead of the older conversation, while it fits.
+    await _keep_working_set(svc, state, ctx, run)
+    budget = cache.budget(state)
+    low_water = _low_water(policy, budget)
+
     # Layer 1: pruning, of the oldest outputs only as far as the low-water mark needs.
     minimum, protect = policy.prune_thresholds(budget.available)
     need = None if force else max(0, ctx.used - low_water)
@@ -284,6 +291,20 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
         await _squeeze(svc, state, ctx, run, focus)
     if not force:
         await _make_room(svc, state, ctx, run)
+
+
+async def _keep_working_set(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
+    """Pin the agent's working set (``engine/workset.py``) within ``working_share`` of the
+    largest prompt; unpin what left it."""
+    cache = svc.cache
+    seqs = plan_working_set(ctx, cache.budget(state).max_prompt_tokens, cache.policy(state).working_share)
+    if not working_changes(ctx, seqs):
+        return
+    await _before_change(svc, state, run)
+    async with state.lock:
+        if apply_working_set(ctx, seqs):
+            cache.refresh(state, system=True)
+            run.detail["workingSet"] = list(ctx.state.working)
 
 
 async def _make_room(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:

@@ -183,6 +183,7 @@ async def supersede(svc: Service, session_id: str, keys: list[str]) -> list[int]
             ctx.state.kept_seqs = [e.seq for e in ctx.kept]
             ctx.state.pinned = [seq for seq in ctx.state.pinned if seq not in out]
             ctx.state.current = [seq for seq in ctx.state.current if seq not in out]
+            ctx.state.working = [seq for seq in ctx.state.working if seq not in out]
             # Those already behind the boundary and not kept stand in a checkpoint: only
             # the ones still shown need remembering.
             ctx.state.superseded = sorted(set(ctx.state.superseded) | {s for s in out if s > ctx.state.boundary}
