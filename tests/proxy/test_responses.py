@@ -196,3 +196,42 @@ def test_the_checkpoint_goes_after_the_clients_fixed_prefix() -> None:
     out = apis.upstream_body("openai", dict(chat), parts, prompt)
     assert out["messages"] == [chat["messages"][0], {"role": "system", "content": "## Earlier: done."},
                                chat["messages"][1]]
+
+
+async def test_the_file_an_agent_reads_then_patches_reaches_the_upstream_whole(proxy, upstream, ctxd_daemon) -> None:
+    """An agent reads a file with a shell call (Codex's ``sed -n``), runs long commands, then
+    patches it: compression summarizes the commands' outputs, never its read of the file (the
+    working set, engine/workset.py), which every later request still shows whole."""
+    client = sdk(proxy, **{"X-Ctxd-Context-Window": "8192", "X-Ctxd-Session": "workset"})
+    source = "\n".join(f"def step_{i}(value):\n    return value * {i} + {i * 7}  # stage {i}" for i in range(60))
+    log = " ".join(f"build {i}: compiled module_{i}.o in {i * 3} ms, no warnings" for i in range(70))
+    shell = [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+             {"type": "function", "name": "apply_patch", "parameters": {"type": "object"}}]
+    items: list[dict] = [{"role": "user", "content": "Fix step_5 in src/app.py (task WS-1)."}]
+
+    def call(n: int, name: str, arguments: dict, output: str) -> None:
+        items.append({"type": "function_call", "call_id": f"call_{n}", "name": name,
+                      "arguments": json.dumps(arguments)})
+        items.append({"type": "function_call_output", "call_id": f"call_{n}", "output": output})
+
+    call(0, "exec_command", {"cmd": "sed -n '1,400p' src/app.py"}, "Output:\n" + source)
+    await client.responses.create(model=MODEL, input=items, tools=shell)
+    for n in range(1, 9):
+        call(n, "exec_command", {"cmd": f"make target_{n}"}, f"Output:\n{log} ({n})")
+        await client.responses.create(model=MODEL, input=items, tools=shell)
+    patch = "*** Begin Patch\n*** Update File: src/app.py\n@@\n-    return value * 5 + 35  # stage 5\n" \
+            "+    return value * 5 + 36  # stage 5\n*** End Patch\n"
+    call(9, "apply_patch", {"input": patch}, "Success. Updated the following files:\nM src/app.py")
+    for n in range(10, 13):
+        await client.responses.create(model=MODEL, input=items, tools=shell)
+        call(n, "exec_command", {"cmd": f"make check_{n}"}, f"Output:\n{log} ({n})")
+    await client.responses.create(model=MODEL, input=items, tools=shell)
+
+    sent = upstream.chats("/v1/responses")
+    last = sent[-1].json
+    assert len(last["input"]) < len(items)  # compressed
+    assert not any(i.get("call_id") == "call_1" for i in last["input"])  # (older commands: in a checkpoint)
+    read = next(i for i in last["input"] if i.get("call_id") == "call_0" and i["type"] == "function_call_output")
+    assert read["output"] == "Output:\n" + source
+    assert any(i.get("call_id") == "call_0" and i["type"] == "function_call" for i in last["input"])
+    assert last["input"][-1] == items[-1]
