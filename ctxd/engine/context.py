@@ -62,6 +62,19 @@ class ClipEvent(msgspec.Struct, array_like=True):
         return self.seq > boundary or (self.words and self.seq in kept)
 
 
+class FileRead(msgspec.Struct, array_like=True):
+    """The newest read of a file by a tool call (``engine/workset.py``): the messages of the
+    call and its result, what each costs sent whole, and whether the file was touched
+    (read, edited) after it."""
+
+    path: str
+    call_seq: int
+    result_seq: int
+    call_tokens: int
+    result_tokens: int
+    again: bool = False
+
+
 class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     """The stored part of the active context (beside checkpoints and history)."""
 
@@ -98,6 +111,8 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     """Messages pinned as the agent's working set (``engine/workset.py``: the newest read of
     each file its tool calls read, with its call): unpinned when a newer copy or a file
     worked on more recently takes their place. Sorted."""
+    reads: list[FileRead] = []
+    """The newest read of each file the agent read, where the working set is chosen from."""
     clips: list[ClipEvent] = []
     """Recent tool outputs too big for the prompt, sent as excerpts (``engine/clip.py``)."""
 

@@ -31,7 +31,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxd.engine.context import ActiveContext, Entry, never_compressed
+import msgspec
+
+from ctxd.engine.context import ActiveContext, Entry, FileRead, never_compressed
 from ctxd.protocol.message import CustomCall, ToolUseBlock
 from ctxd.tokens import PROMPT_PRIMING
 
@@ -173,18 +175,19 @@ def message_touches(entry: Entry) -> list[Touch]:
     return out
 
 
-def working_set(entries: Sequence[Entry], room: int, cost: Callable[[Entry], int]) -> list[int]:
-    """The seqs to keep verbatim: for each file read by a tool call in ``entries`` (oldest
-    first), its newest read's result message and the message of that call, chosen in
-    order (files touched again after their read first, then by newest read) while their
-    ``cost`` fits in ``room``; a pair that does not fit is passed over for smaller ones.
-    Sorted."""
+def index_reads(entries: Sequence[Entry], cost: Callable[[Entry], int],
+                prior: Sequence[FileRead] = ()) -> list[FileRead]:
+    """The newest read of each file, from ``entries`` (oldest first: the messages in the
+    prompt now) and ``prior`` (the index an earlier pass kept: reads since summarized or
+    folded out of the prompt stay known, so they come back when there is room again). A
+    file touched (read, edited, patched) after its read is marked ``again``."""
+    in_memory = {e.seq for e in entries}
+    reads = {r.path: r for r in prior if r.call_seq not in in_memory and r.result_seq not in in_memory}
     call_seq: dict[str, int] = {}
     result_seq: dict[str, int] = {}
-    reads: dict[str, tuple[int, str]] = {}  # path -> (index of its newest read, call id)
-    touched_after: dict[str, bool] = {}
+    by_seq = {e.seq: e for e in entries}
     touches: list[tuple[int, Touch]] = []
-    for index, entry in enumerate(entries):
+    for entry in entries:
         for result_id in entry.result_ids:
             if result_id in call_seq and result_id not in result_seq:
                 result_seq[result_id] = entry.seq
@@ -193,24 +196,32 @@ def working_set(entries: Sequence[Entry], room: int, cost: Callable[[Entry], int
         for touch in message_touches(entry):
             call_seq[touch.call_id] = entry.seq
             result_seq.pop(touch.call_id, None)  # (ids may repeat: the nearest result answers)
-            touches.append((index, touch))
-    for index, touch in touches:
-        if touch.path in reads:
-            touched_after[touch.path] = True
-        if touch.kind == READ and touch.call_id in result_seq:
-            reads[touch.path] = (index, touch.call_id)
-            touched_after.setdefault(touch.path, False)
-    by_seq = {e.seq: e for e in entries}
-    order = sorted(reads, key=lambda p: (not touched_after.get(p, False), -reads[p][0]))
+            touches.append((entry.seq, touch))
+    for seq, touch in sorted(touches, key=lambda t: t[0]):
+        known = reads.get(touch.path)
+        later = known is not None and seq > known.call_seq
+        if later and known is not None and not known.again:
+            reads[touch.path] = known = msgspec.structs.replace(known, again=True)
+        if touch.kind == READ and touch.call_id in result_seq and (known is None or later):
+            call, result = by_seq[call_seq[touch.call_id]], by_seq[result_seq[touch.call_id]]
+            reads[touch.path] = FileRead(touch.path, call.seq, result.seq, cost(call), cost(result), later)
+    return sorted(reads.values(), key=lambda r: r.result_seq)
+
+
+def working_set(reads: Sequence[FileRead], room: int) -> list[int]:
+    """The seqs to keep verbatim: of each read in ``reads`` (:func:`index_reads`), its call's
+    message and its result's, chosen in order (files touched again after their read first,
+    then the newest reads) while they fit in ``room`` tokens; a pair that does not fit is
+    passed over for smaller ones. Sorted."""
+    order = sorted(reads, key=lambda r: (not r.again, -r.result_seq))
     chosen: set[int] = set()
     used = 0
-    for path in order:
-        call_id = reads[path][1]
-        pair = {call_seq[call_id], result_seq[call_id]} - chosen
-        extra = sum(cost(by_seq[s]) for s in pair)
+    for read in order:
+        extra = (0 if read.call_seq in chosen else read.call_tokens) \
+            + (0 if read.result_seq in chosen else read.result_tokens)
         if used + extra > room:
             continue
-        chosen |= pair
+        chosen |= {read.call_seq, read.result_seq}
         used += extra
     return sorted(chosen)
 
@@ -236,8 +247,9 @@ def newest_turn(entries: Sequence[Entry]) -> list[Entry]:
     return [e for e in entries[:-1] if ids & set(e.call_ids)] + [last]
 
 
-def plan_working_set(ctx: ActiveContext, max_prompt_tokens: int, share: float) -> list[int]:
-    """The working set of the active context (kept and recent messages) within ``share``
+def plan_working_set(ctx: ActiveContext, max_prompt_tokens: int,
+                     share: float) -> tuple[list[int], list[FileRead]]:
+    """The working set (and the index of reads it comes from, to store), within ``share``
     of ``max_prompt_tokens``, less what the other pins (the user's, the client's current
     context) already take, and never at the newest turn's expense: what the prompt holds
     besides the conversation (system part, checkpoints), the user's kept words, the newest
@@ -252,7 +264,16 @@ def plan_working_set(ctx: ActiveContext, max_prompt_tokens: int, share: float) -
              + sum(e.sent_tokens for e in turn if e.seq not in pinned))
     room = min(math.floor(share * max_prompt_tokens) - others,
                max_prompt_tokens - fixed - math.ceil(SLACK_SHARE * max_prompt_tokens))
-    return working_set(entries, max(0, room), lambda e: e.sent_tokens)
+    reads = index_reads(entries, lambda e: e.sent_tokens,
+                        [r for r in ctx.state.reads if not ctx.state.is_out(r.call_seq)
+                         and not ctx.state.is_out(r.result_seq)])
+    return working_set(reads, max(0, room)), reads
+
+
+def missing(ctx: ActiveContext, seqs: list[int]) -> list[int]:
+    """The seqs of the working set no longer in the prompt (to read from history)."""
+    present = {e.seq for e in ctx.entries()}
+    return [s for s in seqs if s not in present]
 
 
 def working_changes(ctx: ActiveContext, seqs: list[int]) -> bool:
@@ -261,21 +282,30 @@ def working_changes(ctx: ActiveContext, seqs: list[int]) -> bool:
     return set(seqs) - (set(ctx.state.pinned) - before) != before
 
 
-def apply_working_set(ctx: ActiveContext, seqs: list[int]) -> bool:
+def apply_working_set(ctx: ActiveContext, seqs: list[int], reads: list[FileRead] | None = None,
+                      loaded: Sequence[Entry] = ()) -> bool:
     """Pin ``seqs`` as the working set and unpin what an earlier pass pinned as such and
     they no longer name (an older copy of a file, one that no longer fits); a pin of the
-    user's own or of the client's current context is left alone. A message unpinned behind
-    the boundary leaves the prompt (its content was never summarized: a newer copy of the
-    file stands for it). The caller refreshes the views. Whether anything changed."""
+    user's own or of the client's current context is left alone. ``loaded``: the messages
+    of ``seqs`` no longer in the prompt (read from history), which come back behind the
+    boundary. A message unpinned behind the boundary leaves the prompt (its content was
+    never summarized: the index of reads keeps it, and it comes back when there is room).
+    ``reads`` is stored as the index. The caller refreshes the views. Whether the pins
+    changed."""
+    state = ctx.state
+    if reads is not None:
+        state.reads = reads
+    present = {e.seq for e in ctx.entries()}
+    seqs = [s for s in seqs if s in present or any(e.seq == s for e in loaded)]
     if not working_changes(ctx, seqs):
         return False
-    state = ctx.state
     before = set(state.working)
     others = set(state.pinned) - before
     working = set(seqs) - others
     drop = before - working
     kept_users = {e.seq for e in ctx.kept if never_compressed(e)}
-    ctx.kept = [e for e in ctx.kept if e.seq not in drop or e.seq in kept_users]
+    ctx.kept = sorted([e for e in ctx.kept if e.seq not in drop or e.seq in kept_users]
+                      + [e for e in loaded if e.seq in working and e.seq not in present], key=lambda e: e.seq)
     state.kept_seqs = [e.seq for e in ctx.kept]
     state.pinned = sorted(others | working)
     state.working = sorted(working)

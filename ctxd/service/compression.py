@@ -53,7 +53,7 @@ from ctxd.engine.policy import MIN_TARGET, CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.trigger import decide
 from ctxd.engine.trigger import low_water as low_water_mark
-from ctxd.engine.workset import apply_working_set, plan_working_set, working_changes
+from ctxd.engine.workset import apply_working_set, missing, plan_working_set, working_changes
 from ctxd.protocol.compression import (
     Checkpoint,
     CheckpointAgedNotification,
@@ -75,6 +75,7 @@ from ctxd.service.core import Service
 from ctxd.service.events import NullProgress, Progress
 from ctxd.service.state import SessionState
 from ctxd.store import checkpoints as checkpoint_store
+from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.state import decode_stored
 from ctxd.tokens import MESSAGE_OVERHEAD, PROMPT_PRIMING
@@ -295,14 +296,19 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
 
 async def _keep_working_set(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
     """Pin the agent's working set (``engine/workset.py``) within ``working_share`` of the
-    largest prompt; unpin what left it."""
+    largest prompt, reading back from history a read that left the prompt while there was
+    no room for it; unpin what left the set."""
     cache = svc.cache
-    seqs = plan_working_set(ctx, cache.budget(state).max_prompt_tokens, cache.policy(state).working_share)
+    seqs, reads = plan_working_set(ctx, cache.budget(state).max_prompt_tokens, cache.policy(state).working_share)
+    absent = missing(ctx, seqs)
+    loaded = [Entry.of(m.seq, m.message, m.tokens)
+              for m in await svc.db.read(message_store.load_seqs, state.id, absent)] if absent else []
     if not working_changes(ctx, seqs):
+        ctx.state.reads = reads  # (stored with the pass)
         return
     await _before_change(svc, state, run)
     async with state.lock:
-        if apply_working_set(ctx, seqs):
+        if apply_working_set(ctx, seqs, reads, loaded):
             cache.refresh(state, system=True)
             run.detail["workingSet"] = list(ctx.state.working)
 

@@ -10,6 +10,7 @@ from ctxd.engine.workset import (
     READ,
     apply_working_set,
     call_touches,
+    index_reads,
     plan_working_set,
     working_set,
 )
@@ -32,6 +33,10 @@ PATCH = "*** Begin Patch\n*** Update File: src/app.py\n@@\n-a = 1\n+a = 2\n*** E
 
 def sent(e):  # type: ignore[no-untyped-def]
     return e.sent_tokens
+
+
+def chosen(es, room):  # type: ignore[no-untyped-def]
+    return working_set(index_reads(es, sent), room)
 
 
 def shell(call_id: str, cmd: str) -> Message:
@@ -70,7 +75,7 @@ def test_the_newest_read_of_each_file_with_its_call() -> None:
         shell("r3", "sed -n '1,400p' src/app.py"), o_result("r3", "new copy " + words(50)),   # 6, 7
         shell("t", "python3 -m unittest"), o_result("t", words(80)),                         # 8, 9
     ])
-    assert working_set(es, 10_000, sent) == [4, 5, 6, 7]
+    assert chosen(es, 10_000) == [4, 5, 6, 7]
 
 
 def test_files_worked_on_come_first_then_the_most_files_that_fit() -> None:
@@ -83,10 +88,10 @@ def test_files_worked_on_come_first_then_the_most_files_that_fit() -> None:
     ])
     pair = {e.seq: e.sent_tokens for e in es}
     app = pair[2] + pair[3]
-    assert working_set(es, app + pair[6] + pair[7], sent) == [2, 3, 6, 7]
+    assert chosen(es, app + pair[6] + pair[7]) == [2, 3, 6, 7]
     # Too small for the file being patched: the others still go in where they fit.
-    assert working_set(es, app - 1, sent) == [6, 7]
-    assert working_set(es, 10_000, sent) == [2, 3, 4, 5, 6, 7]
+    assert chosen(es, app - 1) == [6, 7]
+    assert chosen(es, 10_000) == [2, 3, 4, 5, 6, 7]
 
 
 def test_anthropic_reads_and_structured_read_tools() -> None:
@@ -96,7 +101,7 @@ def test_anthropic_reads_and_structured_read_tools() -> None:
         a_call(("t2", "Edit", {"file_path": "/repo/a.py", "old_string": "x", "new_string": "y"})),
         a_result(("t2", "ok")),
     ])
-    assert working_set(es, 10_000, sent) == [2, 3]
+    assert chosen(es, 10_000) == [2, 3]
 
 
 def test_a_pass_keeps_the_working_set_and_summarizes_the_rest() -> None:
@@ -112,9 +117,9 @@ def test_a_pass_keeps_the_working_set_and_summarizes_the_rest() -> None:
         user("and now?"),
     ])
     budget = budget_of(ctx, window=8192)
-    seqs = plan_working_set(ctx, budget.max_prompt_tokens, CompressionPolicy().working_share)
+    seqs, reads = plan_working_set(ctx, budget.max_prompt_tokens, CompressionPolicy().working_share)
     assert seqs == [6, 7]
-    assert apply_working_set(ctx, seqs)
+    assert apply_working_set(ctx, seqs, reads)
     refresh(ctx)
     assert ctx.state.working == [6, 7] and set(ctx.state.pinned) == {6, 7}
     selection = identify(ctx, budget_of(ctx, window=8192), CompressionPolicy(), keep_recent=1)
@@ -128,9 +133,9 @@ def test_a_pass_keeps_the_working_set_and_summarizes_the_rest() -> None:
     ctx.state.kept_seqs = [1, 6, 7]
     ctx.recent += entries([shell("r3", "cat src/app.py"), o_result("r3", "third copy " + words(300))], start=13)
     refresh(ctx)
-    seqs = plan_working_set(ctx, budget.max_prompt_tokens, CompressionPolicy().working_share)
+    seqs, reads = plan_working_set(ctx, budget.max_prompt_tokens, CompressionPolicy().working_share)
     assert seqs == [13, 14]
-    assert apply_working_set(ctx, seqs)
+    assert apply_working_set(ctx, seqs, reads)
     assert [e.seq for e in ctx.kept] == [1] and ctx.state.pinned == [13, 14]
 
 
@@ -142,10 +147,10 @@ def test_the_newest_turn_comes_before_the_working_set() -> None:
         shell("t", "python3 -m unittest"), o_result("t", words(5200, "test")),
     ])
     budget = budget_of(ctx, window=8192)
-    assert plan_working_set(ctx, budget.max_prompt_tokens, 0.5) == []
+    assert plan_working_set(ctx, budget.max_prompt_tokens, 0.5)[0] == []
     ctx.recent = ctx.recent[:3]
     refresh(ctx)
-    assert plan_working_set(ctx, budget.max_prompt_tokens, 0.5) == [2, 3]
+    assert plan_working_set(ctx, budget.max_prompt_tokens, 0.5)[0] == [2, 3]
 
 
 def test_the_users_pins_are_left_alone() -> None:
@@ -154,3 +159,21 @@ def test_the_users_pins_are_left_alone() -> None:
     assert ctx.state.working == [2] and ctx.state.pinned == [2, 3]
     assert apply_working_set(ctx, [])
     assert ctx.state.working == [] and ctx.state.pinned == [3]
+
+
+def test_a_read_that_left_the_prompt_stays_known_and_comes_back() -> None:
+    """A read unpinned for want of room (the newest turn came first) left the prompt; the
+    index keeps it, a later edit marks it worked on, and it comes back from history."""
+    es = entries([user("fix it"), shell("r", "cat src/app.py"), o_result("r", "code " + words(100))])
+    prior = index_reads(es, sent)
+    assert [(r.path, r.call_seq, r.result_seq, r.again) for r in prior] == [("src/app.py", 2, 3, False)]
+    ctx = make_ctx([shell("t", "make"), o_result("t", words(50)), patch("p"), o_result("p", "Success.")], start=10)
+    ctx.kept = [es[0]]
+    ctx.state.boundary, ctx.state.kept_seqs, ctx.state.reads = 9, [1], prior
+    refresh(ctx)
+    seqs, reads = plan_working_set(ctx, 6000, 0.5)
+    assert seqs == [2, 3] and reads[0].again
+    assert apply_working_set(ctx, seqs, reads, loaded=es[1:])
+    refresh(ctx)
+    assert [e.seq for e in ctx.kept] == [1, 2, 3] and ctx.state.working == [2, 3]
+    assert ctx.conversation()[2].content == "code " + words(100)
