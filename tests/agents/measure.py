@@ -13,7 +13,8 @@
   message on; cache breakpoints aside), paired through the tap.
 - **files intact**: of the client requests showing a repository file whole (as it was on
   disk when sent: aider's files in the chat, a ``cat``), those whose upstream request
-  shows it whole too.
+  shows it whole too (every one of them); and of the files such requests show, counted
+  once per request (**file views**), those the upstream request shows whole.
 - **tokens** and **bill**: the upstream requests' input tokens, and their price with
   prompt caching (tests/agents/pricing.py); **cached share**, and **prefix kept**: task
   requests that start with the previous task request up to its last message.
@@ -98,6 +99,8 @@ class RunMeasures:
     newest_pairs: int
     files_intact: int
     files_pairs: int
+    views_intact: int = 0
+    views: int = 0
     sessions: int = 0
     task_sessions: int = 0
     task_forks: int = 0
@@ -142,7 +145,7 @@ def measure(run: dict[str, Any]) -> RunMeasures:
                 if pricing.common_prefix(ids, before) >= before_head:
                     prefix_kept += 1
             previous = (ids, head)
-    intact = newest_pairs = files = files_pairs = 0
+    intact = newest_pairs = files = files_pairs = views = views_intact = 0
     for e in ok:
         client = tapped.get(e["tap"]) if e["tap"] is not None else None
         if client is None or not isinstance(client.get("body"), dict):
@@ -153,8 +156,10 @@ def measure(run: dict[str, Any]) -> RunMeasures:
         if client["shown"]:
             files_pairs += 1
             sent = json.dumps(e["body"])
-            if all(escaped(run["files"][h]) in sent for h in client["shown"]):
-                files += 1
+            whole = [escaped(run["files"][h]) in sent for h in client["shown"]]
+            files += all(whole)
+            views += len(whole)
+            views_intact += sum(whole)
     tokens = sum(e["tokens"] for e in ok)
     out = RunMeasures(
         cli=run["cli"], via=run["via"], window=window, returncode=run.get("returncode"),
@@ -167,6 +172,7 @@ def measure(run: dict[str, Any]) -> RunMeasures:
         bill=round(bill, 1),
         cached_share=round(cached / tokens, 4) if tokens else 0.0, prefix_kept=prefix_kept, prefix_pairs=pairs,
         newest_intact=intact, newest_pairs=newest_pairs, files_intact=files, files_pairs=files_pairs,
+        views_intact=views_intact, views=views,
         diff=run.get("diff", ""), final_output=(run.get("stdout") or "").strip()[-300:], per_request=per_request)
     sessions = run.get("sessions")
     if sessions is not None:

@@ -14,7 +14,9 @@ opencode 24K, aider 16K by default). The table (measures: tests/agents/measure.p
   messages in them / messages of the conversation;
 - **over window**: proxied upstream requests over ctxd's window (as the provider counts)
   / all, and the largest;
-- **newest intact**, **files intact**: % of proxied requests;
+- **newest intact**, **files intact**: % of proxied requests (files: showing every file the
+  client's request showed whole; **views**: of the files each request showed, counted
+  once per request, those shown whole);
 - **tokens**: input tokens sent upstream, proxy / direct;
 - **bill**: the same requests priced with prompt caching (tests/agents/pricing.py:
   Anthropic writes 1.25x, reads 0.1x; OpenAI reads 0.1x; cached = the longest common
@@ -68,7 +70,7 @@ def row(c: Comparison) -> list[str]:
         f"{p.over_window}/{p.requests - p.refused} (max {p.max_tokens / 1000:.1f}K)",
         f"{p.refused}",
         pct(p.newest_intact, p.newest_pairs),
-        pct(p.files_intact, p.files_pairs),
+        pct(p.files_intact, p.files_pairs) + (f"; views {pct(p.views_intact, p.views)}" if p.views else ""),
         f"{c.tokens_ratio:.2f}x",
         f"{c.bill_ratio:.2f}x",
         f"{pct(d.prefix_kept, d.prefix_pairs)} / {pct(p.prefix_kept, p.prefix_pairs)}",
