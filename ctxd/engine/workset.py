@@ -252,15 +252,18 @@ def plan_working_set(ctx: ActiveContext, max_prompt_tokens: int,
     """The working set (and the index of reads it comes from, to store), within ``share``
     of ``max_prompt_tokens``, less what the other pins (the user's, the client's current
     context) already take, and never at the newest turn's expense: what the prompt holds
-    besides the conversation (system part, checkpoints), the user's kept words, the newest
-    turn and a slack of ``SLACK_SHARE`` come first."""
+    besides the conversation (system part, checkpoints), what is never compressed (the
+    user's words, system messages), the newest turn and a slack of ``SLACK_SHARE`` come
+    first."""
     working = set(ctx.state.working)
     pinned = ctx.pinned_set
     entries = ctx.entries()
     others = sum(e.view_tokens for e in entries if e.seq in pinned and e.seq not in working)
     turn = newest_turn(ctx.recent)
     fixed = (PROMPT_PRIMING + ctx.system_tokens + ctx.checkpoint_tokens + others
-             + sum(e.view_tokens for e in ctx.kept if e.seq not in pinned and e.has_user_text)
+             + sum(e.view_tokens for e in ctx.kept if e.seq not in pinned and never_compressed(e))
+             + sum(e.tokens.overhead + e.tokens.text for e in ctx.recent
+                   if e.seq not in pinned and never_compressed(e) and e not in turn)
              + sum(e.sent_tokens for e in turn if e.seq not in pinned))
     room = min(math.floor(share * max_prompt_tokens) - others,
                max_prompt_tokens - fixed - math.ceil(SLACK_SHARE * max_prompt_tokens))

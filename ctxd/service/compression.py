@@ -555,6 +555,25 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         if fits(ctx, budget):
             return
     await _overflow(svc, state, ctx, run, _low_water(svc, state, policy, budget), keep_recent=1)
+    # The agent's working set yields before the user's words are folded or cut.
+    if ctx.state.working:
+        await _before_change(svc, state, run)
+        async with state.lock:
+            apply_working_set(ctx, [])
+            cache.refresh(state, system=True)
+        run.detail["workingSet"] = []
+        budget = cache.budget(state)
+        if fits(ctx, budget):
+            return
+        selection = identify(ctx, budget, policy, keep_recent=1, goal_used=_low_water(policy, budget))
+        if selection is not None:
+            prepare(selection, budget)
+            await _summarize_selection(svc, state, ctx, selection, run, _Stages(svc, state, NullProgress()),
+                                       focus, policy.strategy)
+            budget = cache.budget(state)
+            if fits(ctx, budget):
+                return
+    await _overflow(svc, state, ctx, run, _low_water(policy, budget), keep_recent=1)
     if policy.overflow_policy == "fold" and not fits(ctx, cache.budget(state)):
         await _excerpt_words(svc, state, ctx, run)
 

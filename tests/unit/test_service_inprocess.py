@@ -492,3 +492,33 @@ async def test_the_clients_current_context_is_pinned_while_it_is_current(service
     # No longer current: unpinned; the user's pin stays.
     await prompt.prompt(service, params("context/prompt", sessionId=SID, current=[]))
     assert state.cstate.pinned == [2] and state.cstate.current == []
+
+
+def _call(call_id: str, name: str, arguments: dict[str, Any], output: str) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "toolCalls": [{"id": call_id, "type": "function", "function": {
+                "name": name, "arguments": json.dumps(arguments)}}]},
+            {"role": "tool", "toolCallId": call_id, "content": output}]
+
+
+async def test_an_agents_working_set_stays_whole_and_yields_to_the_users_words(service: Service) -> None:
+    """The file an agent read (with a shell call) and later patched stays whole in every
+    prompt after its read, while the command outputs around it are summarized; and it never
+    costs the task its words, even when the task alone takes a third of the prompt."""
+    await _create(service, window=4096)
+    task = "Fix the rounding in src/app.py (task RND-9). " + " ".join(f"constraint{i} holds" for i in range(350))
+    source = "\n".join(f"def f{i}(x):\n    return round(x * {i}, 2)  # f{i}" for i in range(25))
+    await _push(service, [{"role": "user", "content": task}])
+    await _push(service, _call("r0", "exec_command", {"cmd": "cat src/app.py"}, source))
+    for n in range(1, 12):
+        log = " ".join(f"step{n}x{k} ok" for k in range(120))
+        await _push(service, _call(f"c{n}", "exec_command", {"cmd": f"make t{n}"}, log))
+        await settle(service)
+        texts = _texts(await _prompt(service))
+        assert task in texts and source in texts, (n, [str(t)[:60] for t in texts])
+    patch = "*** Begin Patch\n*** Update File: src/app.py\n@@\n-    return round(x * 3, 2)  # f3\n+    return x\n"
+    await _push(service, _call("p", "apply_patch", {"input": patch}, "Success."))
+    await settle(service)
+    result = await _prompt(service)
+    texts = _texts(result)
+    assert task in texts and source in texts and result.compression_count >= 1
+    assert not any("step1x0 ok" in (t or "") for t in texts[1:])  # (older outputs: summarized)
