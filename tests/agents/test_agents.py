@@ -42,8 +42,9 @@ NOT_YET: dict[str, dict[str, str]] = {
     "codex": {
         "newest_intact": ISSUE_21 + "the newest tool result (a ~5.5K-token test run or file read) is sent as an "
                          "excerpt at this 16K window (its item and id are kept)",
-        "files_intact": ISSUE_21 + "a file Codex showed whole (its `sed -n` of the file it edits) is folded out "
-                        "of the prompt",
+        "files_intact": ISSUE_21 + "at this 16K window the files Codex read (its `sed -n`, kept as its working "
+                        "set while they fit) yield to the newest tool result, itself excerpted: README.md is "
+                        "summarized, src/stock/pricing.py left out beside its 5.9K-token test run",
     },
     "opencode": {
         "newest_intact": ISSUE_21 + "the newest tool result (a 9K-token file read) is cut to fit the window",
