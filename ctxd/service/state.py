@@ -186,6 +186,7 @@ def compression_policy(config: Config, row: SessionRow, caches: bool = False) ->
         fold_share=c.fold_share,
         user_share=c.user_share,
         checkpoint_share=c.checkpoint_share,
+        working_share=c.working_share,
     )
 
 
