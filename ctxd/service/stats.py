@@ -48,7 +48,7 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
         checkpoint_tokens=budget.checkpoint_tokens,
         watermark_seq=cstate.watermark_seq,
         pruned_through_seq=cstate.prune_horizon(),
-        pinned=list(cstate.pinned),
+        pinned=[seq for seq in cstate.pinned if seq not in set(cstate.working)],  # (the working set: ctxd's own)
         prompt_cache=PromptCacheStats(
             prompts=served.prompts, compared=served.prompts_followed, prefix_kept=served.prefix_kept,
             prefix_kept_share=round(served.prefix_kept / served.prompts_followed, 4)
