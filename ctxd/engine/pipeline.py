@@ -54,6 +54,10 @@ class Selection:
     earlier_truncations: list[Checkpoint] = field(default_factory=list)
     """The active truncation checkpoints: a new truncation absorbs them (see
     :func:`truncation_checkpoint`), so notices of what was left out never pile up."""
+    working: frozenset[int] = frozenset()
+    """Of the pinned: the agent's working set (``engine/workset.py``), summarized like the
+    user's words as well as sent whole, so that when the set moves on (a newer copy of the
+    file, no room) the checkpoint stands for them."""
 
     @property
     def seq_from(self) -> int:
@@ -63,13 +67,13 @@ class Selection:
     def message_seqs(self) -> list[int]:
         # Pinned messages are sent whole, never summarized; only the user's words are both
         # (an Anthropic-style tool result is a user-role message but not the user's words).
-        keep = {e.seq for e in self.keep if not e.has_user_text}
+        keep = {e.seq for e in self.keep if not e.has_user_text and e.seq not in self.working}
         return [e.seq for e in self.removed if e.seq not in keep]
 
     def summary_input(self) -> list[Message]:
         """What the summarizer reads: the removed messages as stored (user messages too,
         so the summary makes sense; they also stay verbatim in the prompt)."""
-        verbatim = {k.seq for k in self.keep if not k.has_user_text}
+        verbatim = {k.seq for k in self.keep if not k.has_user_text and k.seq not in self.working}
         return [e.message for e in self.removed if e.seq not in verbatim]
 
 
@@ -167,7 +171,8 @@ def identify(ctx: ActiveContext, budget: Budget, policy: CompressionPolicy, *, k
     if freed <= min_freed:
         return None
     return Selection(cut, removed[-1].seq, removed, keep, freed,
-                     earlier_truncations=[c for c in ctx.checkpoints if c.kind == "truncated"])
+                     earlier_truncations=[c for c in ctx.checkpoints if c.kind == "truncated"],
+                     working=frozenset(ctx.state.working))
 
 
 def _freed_by(e: Entry, pinned: set[int]) -> int:
@@ -399,7 +404,7 @@ def excerpts_instead(ctx: ActiveContext, selection: Selection, excess: int,
         need = excess - (head_freed - estimated_checkpoint(head_freed, max_prompt))
         kept = removed[head_n - 1].seq
         head = Selection(head_n, kept, removed[:head_n], [k for k in selection.keep if k.seq <= kept], head_freed,
-                         earlier_truncations=selection.earlier_truncations)
+                         earlier_truncations=selection.earlier_truncations, working=selection.working)
     if need <= 0:
         return None
     total = sum(e.view_tokens for e in tail)

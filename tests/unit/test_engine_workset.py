@@ -105,8 +105,9 @@ def test_anthropic_reads_and_structured_read_tools() -> None:
 
 
 def test_a_pass_keeps_the_working_set_and_summarizes_the_rest() -> None:
-    """Before, the read of the file being patched went into the checkpoint with the rest;
-    pinned as the working set it stays whole behind the boundary, and an older copy leaves."""
+    """Before, the read of the file being patched went into the checkpoint with the rest and
+    left the prompt; pinned as the working set it stays whole behind the boundary, and an
+    older copy leaves."""
     ctx = make_ctx([
         user("fix the bug in src/app.py"),
         shell("r1", "sed -n '1,400p' src/app.py"), o_result("r1", "first copy " + words(300)),   # 2, 3
@@ -125,7 +126,10 @@ def test_a_pass_keeps_the_working_set_and_summarizes_the_rest() -> None:
     selection = identify(ctx, budget_of(ctx, window=8192), CompressionPolicy(), keep_recent=1)
     assert selection is not None
     assert {e.seq for e in selection.keep} >= {6, 7}
-    assert 7 not in selection.message_seqs  # (not summarized: sent whole)
+    # Sent whole and summarized too (as the user's words are): when the set moves on, the
+    # checkpoint stands for them.
+    assert {6, 7} <= set(selection.message_seqs)
+    assert any(m.content == "second copy " + words(300) for m in selection.summary_input())
     # A newer read of the file replaces the older copy, which leaves the prompt.
     ctx.kept = [e for e in ctx.recent if e.seq in (1, 6, 7)]
     ctx.recent = [e for e in ctx.recent if e.seq > 11]
