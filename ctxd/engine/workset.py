@@ -208,14 +208,12 @@ def index_reads(entries: Sequence[Entry], cost: Callable[[Entry], int],
     return sorted(reads.values(), key=lambda r: r.result_seq)
 
 
-def working_set(reads: Sequence[FileRead], room: int, current: frozenset[int] = frozenset()) -> list[int]:
+def working_set(reads: Sequence[FileRead], room: int) -> list[int]:
     """The seqs to keep verbatim: of each read in ``reads`` (:func:`index_reads`), its call's
-    message and its result's, chosen in order (those ``current``, the set an earlier pass
-    pinned, first: every change rewrites the prompt's prefix, which a provider's cache
-    bills again; then files touched again after their read, then the newest reads) while
-    they fit in ``room`` tokens; a pair that does not fit is passed over for smaller ones.
-    Sorted."""
-    order = sorted(reads, key=lambda r: (r.result_seq not in current, not r.again, -r.result_seq))
+    message and its result's, chosen in order (files touched again after their read first,
+    then the newest reads) while they fit in ``room`` tokens; a pair that does not fit is
+    passed over for smaller ones. Sorted."""
+    order = sorted(reads, key=lambda r: (not r.again, -r.result_seq))
     chosen: set[int] = set()
     used = 0
     for read in order:
@@ -272,7 +270,7 @@ def plan_working_set(ctx: ActiveContext, max_prompt_tokens: int,
     reads = index_reads(entries, lambda e: e.sent_tokens,
                         [r for r in ctx.state.reads if not ctx.state.is_out(r.call_seq)
                          and not ctx.state.is_out(r.result_seq)])
-    return working_set(reads, max(0, room), frozenset(working)), reads
+    return working_set(reads, max(0, room)), reads
 
 
 def missing(ctx: ActiveContext, seqs: list[int]) -> list[int]:

@@ -181,14 +181,3 @@ def test_a_read_that_left_the_prompt_stays_known_and_comes_back() -> None:
     refresh(ctx)
     assert [e.seq for e in ctx.kept] == [1, 2, 3] and ctx.state.working == [2, 3]
     assert ctx.conversation()[2].content == "code " + words(100)
-
-
-def test_what_an_earlier_pass_pinned_stays_while_it_fits() -> None:
-    """Every change of the set rewrites the prompt from that point: a pass keeps the reads
-    pinned before it (still the newest of their file) before it takes newer ones."""
-    es = entries([user("x"), shell("a", "cat a.md"), o_result("a", words(100)),
-                  shell("b", "cat b.md"), o_result("b", words(100))])
-    reads = index_reads(es, sent)
-    room = es[1].sent_tokens + es[2].sent_tokens
-    assert working_set(reads, room) == [4, 5]
-    assert working_set(reads, room, frozenset({2, 3})) == [2, 3]
