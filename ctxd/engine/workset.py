@@ -226,12 +226,6 @@ def working_set(reads: Sequence[FileRead], room: int) -> list[int]:
     return sorted(chosen)
 
 
-def working_tokens(ctx: ActiveContext) -> int:
-    """What the working set's pins cost in the prompt now."""
-    working = set(ctx.state.working)
-    return sum(e.view_tokens for e in ctx.entries() if e.seq in working)
-
-
 SLACK_SHARE = 0.05
 """Of the largest prompt, left free beside the working set and the newest turn: the
 summary of everything else, and the next step's output, need room too."""
