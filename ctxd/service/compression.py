@@ -232,7 +232,7 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
     # verbatim (pinned with its call) ahead of the older conversation, while it fits.
     await _keep_working_set(svc, state, ctx, run)
     budget = cache.budget(state)
-    low_water = _low_water(policy, budget)
+    low_water = _low_water(svc, state, policy, budget)
 
     # Layer 1: pruning, of the oldest outputs only as far as the low-water mark needs.
     minimum, protect = policy.prune_thresholds(budget.available)
@@ -554,7 +554,6 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         budget = cache.budget(state)
         if fits(ctx, budget):
             return
-    await _overflow(svc, state, ctx, run, _low_water(svc, state, policy, budget), keep_recent=1)
     # The agent's working set yields before the user's words are folded or cut.
     if ctx.state.working:
         await _before_change(svc, state, run)
@@ -565,7 +564,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         budget = cache.budget(state)
         if fits(ctx, budget):
             return
-        selection = identify(ctx, budget, policy, keep_recent=1, goal_used=_low_water(policy, budget))
+        selection = identify(ctx, budget, policy, keep_recent=1, goal_used=_low_water(svc, state, policy, budget))
         if selection is not None:
             prepare(selection, budget)
             await _summarize_selection(svc, state, ctx, selection, run, _Stages(svc, state, NullProgress()),
@@ -573,7 +572,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
             budget = cache.budget(state)
             if fits(ctx, budget):
                 return
-    await _overflow(svc, state, ctx, run, _low_water(policy, budget), keep_recent=1)
+    await _overflow(svc, state, ctx, run, _low_water(svc, state, policy, budget), keep_recent=1)
     if policy.overflow_policy == "fold" and not fits(ctx, cache.budget(state)):
         await _excerpt_words(svc, state, ctx, run)
 
