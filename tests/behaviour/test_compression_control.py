@@ -261,7 +261,8 @@ async def test_truncate_strategy_and_checkpoint_listing(daemon):
         for turn in turns:
             await drive.push(turn)
             instructions += [turn.instruction] if turn.instruction else []
-            if len(drive.runs) >= 3:
+            # (pruning comes first: old outputs may pay for the first passes)
+            if sum("truncate" in r.note["layers"] for r in drive.runs) >= 2:
                 break
         created = [n["checkpoint"] for n in conn.of("checkpoint/created")]
         assert created and all(c["kind"] == "truncated" and c["summarizer"] == "truncation" for c in created)
