@@ -189,7 +189,7 @@ class CompressionConfig(_Section):
     user_share: float = 0.5
     """User messages stay verbatim while they take at most this share of the largest prompt;
     past it the overflow policy folds the oldest."""
-    working_share: float = 0.18
+    working_share: float = 0.12
     """An agent's working set (the newest read of each file its tool calls read, with the
     call) stays verbatim while it takes at most this share of the largest prompt, with the
     other pins, after the newest turn and the user's words; 0 keeps none."""

@@ -51,7 +51,7 @@ class CompressionPolicy:
     user_share: float = 0.5
     """The user's messages stay verbatim in the conversation while they take at most this
     share of the largest prompt; only past it does the overflow policy fold the oldest."""
-    working_share: float = 0.18
+    working_share: float = 0.12
     """An agent's working set (the newest read of each file its tool calls read,
     ``engine/workset.py``) is kept verbatim while it takes at most this share of the largest
     prompt, the client's and the user's pins included."""

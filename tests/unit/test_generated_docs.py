@@ -87,7 +87,8 @@ def test_section_links_into_the_reference_docs_resolve() -> None:
     """A citation like (docs/performance.md, "Proxy benchmark") in code, tests or docs names
     a heading, or the opening words of a bold entry, that the document still has."""
     cite = re.compile(r"docs/(performance|decisions)\.md[,\s(]*[\"“]([^\"”]+)[\"”]")
-    targets = {name: (REPO / "docs" / f"{name}.md").read_text(encoding="utf-8") for name in ("performance", "decisions")}
+    targets = {name: (REPO / "docs" / f"{name}.md").read_text(encoding="utf-8")
+               for name in ("performance", "decisions")}
     missing = []
     for top in ("ctxd", "tests", "docs", "README.md", "pyproject.toml"):
         root = REPO / top

@@ -500,10 +500,21 @@ def _call(call_id: str, name: str, arguments: dict[str, Any], output: str) -> li
             {"role": "tool", "toolCallId": call_id, "content": output}]
 
 
-async def test_an_agents_working_set_stays_whole_and_yields_to_the_users_words(service: Service) -> None:
+async def test_an_agents_working_set_stays_whole_and_yields_to_the_users_words(service_config: Config) -> None:
     """The file an agent read (with a shell call) and later patched stays whole in every
     prompt after its read, while the command outputs around it are summarized; and it never
-    costs the task its words, even when the task alone takes a third of the prompt."""
+    costs the task its words, even when the task alone takes a third of the prompt. (A
+    quarter of the prompt for the working set, so a 4K window holds the file.)"""
+    config = msgspec.structs.replace(
+        service_config, compression=msgspec.structs.replace(service_config.compression, working_share=0.25))
+    service = await Service.open(config, events=CollectingEvents())
+    try:
+        await _working_set_scenario(service)
+    finally:
+        await service.close()
+
+
+async def _working_set_scenario(service: Service) -> None:
     await _create(service, window=4096)
     task = "Fix the rounding in src/app.py (task RND-9). " + " ".join(f"constraint{i} holds" for i in range(350))
     source = "\n".join(f"def f{i}(x):\n    return round(x * {i}, 2)  # f{i}" for i in range(25))
