@@ -203,7 +203,7 @@ async def test_the_file_an_agent_reads_then_patches_reaches_the_upstream_whole(p
     patches it: compression summarizes the commands' outputs, never its read of the file (the
     working set, engine/workset.py), which every later request still shows whole."""
     client = sdk(proxy, **{"X-Ctxd-Context-Window": "8192", "X-Ctxd-Session": "workset"})
-    source = "\n".join(f"def step_{i}(value):\n    return value * {i} + {i * 7}  # stage {i}" for i in range(60))
+    source = "\n".join(f"def step_{i}(value):\n    return value * {i} + {i * 7}  # stage {i}" for i in range(25))
     log = " ".join(f"build {i}: compiled module_{i}.o in {i * 3} ms, no warnings" for i in range(70))
     shell = [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
              {"type": "function", "name": "apply_patch", "parameters": {"type": "object"}}]
