@@ -91,7 +91,7 @@ export function statusView(input: StatusInput): StatusView {
   return { text, tooltip: lines.join("\n"), level };
 }
 
-function dollars(usd: number | null): string {
+function dollars(usd: number | null | undefined): string {
   return usd === null || usd === undefined ? "" : usd < 1 ? ` ($${usd.toFixed(4)})` : ` ($${usd.toFixed(2)})`;
 }
 
@@ -100,15 +100,16 @@ export function billLines(bill: SessionBill | null | undefined): string[] {
   if (!bill || !bill.requests) {
     return [];
   }
-  const c = bill.ctxd;
+  // (the wire omits zero fields)
+  const c = bill.ctxd ?? {};
   const lines = [
-    `billed ${formatTokens(Math.round(c.billed))} input tokens${dollars(c.usd)} over ${bill.requests} requests` +
-      (bill.ratio !== null ? `, ${bill.ratio.toFixed(2)}× direct` : ""),
-    `  read ${formatTokens(c.cacheRead)} from ${bill.provider}'s cache, wrote ${formatTokens(c.cacheWrite)}, ` +
-      `uncached ${formatTokens(c.uncached)}`,
+    `billed ${formatTokens(Math.round(c.billed ?? 0))} input tokens${dollars(c.usd)} over ${bill.requests} requests` +
+      (bill.ratio !== null && bill.ratio !== undefined ? `, ${bill.ratio.toFixed(2)}× direct` : ""),
+    `  read ${formatTokens(c.cacheRead ?? 0)} from ${bill.provider}'s cache, wrote ${formatTokens(c.cacheWrite ?? 0)}, ` +
+      `uncached ${formatTokens(c.uncached ?? 0)}`,
   ];
   if (bill.passes) {
-    lines.push(`  ${bill.passes} compressions billed ${formatTokens(Math.round(bill.passCost))} again`);
+    lines.push(`  ${bill.passes} compressions billed ${formatTokens(Math.round(bill.passCost ?? 0))} again`);
   }
   if (bill.budgetNote) {
     lines.push(`  ${bill.budgetNote}`);
