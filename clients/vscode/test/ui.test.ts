@@ -91,7 +91,7 @@ describe("UI against ctxd", () => {
   }
 
   it("status bar: follows the pushed session, live, and colours at the trigger", async () => {
-    const s = await session({ title: "status", contextWindow: 8192, settings: { autoCompress: false } });
+    const s = await session({ title: "status", contextWindow: 8192, settings: { autoCompress: false, triggerFraction: 0.8 } });
     let pushed = until(supervisor, (n) => n.method === "session/updated" && n.params.sessionId === s.sessionId);
     let result = await client.push(s.sessionId, [{ role: "user", content: "hello there" }]);
     await pushed;
@@ -104,7 +104,8 @@ describe("UI against ctxd", () => {
     assert.equal(item.command, "ctxd.pickSession");
     assert.match(item.tooltip ?? "", /status/);
 
-    // Automatic compression is off: pushing past the trigger leaves it there, in the warning colour.
+    // Automatic compression is off: pushing past the trigger (0.8 of available, so the prompt still
+    // fits) leaves it there, in the warning colour.
     let turn = 0;
     while (result.budget.used < result.budget.triggerAt) {
       pushed = until(supervisor, (n) => n.method === "session/updated" && n.params.sessionId === s.sessionId && n.params.lastSeq >= result.messages[0].seq + 4);
