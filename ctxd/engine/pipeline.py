@@ -456,3 +456,44 @@ def tool_partners(entries: list[Entry], seq: int) -> list[int]:
         if set(target.call_ids) & set(entry.result_ids) or set(target.result_ids) & set(entry.call_ids):
             partners.append(entry.seq)
     return partners
+
+
+def newest_turn(ctx: ActiveContext) -> list[Entry]:
+    """The client's newest turn among the recent messages: from the newest assistant
+    message on (its calls and their results), or the newest message alone."""
+    recent = ctx.recent
+    for i in range(len(recent) - 1, -1, -1):
+        if recent[i].role == "assistant":
+            return recent[i:]
+    return recent[-1:]
+
+
+def plan_widen(ctx: ActiveContext, room: int) -> dict[int, int | None]:
+    """The newest turn's excerpts widened into ``room`` free tokens, newest message
+    first: ``{seq: max_tokens}``, None where the message now fits whole. A squeeze cuts
+    a big output to its share of the prompt before the older conversation goes; what
+    that leaves free afterwards is the newest turn's, the part the model needs now."""
+    pinned = ctx.pinned_set
+    state = ctx.state
+    out: dict[int, int | None] = {}
+    for entry in reversed(newest_turn(ctx)):
+        limit = state.clip_for(entry.seq)
+        if room < EXCERPT_SLACK or limit is None or entry.seq in pinned:
+            continue
+        grow = entry.sent_tokens - entry.view_tokens
+        if grow <= room:
+            out[entry.seq] = None
+            room -= max(0, grow)
+        else:
+            # (An excerpt comes out at most at its limit, often below: the caller checks
+            # that the prompt still fits and tries a smaller room when it does not.)
+            out[entry.seq] = max(limit, entry.view_tokens) + room - EXCERPT_SLACK
+            room = 0
+    return out
+
+
+def apply_widen(ctx: ActiveContext, widen: dict[int, int | None], at: str) -> None:
+    """Record :func:`plan_widen`'s limits (dropping the excerpt of a message now whole);
+    the caller refreshes the views."""
+    ctx.state.clips = [c for c in ctx.state.clips if c.words or c.seq not in widen] + [
+        ClipEvent(seq, limit, at) for seq, limit in widen.items() if limit is not None]

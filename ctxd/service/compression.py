@@ -37,6 +37,7 @@ from ctxd.engine.pipeline import (
     advance,
     apply_clips,
     apply_selection,
+    apply_widen,
     clippable,
     excerpts_instead,
     fits,
@@ -44,6 +45,7 @@ from ctxd.engine.pipeline import (
     make_checkpoint,
     plan_clips,
     plan_excerpts,
+    plan_widen,
     plan_word_excerpts,
     prepare,
     summary_rejection,
@@ -292,6 +294,38 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
         await _squeeze(svc, state, ctx, run, focus)
     if not force:
         await _make_room(svc, state, ctx, run)
+    await _widen_newest(svc, state, ctx, run)
+
+
+async def _widen_newest(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
+    """The newest turn sent as an excerpt while the prompt has room left (a squeeze cut
+    it to its share before the older conversation went): it takes that room, whole when
+    it fits (issue 21: what the client's newest request shows the model arrives intact).
+    An excerpt is measured after it is cut and may come out smaller than its limit: a
+    few rounds, each into the room the last one left."""
+    widened: dict[int, int | None] = {}
+    share = 1.0
+    for _ in range(WIDEN_ROUNDS):
+        room = math.floor(share * (svc.cache.budget(state).max_prompt_tokens - ctx.prompt_tokens))
+        widen = plan_widen(ctx, room)
+        if not widen:
+            break
+        if not widened:
+            await _before_change(svc, state, run)
+        async with state.lock:
+            before = list(ctx.state.clips)
+            apply_widen(ctx, widen, now_iso())
+            svc.cache.refresh(state)
+            if not fits(ctx, svc.cache.budget(state)):
+                ctx.state.clips = before
+                svc.cache.refresh(state)
+                share /= 2
+                continue
+        widened.update(widen)
+    if not widened:
+        return
+    run.layers.append("clip")
+    run.detail["widened"] = [{"seq": s, "maxTokens": m} for s, m in widened.items()]
 
 
 async def _keep_working_set(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
@@ -358,6 +392,8 @@ MAX_ROUNDS = 3
 FOLD_NOTICE_COST = 64
 """About what the folded checkpoint's notice and title lines cost."""
 MIN_CLIP = 256
+WIDEN_ROUNDS = 3
+"""How often the newest turn's excerpt is widened into the room the last try left."""
 """The smallest excerpt of a tool output worth sending."""
 
 

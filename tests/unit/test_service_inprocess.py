@@ -533,3 +533,49 @@ async def _working_set_scenario(service: Service) -> None:
     texts = _texts(result)
     assert task in texts and source in texts and result.compression_count >= 1
     assert not any("step1x0 ok" in (t or "") for t in texts[1:])  # (older outputs: summarized)
+
+
+async def test_the_newest_tool_output_stays_whole_while_it_fits_once_older_turns_go(service: Service) -> None:
+    """An agent's newest tool output, bigger than half the room (the excerpt limit of a
+    squeeze) but small enough to fit beside the system part and the task once the older
+    steps are summarized, reaches the model whole: the older conversation goes first
+    (issue 21: the client's newest turn intact). Before, it was the first thing cut."""
+    await _create(service, window=8192)
+    await _push(service, [{"role": "user", "content": "Find why the report is wrong (task RPT-3)."}])
+    for n in range(4):
+        log = "\n".join(f"row{n}_{k},item {k},{k * 7 % 13},ok" for k in range(110))
+        await _push(service, _call(f"c{n}", "read", {"filePath": f"data/part{n}.csv"}, log))
+        await settle(service)
+    budget = (await _prompt(service)).budget
+    newest = "\n".join(f"{k}: SKU-{k:05d},widget {k},{k * 31 % 997},{k % 17}" for k in range(300))
+    pushed = await _push(service, _call("big", "read", {"filePath": "data/items.csv"}, newest))
+    await settle(service)
+    result = await _prompt(service)
+    budget = result.budget
+    size = pushed.messages[-1].tokens
+    assert 0.5 * budget.available < size < budget.available - 200, (size, budget.available)
+    assert result.tokens <= budget.max_prompt_tokens
+    texts = _texts(result)
+    assert texts[-1] == newest, str(texts[-1])[-300:]
+
+
+async def test_a_newest_tool_output_too_big_for_the_prompt_gets_the_room_left(service: Service) -> None:
+    """An agent's newest tool output bigger than the whole room: sent as an excerpt that
+    takes the room the older, summarized steps left, not just its share of it (it was
+    cut to half the room and the prompt went out half empty, issue 21)."""
+    await _create(service, window=8192)
+    await _push(service, [{"role": "user", "content": "Find why the report is wrong (task RPT-3)."}])
+    for n in range(4):
+        log = "\n".join(f"row{n}_{k},item {k},{k * 7 % 13},ok" for k in range(110))
+        await _push(service, _call(f"c{n}", "read", {"filePath": f"data/part{n}.csv"}, log))
+        await settle(service)
+    newest = "\n".join(f"{k}: SKU-{k:05d},widget {k},{k * 31 % 997},{k % 17}" for k in range(900))
+    pushed = await _push(service, _call("big", "read", {"filePath": "data/items.csv"}, newest))
+    await settle(service)
+    result = await _prompt(service)
+    budget = result.budget
+    assert pushed.messages[-1].tokens > budget.max_prompt_tokens
+    assert 0.9 * budget.max_prompt_tokens <= result.tokens <= budget.max_prompt_tokens, \
+        (result.tokens, budget.max_prompt_tokens)
+    last = _texts(result)[-1]
+    assert "left out by ctxd" in last and last.startswith(newest[:200]) and last.endswith(newest[-200:])
