@@ -208,7 +208,7 @@ class Connection:
         """Send ``notification`` (a notification's params Struct, which names its method) to this client."""
         self.rpc.notify(notification_method(notification), notification)
 
-    def send_frame(self, frame: bytes) -> None:
+    def send_frame(self, frame: bytes | bytearray) -> None:
         """An already encoded frame (a notification encoded once for many connections)."""
         self.writer.write(frame)
 

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Any], Awaitable[Any]]
 """A method's handler: the raw params (a dict, a list or None) in, the result out."""
 
-_encode = msgspec.json.Encoder().encode
+_encoder = msgspec.json.Encoder()
+_encode_into = _encoder.encode_into
 
 
 class Peer(Protocol):
@@ -48,7 +49,7 @@ class Peer(Protocol):
     def initialize_finished(self) -> None:
         """The ``initialize`` request is over, however it ended (called after its answer)."""
 
-    def send_frame(self, frame: bytes) -> None: ...
+    def send_frame(self, frame: bytes | bytearray) -> None: ...
 
     def close(self) -> None: ...
 
@@ -58,10 +59,21 @@ def valid_id(value: Any) -> TypeGuard[str | int]:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
-def frame(payload: Any) -> bytes:
-    """One LSP base-protocol frame of ``payload``, encoded by msgspec."""
-    body = _encode(payload)
-    return b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+_HEAD_ROOM = 40
+"""Bytes kept before the body for its header (``Content-Length: `` and up to 20 digits)."""
+
+
+def frame(payload: Any) -> bytearray:
+    """One LSP base-protocol frame of ``payload``, encoded by msgspec after room left for
+    its header, which is written in front: a large answer (a 1,000-message prompt is ~1 MB)
+    is not copied again to join the two."""
+    buf = bytearray(_HEAD_ROOM)
+    _encode_into(payload, buf, _HEAD_ROOM)
+    head = b"Content-Length: %d\r\n\r\n" % (len(buf) - _HEAD_ROOM)
+    start = _HEAD_ROOM - len(head)
+    buf[start:_HEAD_ROOM] = head
+    del buf[:start]  # (a bytearray drops its front without moving the rest)
+    return buf
 
 
 class Endpoint:

@@ -27,7 +27,7 @@ class Writer:
         self.max_pending = MAX_PENDING_OUTPUT
         self.overflow_log_level = logging.WARNING
 
-    def write(self, data: bytes) -> bool:
+    def write(self, data: bytes | bytearray) -> bool:
         if self.closed:
             return False
         stream = self._stream

@@ -108,7 +108,8 @@ class FramedProcess:
         start = end + 4
         while len(buf) < start + length:
             self._fill()
-        body = bytes(buf[start:start + length])
+        with memoryview(buf) as view:  # one copy of the body, not two (a slice, then bytes)
+            body = bytes(view[start:start + length])
         del buf[:start + length]
         return body
 

@@ -281,3 +281,12 @@ async def test_notify_and_frame() -> None:
     assert peer.frames == [{"jsonrpc": "2.0", "method": "session/updated",
                             "params": {"sessionId": "s", "messageCount": 1}}]
     assert frame({"a": 1}) == b'Content-Length: 7\r\n\r\n{"a":1}'
+
+
+def test_frame_writes_its_header_in_front_of_the_body() -> None:
+    """The header goes in the room left before the encoded body: its length is the body's,
+    whatever the number of digits, and nothing is left between or before them."""
+    for size in (0, 7, 99_999, 1_000_000):
+        payload = {"jsonrpc": "2.0", "id": 1, "result": "x" * size}
+        body = msgspec.json.encode(payload)
+        assert bytes(frame(payload)) == b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
