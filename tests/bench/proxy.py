@@ -2,14 +2,16 @@
 reached directly.
 
     python -m tests.bench.proxy [--requests 200] [--conversations 100] [--out bench-results/proxy.json]
-                                [--daemon in-process|socket]
+                                [--daemon in-process|socket] [--litellm PYTHON|auto]
 
 * added latency of a non-streaming OpenAI request (p50, p99), one conversation growing
   by a turn per request in a 200K window (no compression due), direct, proxied and
   through a bare pass-through on the same stack (``tests.bench.passthrough``: uvicorn,
   httpx over httpcore, the proxy's socket and one-send writes, none of ctxd's work: what
   any proxy of this design adds) in a new order each round; the JSON's ``ctxd_share_ms``
-  is the proxy's added time less the pass-through's;
+  is the proxy's added time less the pass-through's; the ratio that counts is ctxd's added
+  p50 over the pass-through's (target at most 2x); with ``--litellm``, LiteLLM's proxy on
+  the same upstream joins the rounds (``tests.bench.litellm_proxy``), a figure beside it;
 * time to the first streamed byte, the same three;
 * 100 concurrent streaming conversations of 3 turns each through the proxy: wall time,
   per-request p50/p99, that every session holds its 6 messages, and the proxy's RSS;
@@ -244,6 +246,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
     daemon = Daemon(base / "data", socket_path=base / "run" / "ctxd.sock")
     proxy: ProxyProcess | None = None
     floor: ProxyProcess | None = None
+    litellm = None
     try:
         if args.daemon == "socket":
             daemon.start()
@@ -258,6 +261,9 @@ async def run(args: argparse.Namespace) -> list[Result]:
             floor = ProxyProcess(daemon.socket_path, upstream, base / "floor.log", [])
             floor.command = [sys.executable, "-m", "tests.bench.passthrough", upstream.url]
             floor.start()
+            if args.litellm:
+                from tests.bench.litellm_proxy import LiteLLMProcess, interpreter
+                litellm = LiteLLMProcess(interpreter(args.litellm), upstream.url, base).start()
             direct_url = upstream.url + "/v1/chat/completions"
             proxied_url = proxy.url + "/v1/chat/completions"
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
@@ -266,15 +272,19 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 # stack's floor) and through ctxd, in a new order each round.
                 messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a benchmark."}]
                 urls = {"direct": direct_url, "floor": floor.url + "/v1/chat/completions", "proxy": proxied_url}
+                if litellm is not None:
+                    urls["litellm"] = litellm.url + "/v1/chat/completions"
                 times: dict[str, list[float]] = {k: [] for k in urls}
                 # No compression due (what the target is for): at the default 8K window
                 # passes ran from about request 130 on.
                 headers = {"authorization": "Bearer bench", "x-ctxd-session": "bench-latency",
                            "x-ctxd-context-window": "200000"}
+                # LiteLLM checks its master key (it refuses to start without one).
+                keyed = {"litellm": {**headers, **litellm.headers}} if litellm is not None else {}
                 for i in range(args.requests):
                     messages.append({"role": "user", "content": f"Request {i}: report the build status of module {i}."})
                     for k in _order(urls, i):
-                        times[k].append(await _whole(http, urls[k], messages, headers))
+                        times[k].append(await _whole(http, urls[k], messages, keyed.get(k, headers)))
                     messages.append({"role": "assistant", "content": f"Answer to: Request {i}: report the build "
                                                                        f"status of module {i}."})
                 warm = slice(min(10, args.requests // 10), None)
@@ -286,18 +296,40 @@ async def run(args: argparse.Namespace) -> list[Result]:
                                                    "ctxd_share_ms": p - f}))
                     results.append(Result("proxy", f"  through a bare pass-through on the same stack, p{q} "
                                           f"(added {f - d:.2f} ms)", f, "ms", d, "direct", f / d if d else None))
+                    if litellm is not None:
+                        x = percentile(times["litellm"][warm], q)
+                        results.append(Result("proxy", f"  through LiteLLM's proxy, p{q} (added {x - d:.2f} ms)", x,
+                                              "ms", d, "direct", x / d if d else None,
+                                              details={"added_ms": x - d}))
+                    if q == 50:
+                        results.append(Result("proxy", "  added p50, ctxd over the bare pass-through", p - d, "ms",
+                                              f - d, "pass-through added", (p - d) / (f - d) if f > d else None,
+                                              "<= 2x", (p - d) <= 2 * (f - d)))
+                        if litellm is not None:
+                            x = percentile(times["litellm"][warm], 50)
+                            results.append(Result("proxy", "  added p50, LiteLLM over the bare pass-through", x - d,
+                                                  "ms", f - d, "pass-through added",
+                                                  (x - d) / (f - d) if f > d else None))
+                            results.append(Result("proxy", "  added p50, ctxd over LiteLLM", p - d, "ms", x - d,
+                                                  "LiteLLM added", (p - d) / (x - d) if x > d else None))
                 # 2. Time to first streamed byte.
                 firsts: dict[str, list[float]] = {k: [] for k in urls}
                 for i in range(max(20, args.requests // 4)):
                     msgs = [{"role": "user", "content": f"Stream {i}, please."}]
                     h = {"authorization": "Bearer bench", "x-ctxd-session": f"bench-ttfb-{i}"}
                     for k in _order(urls, i):
-                        firsts[k].append((await _first_byte(http, urls[k], msgs, h))[0])
+                        firsts[k].append((await _first_byte(http, urls[k], msgs,
+                                                            {**h, **litellm.headers} if k == "litellm" and litellm
+                                                            else h))[0])
                 d, f, p = (percentile(firsts[k], 50) for k in ("direct", "floor", "proxy"))
                 results.append(Result("proxy", "time to first streamed byte p50", p, "ms", d, "direct",
                                       p / d if d else None, details={"floor_ms": f}))
                 results.append(Result("proxy", "  through the bare pass-through", f, "ms", d, "direct",
                                       f / d if d else None))
+                if litellm is not None:
+                    x = percentile(firsts["litellm"], 50)
+                    results.append(Result("proxy", "  through LiteLLM's proxy", x, "ms", d, "direct",
+                                          x / d if d else None))
                 # 3. Concurrent streaming conversations.
                 per_request: list[float] = []
 
@@ -347,7 +379,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 if args.turns:
                     results += await long_conversation(http, upstream, proxy.url, args.turns, daemon)
     finally:
-        for process in (proxy, floor):
+        for process in (proxy, floor, litellm):
             if process is not None:
                 process.stop()
         daemon.stop()
@@ -363,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-results/proxy.json")
     parser.add_argument("--daemon", choices=["in-process", "socket"], default="in-process",
                         help="the daemon in the proxy's process (proxy.in_process) or in its own")
+    parser.add_argument("--litellm", metavar="PYTHON|auto", default="",
+                        help="also measure LiteLLM's proxy, run by PYTHON (an interpreter with litellm[proxy]); "
+                             "auto: a virtualenv made under bench-results/ with pip")
     args = parser.parse_args(argv)
     results = asyncio.run(run(args))
     print(table(results))
