@@ -305,8 +305,13 @@ async def _widen_newest(svc: Service, state: SessionState, ctx: ActiveContext, r
     few rounds, each into the room the last one left."""
     widened: dict[int, int | None] = {}
     share = 1.0
+    guard = math.ceil(svc.cache.policy(state).min_growth_fraction * svc.cache.budget(state).available)
     for _ in range(WIDEN_ROUNDS):
-        room = math.floor(share * (svc.cache.budget(state).max_prompt_tokens - ctx.prompt_tokens))
+        budget = svc.cache.budget(state)
+        # (one loop guard's step stays free below the trigger: filled to the limit, the
+        # next push would force a pass that drops what was just widened)
+        free = min(budget.max_prompt_tokens - ctx.prompt_tokens, budget.trigger_at - guard - budget.used)
+        room = math.floor(share * max(0, free))
         widen = plan_widen(ctx, room)
         if not widen:
             break
