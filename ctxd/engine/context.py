@@ -113,6 +113,9 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     worked on more recently takes their place. Sorted."""
     reads: list[FileRead] = []
     """The newest read of each file the agent read, where the working set is chosen from."""
+    declined: list[int] = []
+    """Working-set messages the user unpinned: never chosen for the working set again
+    (a pin of theirs takes them off this list). Sorted."""
     clips: list[ClipEvent] = []
     """Recent tool outputs too big for the prompt, sent as excerpts (``engine/clip.py``)."""
 

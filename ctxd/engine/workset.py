@@ -264,7 +264,9 @@ def plan_working_set(ctx: ActiveContext, max_prompt_tokens: int,
     reads = index_reads(entries, lambda e: e.sent_tokens,
                         [r for r in ctx.state.reads if not ctx.state.is_out(r.call_seq)
                          and not ctx.state.is_out(r.result_seq)])
-    return working_set(reads, max(0, room)), reads
+    declined = set(ctx.state.declined)
+    wanted = [r for r in reads if r.call_seq not in declined and r.result_seq not in declined]
+    return working_set(wanted, max(0, room)), reads
 
 
 def missing(ctx: ActiveContext, seqs: list[int]) -> list[int]:

@@ -132,9 +132,15 @@ async def pin(svc: Service, params: PinParams) -> PinResult:
             entries = {m.seq: Entry.of(m.seq, m.message, m.tokens) for m in nearby}
             seqs = [params.seq] + tool_partners(list(entries.values()), params.seq)
             pinned = set(ctx.state.pinned)
-            claimed = params.pinned and bool(set(seqs) & set(ctx.state.working))
-            if claimed:  # (the user's pin now, not the working set's: it stays when the set moves on)
+            # A pin claims a working-set message (the user's pin now: it stays when the set moves
+            # on); an unpin releases it from the set too (else the next change of the set pins it again).
+            claimed = bool(set(seqs) & set(ctx.state.working))
+            if claimed:
                 ctx.state.working = [s for s in ctx.state.working if s not in seqs]
+                if not params.pinned:
+                    ctx.state.declined = sorted(set(ctx.state.declined) | set(seqs))
+            if params.pinned and set(seqs) & set(ctx.state.declined):
+                ctx.state.declined = [s for s in ctx.state.declined if s not in seqs]
             changed = claimed or any((seq in pinned) != params.pinned for seq in seqs)
             if changed and params.pinned:
                 _check_pins_fit(svc, state, ctx, [entries[s] for s in seqs if s not in pinned and s in entries])
