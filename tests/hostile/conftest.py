@@ -16,7 +16,6 @@ import os
 import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +76,3 @@ def plant(path: Path, *, symlink_to: Path | None = None, mode: int | None = None
     return path
 
 
-def wait_until(condition: Any, timeout: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
