@@ -235,6 +235,8 @@ class Tracker:
 
     pieces: list[tuple[object, int]] = field(default_factory=list)
     """The last prompt's pieces (``ActiveContext.prompt_pieces``)."""
+    pieces_tokens: int = 0
+    """Their tokens, summed as they are added (a turn's prompt does not walk them all)."""
     shape: tuple[object, ...] | None = None
     recent: int = 0
     """How many recent messages the last prompt had (pushes only append to them)."""

@@ -64,13 +64,16 @@ def on_prompt(svc: Service, state: SessionState, ctx: ActiveContext, tokens: int
     cold = tracker.at is None or tracker.cold(now, rules)
     if tracker.shape == shape and len(ctx.recent) >= tracker.recent and tracker.pieces:
         # Only pushes since: the previous prompt is this one's start.
-        kept = sum(t for _, t in tracker.pieces)
-        tracker.pieces += [(("recent", e.seq, e.view_tokens), e.view_tokens)
-                           for e in ctx.recent[tracker.recent:] if e.view is not None]
+        kept = tracker.pieces_tokens
+        added = [(("recent", e.seq, e.view_tokens), e.view_tokens)
+                 for e in ctx.recent[tracker.recent:] if e.view is not None]
+        tracker.pieces += added
+        tracker.pieces_tokens += sum(t for _, t in added)
     else:
         pieces = ctx.prompt_pieces()
         kept = common_prefix(tracker.pieces, pieces)
         tracker.pieces = pieces
+        tracker.pieces_tokens = sum(t for _, t in pieces)
     history = state.row.stats.drift.history_context
     prompt = _provider(tokens, budget)
     ctxd = split(prompt, 0 if cold else min(prompt, _provider(kept, budget)), rules)

@@ -20,6 +20,7 @@ from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, P
 from ctxd.protocol.session import SessionPushParams
 from ctxd.service import billing, compression, controls, ingest
 from ctxd.service.core import Service
+from ctxd.service.encoded import pre_encoded
 from ctxd.service.notify import session_reliability
 from ctxd.service.state import SessionState
 
@@ -94,6 +95,22 @@ def _appended_to(before: tuple[object, ...], now: tuple[object, ...], ctx: Activ
 
 
 async def prompt(svc: Service, params: PromptParams) -> PromptResult:
+    return (await _prompt(svc, params))[1]
+
+
+async def prompt_for_wire(svc: Service, params: PromptParams) -> PromptResult:
+    """``prompt`` for a client on a transport: the same answer, its ``messages`` each
+    already the JSON msgspec writes for it (``service/encoded.py``), so only what changed
+    since the session's previous prompt in this format is encoded. For the encoder only:
+    the messages are ``msgspec.Raw``, not the Structs the type names."""
+    state, result = await _prompt(svc, params)
+    if not result.messages:
+        return result
+    raws = pre_encoded(state.encoded, params.format, result.messages)
+    return msgspec.structs.replace(result, messages=raws) if raws is not result.messages else result
+
+
+async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, PromptResult]:
     if params.supersede:  # the client's older copies of what it sends anew
         await controls.supersede(svc, params.session_id, params.supersede)
     if params.push:  # one round trip for a turn: the push, then the prompt that includes it
@@ -124,8 +141,8 @@ async def prompt(svc: Service, params: PromptParams) -> PromptResult:
     if params.format == "anthropic":
         if params.cache_control:
             system, messages = cache_breakpoints(out.system, out.messages, out.system_head)
-            return AnthropicPrompt(system=system, messages=messages, **common)
-        return AnthropicPrompt(system=out.system, messages=out.messages, **common)
+            return state, AnthropicPrompt(system=system, messages=messages, **common)
+        return state, AnthropicPrompt(system=out.system, messages=out.messages, **common)
     if params.format == "ollama":
-        return OllamaPrompt(messages=out.messages, **common)
-    return OpenAIPrompt(messages=out.messages, **common)
+        return state, OllamaPrompt(messages=out.messages, **common)
+    return state, OpenAIPrompt(messages=out.messages, **common)

@@ -30,6 +30,7 @@ from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import session_not_found
 from ctxd.protocol.goal import Goal
 from ctxd.protocol.message import Message
+from ctxd.service.encoded import Fragments
 from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
@@ -66,6 +67,8 @@ class SessionState:
     """The last prompt rendered per format, with the context version it was made from."""
     renderers: dict[str, IncrementalRenderer] = field(default_factory=dict)
     """Per format, what was rendered of the conversation so far (reused after pushes)."""
+    encoded: dict[str, Fragments] = field(default_factory=dict)
+    """Per format, the last prompt's messages and their JSON, for the wire (``service/encoded.py``)."""
     last_prompt_tokens: int | None = None
     """The size of the last prompt handed out (ctxd's count), until a reply's usage is paired
     with it (engine/calibration.py)."""
@@ -106,6 +109,7 @@ class SessionState:
         self.ctx = None
         self.rendered.clear()
         self.renderers.clear()
+        self.encoded.clear()
 
     def encoded_state(self) -> bytes:
         return _encode(self.stored)
@@ -450,6 +454,7 @@ class SessionCache:
         state.ctx = ctx
         state.rendered.clear()
         state.renderers.clear()
+        state.encoded.clear()
         self.refresh(state, system=True, changed=False)
         return ctx
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 @handles("context/prompt")
 async def prompt(req: Request, params: PromptParams) -> PromptResult:
-    return await prompt_service.prompt(req.service, params)
+    return await prompt_service.prompt_for_wire(req.service, params)
 
 
 @handles("context/stats")
