@@ -161,6 +161,7 @@ class Connection:
             self._frames.limit_note = ""
         self.writer.max_pending = MAX_PENDING_OUTPUT
         self.writer.overflow_log_level = logging.WARNING
+        self.writer.widen_send_buffer()
         callback, self._on_initialized = self._on_initialized, None
         if callback is not None:
             callback(self)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -16,6 +17,9 @@ log = logging.getLogger(__name__)
 MAX_PENDING_OUTPUT = 64 * 1024 * 1024
 # How long a closed connection's unsent output may take to go out before it is dropped.
 CLOSE_GRACE_SECONDS = 10.0
+# The kernel's send buffer asked for on a trusted Unix socket: a ~200k-token prompt is
+# ~1 MB of JSON, more than the default (~200 kB), which the kernel caps at net.core.wmem_max.
+UNIX_SEND_BUFFER = 4 * 1024 * 1024
 
 
 class Writer:
@@ -53,6 +57,21 @@ class Writer:
         """The transport's ``get_extra_info(name)`` (None for a plain file)."""
         stream = self._stream
         return stream.get_extra_info(name) if isinstance(stream, asyncio.StreamWriter) else None
+
+    def widen_send_buffer(self) -> None:
+        """On a Unix socket, ask the kernel for a send buffer that holds a large answer
+        whole: a 1 MB prompt then leaves in one ``send`` instead of a few rounds of
+        partial sends, copies of the rest and waits for the client to read (docs/
+        performance.md, spine 3). For a client that passed ``initialize`` only: one that
+        has not must not make the kernel hold megabytes for it. TCP keeps its autotuning."""
+        sock = self.extra("socket")
+        if sock is None or sock.family != socket.AF_UNIX:
+            return
+        try:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < UNIX_SEND_BUFFER:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
+        except OSError as exc:  # (a limit of the system's: the default buffer still works)
+            log.debug("cannot widen the send buffer: %s", exc)
 
     async def drain(self) -> None:
         """Wait until what was written has gone out (or the other side is gone)."""

@@ -4,6 +4,7 @@ notification routing, one daemon per socket, and daemon/status + daemon/stop."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import random
 import shutil
@@ -12,7 +13,9 @@ import socket
 import stat
 import subprocess
 import sys
+import termios
 import textwrap
+import time
 
 import pytest
 
@@ -573,3 +576,61 @@ async def test_cancel_racing_the_write_is_all_or_nothing(daemon):
     assert info["messageCount"] == info["lastSeq"] == len(rows)
     assert info["tokenCount"] == sum(answers[i]["result"]["messages"][0]["tokens"] for i in stored_ids)
     await client.close()
+
+
+def _wmem_max() -> int:
+    try:
+        with open("/proc/sys/net/core/wmem_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.skipif(_wmem_max() < 2 << 20, reason="the kernel caps a socket's send buffer below 2 MiB "
+                                                  "(net.core.wmem_max): nothing to widen")
+def test_a_large_answer_leaves_whole_once_the_client_is_initialized(daemon):
+    """A trusted client's ~1 MB prompt is handed to the kernel whole (its send buffer
+    widened): it sits in the client's receive queue before the client reads a byte. A
+    client that has not initialized gets the default buffer (errors only, 1 MiB at most)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(REPLY_TIMEOUT)
+    sock.connect(str(daemon.socket_path))
+    buf = b""
+
+    def reply() -> bytes:
+        nonlocal buf
+        while True:
+            head, sep, rest = buf.partition(b"\r\n\r\n")
+            if sep:
+                length = int(head.split(b":")[1])
+                if len(rest) >= length:
+                    buf = rest[length:]
+                    return rest[:length]
+            buf += sock.recv(1 << 20)
+
+    def call(msg_id: int, method: str, params: dict) -> bytes:
+        sock.sendall(request_frame(msg_id, method, params))
+        body = reply()
+        assert b'"error"' not in body[:100], body[:300]
+        return body
+
+    try:
+        call(1, "initialize", {"processId": None, "clientInfo": {"name": "big-answers"}})
+        call(2, "session/create", {"sessionId": "big", "model": "gpt-4o", "contextWindow": 2_000_000})
+        text = " ".join(f"word{i}" for i in range(800))  # ~6 kB a message
+        for batch in range(4):
+            call(3 + batch, "session/push", {"sessionId": "big", "messages": [
+                {"role": "user" if i % 2 else "assistant", "content": f"{batch}.{i} {text}"} for i in range(50)]})
+        sock.sendall(request_frame(9, "context/prompt", {"sessionId": "big"}))
+        queued = 0
+        for _ in range(100):  # until the answer stops arriving (without reading any of it)
+            time.sleep(0.05)
+            now = int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"), "little")
+            if now == queued and now:
+                break
+            queued = now
+        body = reply()
+        assert len(body) > 1_000_000
+        assert queued >= len(body)  # the whole frame, where the default buffer holds < 450 kB
+    finally:
+        sock.close()
