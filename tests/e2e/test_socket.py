@@ -596,6 +596,7 @@ def test_a_large_answer_leaves_whole_once_the_client_is_initialized(daemon):
     sock.settimeout(REPLY_TIMEOUT)
     sock.connect(str(daemon.socket_path))
     buf = b""
+    sid = f"large-answer-{time.time_ns()}"  # (the backend is shared by the module's tests)
 
     def reply() -> bytes:
         nonlocal buf
@@ -616,12 +617,12 @@ def test_a_large_answer_leaves_whole_once_the_client_is_initialized(daemon):
 
     try:
         call(1, "initialize", {"processId": None, "clientInfo": {"name": "big-answers"}})
-        call(2, "session/create", {"sessionId": "big", "model": "gpt-4o", "contextWindow": 2_000_000})
+        call(2, "session/create", {"sessionId": sid, "model": "gpt-4o", "contextWindow": 2_000_000})
         text = " ".join(f"word{i}" for i in range(800))  # ~6 kB a message
         for batch in range(4):
-            call(3 + batch, "session/push", {"sessionId": "big", "messages": [
+            call(3 + batch, "session/push", {"sessionId": sid, "messages": [
                 {"role": "user" if i % 2 else "assistant", "content": f"{batch}.{i} {text}"} for i in range(50)]})
-        sock.sendall(request_frame(9, "context/prompt", {"sessionId": "big"}))
+        sock.sendall(request_frame(9, "context/prompt", {"sessionId": sid}))
         queued = 0
         for _ in range(100):  # until the answer stops arriving (without reading any of it)
             time.sleep(0.05)
