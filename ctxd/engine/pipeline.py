@@ -29,6 +29,7 @@ from ctxd.engine.policy import CompressionPolicy, initial_level, target_tokens
 from ctxd.protocol.compression import Checkpoint, ToolUse, merge_ranges, seq_ranges
 from ctxd.protocol.context import Budget
 from ctxd.protocol.message import Message
+from ctxd.tokens import PROMPT_PRIMING
 
 STAGES = {
     "identification": 0, "preparation": 15, "summarization": 25, "checkpoint": 70,
@@ -441,6 +442,21 @@ def plan_excerpts(entries: list[Entry], need: int) -> dict[int, int] | None:
 
 def fits(ctx: ActiveContext, budget: Budget) -> bool:
     return ctx.prompt_tokens <= budget.max_prompt_tokens
+
+
+def irreducible(ctx: ActiveContext) -> int:
+    """What no compression can take out of the prompt: priming, the system prompt and goal,
+    the pins of the user and of the client's current context, and the newest user
+    message's own words. Not the agent's working set: it is pinned by ctxd, and yields
+    (``workset.plan_yield``) before a prompt that fits without it is refused."""
+    newest = next((e for e in reversed(ctx.recent) if e.has_user_text), None)
+    pinned = ctx.pinned_set
+    words = 0
+    if newest is not None and newest is ctx.recent[-1] and newest.seq not in pinned:
+        words = newest.tokens.overhead + newest.tokens.text
+    working = set(ctx.state.working) & pinned
+    yields = sum(e.view_tokens for e in ctx.entries() if e.seq in working)
+    return PROMPT_PRIMING + ctx.system_tokens + ctx.pinned_tokens - yields + words
 
 
 def tool_partners(entries: list[Entry], seq: int) -> list[int]:

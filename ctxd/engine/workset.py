@@ -269,6 +269,24 @@ def plan_working_set(ctx: ActiveContext, max_prompt_tokens: int,
     return working_set(wanted, max(0, room)), reads
 
 
+def plan_yield(ctx: ActiveContext, max_prompt_tokens: int) -> list[int]:
+    """The working set that stays when the prompt is over ``max_prompt_tokens`` with
+    everything else already summarized or cut: it yields before the user's words are
+    folded, the least wanted reads first (the order of :func:`working_set`: files read
+    once, the oldest first), as many as the excess needs. ``[]`` when all must go."""
+    working = set(ctx.state.working)
+    if not working:
+        return []
+    over = ctx.prompt_tokens - max_prompt_tokens
+    if over <= 0:
+        return sorted(working)
+    sent = {e.seq: e.view_tokens for e in ctx.entries() if e.seq in working}
+    room = sum(sent.values()) - over
+    reads = [msgspec.structs.replace(r, call_tokens=sent[r.call_seq], result_tokens=sent[r.result_seq])
+             for r in ctx.state.reads if r.call_seq in sent and r.result_seq in sent]
+    return working_set(reads, max(0, room))
+
+
 def missing(ctx: ActiveContext, seqs: list[int]) -> list[int]:
     """The seqs of the working set no longer in the prompt (to read from history)."""
     present = {e.seq for e in ctx.entries()}

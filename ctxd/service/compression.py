@@ -42,6 +42,7 @@ from ctxd.engine.pipeline import (
     excerpts_instead,
     fits,
     identify,
+    irreducible,
     make_checkpoint,
     plan_clips,
     plan_excerpts,
@@ -55,7 +56,7 @@ from ctxd.engine.policy import MIN_TARGET, CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.trigger import decide
 from ctxd.engine.trigger import low_water as low_water_mark
-from ctxd.engine.workset import apply_working_set, missing, plan_working_set, working_changes
+from ctxd.engine.workset import apply_working_set, missing, plan_working_set, plan_yield, working_changes
 from ctxd.protocol.compression import (
     Checkpoint,
     CheckpointAgedNotification,
@@ -80,7 +81,7 @@ from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.state import decode_stored
-from ctxd.tokens import MESSAGE_OVERHEAD, PROMPT_PRIMING
+from ctxd.tokens import MESSAGE_OVERHEAD
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,7 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
     policy = cache.policy(state)
     budget = cache.budget(state)
     low_water = _low_water(svc, state, policy, budget)
-    if _irreducible(ctx) > budget.max_prompt_tokens:
+    if irreducible(ctx) > budget.max_prompt_tokens:
         await _squeeze(svc, state, ctx, run, focus)  # (says so, and changes nothing)
         return
 
@@ -538,7 +539,7 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
-    floor = _irreducible(ctx)
+    floor = irreducible(ctx)
     if floor > budget.max_prompt_tokens:
         # The newest user message alone (with the system part and pins) is bigger than any
         # prompt: nothing ctxd may do would help, so it changes nothing; context/prompt
@@ -595,13 +596,18 @@ async def _squeeze(svc: Service, state: SessionState, ctx: ActiveContext, run: _
         budget = cache.budget(state)
         if fits(ctx, budget):
             return
-    # The agent's working set yields before the user's words are folded or cut.
-    if ctx.state.working:
+    # The agent's working set yields before the user's words are folded or cut: the reads
+    # it wants least first, as many as the excess needs, then all of it. (What leaves the
+    # set after the boundary is still in the prompt until it is summarized.)
+    for everything in (False, True):
+        if not ctx.state.working:
+            break
+        keep = [] if everything else plan_yield(ctx, budget.max_prompt_tokens)
         await _before_change(svc, state, run)
         async with state.lock:
-            apply_working_set(ctx, [])
+            apply_working_set(ctx, keep)
             cache.refresh(state, system=True)
-        run.detail["workingSet"] = []
+        run.detail["workingSet"] = list(ctx.state.working)
         budget = cache.budget(state)
         if fits(ctx, budget):
             return
@@ -681,16 +687,6 @@ async def _apply_excerpts(svc: Service, state: SessionState, ctx: ActiveContext,
         svc.cache.refresh(state)
     run.layers.append("clip")
     run.detail.setdefault("excerpts", []).extend({"seq": s, "maxTokens": m} for s, m in limits.items())
-
-
-def _irreducible(ctx: ActiveContext) -> int:
-    """What no compression can take out of the prompt: priming, the system prompt and goal,
-    pinned messages, and the newest user message's own words."""
-    newest = next((e for e in reversed(ctx.recent) if e.has_user_text), None)
-    words = 0
-    if newest is not None and newest is ctx.recent[-1] and newest.seq not in ctx.pinned_set:
-        words = newest.tokens.overhead + newest.tokens.text
-    return PROMPT_PRIMING + ctx.system_tokens + ctx.pinned_tokens + words
 
 
 async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass,
@@ -942,7 +938,7 @@ async def ensure_fits(svc: Service, state: SessionState) -> None:
         if budget.prompt_tokens <= budget.max_prompt_tokens:
             return
         why = "it does not fit even after compression"
-        floor = _irreducible(await svc.cache.context(state))
+        floor = irreducible(await svc.cache.context(state))
         if floor > budget.max_prompt_tokens:
             why = (f"the newest user message alone needs {floor} tokens with the system part and pinned "
                    f"messages (history keeps it; send a shorter one, or use a larger window)")

@@ -3,7 +3,7 @@ calls alone, and how the pins follow it."""
 
 from __future__ import annotations
 
-from ctxd.engine.pipeline import identify
+from ctxd.engine.pipeline import identify, irreducible
 from ctxd.engine.policy import CompressionPolicy
 from ctxd.engine.workset import (
     EDIT,
@@ -12,6 +12,7 @@ from ctxd.engine.workset import (
     call_touches,
     index_reads,
     plan_working_set,
+    plan_yield,
     working_set,
 )
 from ctxd.protocol.message import CustomCall, Message, ToolCall
@@ -181,3 +182,44 @@ def test_a_read_that_left_the_prompt_stays_known_and_comes_back() -> None:
     refresh(ctx)
     assert [e.seq for e in ctx.kept] == [1, 2, 3] and ctx.state.working == [2, 3]
     assert ctx.conversation()[2].content == "code " + words(100)
+
+
+def _behind_the_boundary(ctx, through: int) -> None:  # type: ignore[no-untyped-def]
+    """As a pass leaves it: what is pinned or the user's words up to ``through`` kept
+    verbatim, the rest summarized away."""
+    keep = set(ctx.state.pinned) | {1}
+    ctx.kept = [e for e in ctx.recent if e.seq <= through and e.seq in keep]
+    ctx.recent = [e for e in ctx.recent if e.seq > through]
+    ctx.state.boundary, ctx.state.kept_seqs = through, [e.seq for e in ctx.kept]
+    refresh(ctx)
+
+
+def test_the_working_set_yields_to_a_prompt_that_cannot_fit_otherwise() -> None:
+    """The newest user message is long: with the files pinned the prompt cannot fit, without
+    some of them it does. The working set is ctxd's own pin, not the user's: it is not
+    counted as what no compression can remove (a prompt was refused as "the newest user
+    message alone needs N tokens with the pins"), and it yields the read wanted least (read
+    once) before the one being worked on, only as much as the excess needs."""
+    ctx = make_ctx([
+        user("fix it"),
+        shell("a", "cat src/app.py"), o_result("a", "app " + words(400)),       # 2, 3: then patched
+        shell("b", "cat notes.md"), o_result("b", "notes " + words(300)),       # 4, 5: read once
+        patch("p"), o_result("p", "Success."),                                  # 6, 7
+    ])
+    seqs, reads = plan_working_set(ctx, 100_000, 0.5)
+    assert seqs == [2, 3, 4, 5]
+    assert apply_working_set(ctx, seqs, reads)
+    _behind_the_boundary(ctx, 7)
+    ctx.recent += entries([user("now also this: " + words(1500, "note"))], start=8)
+    refresh(ctx)
+    notes = sum(e.view_tokens for e in ctx.kept if e.seq in (4, 5))
+    limit = ctx.prompt_tokens - notes + 20           # over by less than the read of notes.md
+    assert irreducible(ctx) <= limit < irreducible(ctx) + ctx.pinned_tokens
+    keep = plan_yield(ctx, limit)
+    assert keep == [2, 3]
+    assert apply_working_set(ctx, keep)
+    refresh(ctx)
+    assert ctx.prompt_tokens <= limit and [e.seq for e in ctx.kept] == [1, 2, 3]
+    # Over by more than the whole set: all of it goes; a prompt that fits keeps it all.
+    assert plan_yield(ctx, ctx.prompt_tokens - ctx.pinned_tokens) == []
+    assert plan_yield(ctx, ctx.prompt_tokens) == [2, 3]

@@ -558,6 +558,68 @@ async def test_a_working_set_read_the_user_unpins_stays_unpinned(service_config:
         await service.close()
 
 
+async def test_a_long_user_message_that_fits_without_the_working_set_is_sent(service_config: Config) -> None:
+    """The working set is ctxd's pin: a newest user message that fits only without the files
+    pinned for the agent is sent, and the files yield. Before, the pass counted them as
+    what no compression can remove, changed nothing, and ``context/prompt`` refused: "the
+    newest user message alone needs N tokens with the system part and pinned messages"."""
+    config = msgspec.structs.replace(
+        service_config, compression=msgspec.structs.replace(service_config.compression, working_share=0.25))
+    service = await Service.open(config, events=CollectingEvents())
+    try:
+        await _working_set_scenario(service)
+        state = await service.cache.get(SID)
+        ctx = await service.cache.context(state)
+        budget = service.cache.budget(state)
+        assert ctx.state.working, ctx.state.working
+        pinned = ctx.pinned_tokens
+        words = "Now also check these cases: " + " ".join(f"case{i}" for i in range(1200))
+        pushed = await _push(service, [{"role": "user", "content": words}])
+        size = pushed.messages[-1].tokens
+        assert size + pinned > budget.max_prompt_tokens > size + 200, (size, pinned, budget.max_prompt_tokens)
+        await settle(service)
+        result = await _prompt(service)
+        assert _texts(result)[-1] == words and result.tokens <= result.budget.max_prompt_tokens
+    finally:
+        await service.close()
+
+
+async def test_a_squeeze_has_the_working_set_yield_before_the_users_words(service: Service) -> None:
+    """The squeeze's last step before the overflow policy: a prompt that summaries and
+    excerpts cannot bring under the limit while the agent's files stay pinned (pinned
+    before the user's long message came) sheds the file read once, keeps the one being
+    patched, and leaves the user's words whole (``workset.plan_yield``)."""
+    from ctxd.engine.workset import apply_working_set, plan_working_set
+    from ctxd.service import compression
+
+    await _create(service, window=4096, settings={"autoCompress": False})  # (no pass of its own meanwhile)
+    task = "Fix the rounding in src/app.py (task RND-9). " + " ".join(f"constraint{i} holds" for i in range(100))
+    source = "\n".join(f"def f{i}(x):\n    return round(x * {i}, 2)  # f{i}" for i in range(30))
+    notes = "\n".join(f"- note {i}: the rounding of case {i} is checked by test_{i}" for i in range(50))
+    patch = "*** Begin Patch\n*** Update File: src/app.py\n@@\n-    return round(x * 3, 2)  # f3\n+    return x\n"
+    words = "Also handle these: " + " ".join(f"case{i}" for i in range(800))
+    await _push(service, [{"role": "user", "content": task}])
+    await _push(service, _call("r0", "exec_command", {"cmd": "cat src/app.py"}, source))     # 2, 3
+    await _push(service, _call("r1", "exec_command", {"cmd": "cat notes.md"}, notes))        # 4, 5
+    await _push(service, _call("p", "apply_patch", {"input": patch}, "Success."))           # 6, 7
+    await _push(service, [{"role": "user", "content": words}])                               # 8
+    state = await service.cache.get(SID)
+    ctx = await service.cache.context(state)
+    async with state.lock:  # (as a pass pinned them while there was room)
+        seqs, reads = plan_working_set(ctx, 100_000, 0.5)
+        assert seqs == [2, 3, 4, 5]
+        apply_working_set(ctx, seqs, reads)
+        service.cache.refresh(state, system=True)
+    budget = service.cache.budget(state)
+    assert not service.tasks and ctx.prompt_tokens > budget.max_prompt_tokens, (ctx.prompt_tokens, budget)
+    run = compression._Pass(trigger="test", started=0.0, before=ctx.prompt_tokens)
+    await compression._squeeze(service, state, ctx, run, None)
+    assert ctx.prompt_tokens <= service.cache.budget(state).max_prompt_tokens, run.detail
+    assert ctx.state.working == [2, 3] and run.detail["workingSet"] == [2, 3]
+    texts = [m.content for m in ctx.conversation()]
+    assert texts[0] == task and texts[-1] == words and source in texts and notes not in texts, texts
+
+
 async def test_the_newest_tool_output_stays_whole_while_it_fits_once_older_turns_go(service: Service) -> None:
     """An agent's newest tool output, bigger than half the room (the excerpt limit of a
     squeeze) but small enough to fit beside the system part and the task once the older
