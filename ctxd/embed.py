@@ -68,7 +68,8 @@ async def open_here(config: Config) -> EmbeddedDaemon:
         other = holder_socket(Path(config.database_path))
         if other is None:
             raise NotHere(f"cannot start the ctxd daemon: {exc}") from None
-        log.warning("the data directory is used by the ctxd daemon on %s; the proxy uses it", other)
+        # (a normal start, as when a daemon answers on the proxy's own socket: INFO)
+        log.info("the data directory is used by the ctxd daemon on %s; the proxy uses it", other)
         raise NotHere(str(exc), other) from None
     except StartupError as exc:
         raise NotHere(f"cannot start the ctxd daemon: {exc}") from None
