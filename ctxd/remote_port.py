@@ -13,7 +13,7 @@ import msgspec
 
 from ctxd.client import Client
 from ctxd.protocol.common import SessionRef
-from ctxd.protocol.context import ContextStatsResult, PromptParams, PromptResult
+from ctxd.protocol.context import ContextStatsParams, ContextStatsResult, PromptParams, PromptResult
 from ctxd.protocol.history import HistoryParams, HistoryResult
 from ctxd.protocol.session import (
     PushResult,
@@ -55,7 +55,7 @@ class RemotePort:
     async def session_list(self, params: SessionListParams) -> SessionListResult:
         return await self.client.request("session/list", params, result_type=SessionListResult)
 
-    async def context_stats(self, params: SessionRef) -> ContextStatsResult:
+    async def context_stats(self, params: ContextStatsParams) -> ContextStatsResult:
         return await self.client.request("context/stats", params, result_type=ContextStatsResult)
 
 

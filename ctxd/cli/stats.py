@@ -8,6 +8,7 @@ import click
 
 from ctxd.cli import render
 from ctxd.cli.main import json_option, request, settings_of
+from ctxd.cli.prompt import FORMATS
 from ctxd.cli.sessions import session_argument
 
 
@@ -80,10 +81,13 @@ def _with_reliability(fn: Any) -> Any:
 
 @click.command("stats")
 @session_argument
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Count the prompt as `prompt --format` sends it (OpenAI and Ollama send no thinking). "
+                   "Default: the context's own count, which fits any shape.")
 @json_option
 @click.pass_context
 @_with_reliability
-def stats(ctx: click.Context, session_id: str) -> None:
+def stats(ctx: click.Context, session_id: str, fmt: str | None) -> None:
     """Counts and tokens by role and kind, counted-vs-reported drift, and the budget.
 
     \b
@@ -114,7 +118,8 @@ def stats(ctx: click.Context, session_id: str) -> None:
     """
     settings = settings_of(ctx)
 
-    result = request(settings, "context/stats", {"sessionId": session_id})
+    params = {"sessionId": session_id} if fmt is None else {"sessionId": session_id, "format": fmt}
+    result = request(settings, "context/stats", params)
     if settings.json:
         render.print_json(result)
         return

@@ -79,6 +79,18 @@ class PromptParams(msgspec.Struct, rename="camel"):
     change."""
 
 
+class ContextStatsParams(msgspec.Struct, rename="camel"):
+    """``format``: the figures of a prompt in that provider's shape, as ``context/prompt``
+    with that format counts it (``budget.promptTokens``, ``budget.free`` and
+    ``contextTokens``): the OpenAI and Ollama shapes send no thinking, Anthropic's sends
+    the signed blocks and may need an opening user turn. Absent: the count of the active
+    context itself, which ``session/get`` also gives and which includes signed thinking
+    (so the prompt fits any shape)."""
+
+    session_id: str
+    format: PromptFormat | None = None
+
+
 class InputBill(msgspec.Struct, rename="camel"):
     """Input tokens of one request (or a session's requests) as the provider bills them,
     in its count (``budget.tokenRatio`` and ``tokenOverhead`` applied to ctxd's):

@@ -98,7 +98,7 @@ notification("session/deleted", notifications.SessionDeleted, "A subscribed sess
 # --- context -----------------------------------------------------------------------
 method("context/prompt", context.PromptParams, context.PromptResult,
        "The prompt to send next, in the provider's wire shape, with its tokens and budget.")
-method("context/stats", common.SessionRef, context.ContextStatsResult,
+method("context/stats", context.ContextStatsParams, context.ContextStatsResult,
        "Counts and token totals by role and kind, and counted-vs-reported drift.")
 method("context/compress", compression.CompressParams, compression.CompressResult,
        "Compress now (like /compact); `focus` steers the summary; reports `$/progress` for a `workDoneToken`.")

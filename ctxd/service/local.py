@@ -11,7 +11,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from ctxd.protocol.common import SessionRef
-from ctxd.protocol.context import ContextStatsResult, PromptParams, PromptResult
+from ctxd.protocol.context import ContextStatsParams, ContextStatsResult, PromptParams, PromptResult
 from ctxd.protocol.errors import REQUEST_CANCELLED, CtxdError, ErrorCode, RpcError
 from ctxd.protocol.history import HistoryParams, HistoryResult
 from ctxd.protocol.session import (
@@ -63,8 +63,8 @@ class LocalPort:
     async def session_list(self, params: SessionListParams) -> SessionListResult:
         return await self._call(params, self._list(params))
 
-    async def context_stats(self, params: SessionRef) -> ContextStatsResult:
-        return await self._call(params, stats.stats(self.service, params.session_id))
+    async def context_stats(self, params: ContextStatsParams) -> ContextStatsResult:
+        return await self._call(params, stats.stats(self.service, params.session_id, params.format))
 
     async def _list(self, params: SessionListParams) -> SessionListResult:
         return SessionListResult(sessions=await sessions.list_sessions(self.service, params),

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ctxd.protocol.common import SessionRef
-from ctxd.protocol.context import ContextStatsResult, PromptParams, PromptResult
+from ctxd.protocol.context import ContextStatsParams, ContextStatsResult, PromptParams, PromptResult
 from ctxd.protocol.errors import CtxdError, RpcError
 from ctxd.protocol.history import HistoryParams, HistoryResult
 from ctxd.protocol.session import (
@@ -72,7 +72,7 @@ class ServicePort(Protocol):
         """``session/list``: it sees every request made before it, of any session."""
         ...
 
-    async def context_stats(self, params: SessionRef) -> ContextStatsResult:
+    async def context_stats(self, params: ContextStatsParams) -> ContextStatsResult:
         """``context/stats``"""
         ...
 

@@ -16,7 +16,14 @@ import msgspec
 from ctxd.engine.context import ActiveContext
 from ctxd.engine.render import IncrementalRenderer, Rendered
 from ctxd.formats.anthropic import cache_breakpoints
-from ctxd.protocol.context import AnthropicPrompt, OllamaPrompt, OpenAIPrompt, PromptParams, PromptResult
+from ctxd.protocol.context import (
+    AnthropicPrompt,
+    Budget,
+    OllamaPrompt,
+    OpenAIPrompt,
+    PromptParams,
+    PromptResult,
+)
 from ctxd.protocol.session import SessionPushParams
 from ctxd.service import billing, compression, controls, ingest
 from ctxd.service.core import Service
@@ -81,6 +88,16 @@ def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
     return out
 
 
+def in_shape(budget: Budget, out: Rendered) -> Budget:
+    """One count: the budget's (the context counts the pairing repairs too), plus what the
+    provider's shape of ``out`` alone adds or leaves out (``Rendered.format_tokens``), so a
+    prompt's count, its budget and ``context/stats`` for that format say the same."""
+    if not out.format_tokens:
+        return budget
+    tokens = budget.prompt_tokens + out.format_tokens
+    return msgspec.structs.replace(budget, prompt_tokens=tokens, free=budget.max_prompt_tokens - tokens)
+
+
 def _appended_to(before: tuple[object, ...], now: tuple[object, ...], ctx: ActiveContext) -> bool:
     """Whether the context of version ``now`` is that of ``before`` with messages pushed
     after it: the same shape, and ``recent`` still ends, where it ended then, with the
@@ -125,13 +142,9 @@ async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, Pro
         ctx = await svc.cache.context(state)
         out = rendered(state, ctx, params.format)
         _count_prefix(state, ctx, params.format)
-        budget = svc.cache.budget(state)
+        budget = in_shape(svc.cache.budget(state), out)
         row = state.row
-        # One count: the budget's (the context counts the pairing repairs too), plus what this
-        # provider's shape alone adds, and the budget handed out says the same.
-        tokens = budget.prompt_tokens + out.format_tokens
-        if out.format_tokens:
-            budget = msgspec.structs.replace(budget, prompt_tokens=tokens, free=budget.max_prompt_tokens - tokens)
+        tokens = budget.prompt_tokens
         bill = billing.on_prompt(svc, state, ctx, tokens, _shape(ctx))
     state.last_prompt_tokens = tokens
     common: dict[str, Any] = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from ctxd.protocol.context import ContextStatsResult, KindStats, PromptCacheStats, RoleStats, UsageDrift
-from ctxd.service import billing
+from ctxd.protocol.context import (
+    ContextStatsResult,
+    KindStats,
+    PromptCacheStats,
+    PromptFormat,
+    RoleStats,
+    UsageDrift,
+)
+from ctxd.service import billing, prompt
 from ctxd.service.core import Service
 from ctxd.service.notify import session_reliability
 
@@ -12,11 +19,24 @@ def _ratio(reported: int, counted: int) -> float | None:
     return round(reported / counted, 4) if counted else None
 
 
-async def stats(svc: Service, session_id: str) -> ContextStatsResult:
-    state = await svc.cache.current(session_id)
+async def stats(svc: Service, session_id: str, fmt: PromptFormat | None = None) -> ContextStatsResult:
+    """``fmt``: the prompt's figures in that provider's shape, read as ``context/prompt``
+    reads them (caught up with shared storage) and counted as it counts them, without
+    compressing or handing out a prompt."""
     served = await svc.cache.get(session_id)  # (the prompts this daemon handed out: its own count)
+    if fmt is None:
+        state = await svc.cache.current(session_id)
+        budget = svc.cache.budget(state)
+        context_tokens = state.row.context_tokens
+    else:
+        state = served
+        if not state.compress_lock.locked():  # (as context/prompt: a pass mid-way leaves memory ahead)
+            await svc.cache.catch_up(state)
+        async with state.lock:
+            ctx = await svc.cache.context(state)
+            budget = prompt.in_shape(svc.cache.budget(state), prompt.rendered(state, ctx, fmt))
+        context_tokens = budget.prompt_tokens
     row = state.row
-    budget = svc.cache.budget(state)
     cstate = state.cstate
     s = row.stats
     drift = s.drift
@@ -24,7 +44,7 @@ async def stats(svc: Service, session_id: str) -> ContextStatsResult:
         session_id=row.id,
         message_count=row.message_count,
         token_count=row.token_count,
-        context_tokens=row.context_tokens,
+        context_tokens=context_tokens,
         encoding=row.encoding,
         tokens_estimated=row.tokens_estimated,
         by_role={role: RoleStats(t.messages, t.tokens) for role, t in s.by_role.items()},

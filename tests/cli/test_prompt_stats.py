@@ -79,3 +79,22 @@ def test_prompt_formats_and_stats(cli: Cli) -> None:
 
     assert cli("stats", "missing", expect=1).error_line().endswith("(-33001)")
     assert cli("prompt", "missing", expect=1).error_line().endswith("(-33001)")
+
+
+def test_stats_counts_a_formats_prompt_as_prompt_does(cli: Cli) -> None:
+    """``stats --format``: the prompt's figures as ``prompt --format`` counts them. With
+    signed thinking, the OpenAI prompt (which sends none) is smaller than the context's own
+    count, which plain ``stats`` gives."""
+    thought = "The parser fails on nested brackets; the tokenizer splits them too early. " * 6
+    cli("push", "t", "--create", "--model", "claude-sonnet-4-5", "--message-json", input=json.dumps([
+        {"role": "user", "content": "Why does the parser fail?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": thought, "signature": "sig-1"},
+                                          {"type": "text", "text": "Nested brackets."}]},
+        {"role": "user", "content": "Fix it."}]))
+    plain = cli.json("stats", "t")
+    for fmt in ("openai", "anthropic"):
+        shaped = cli.json("stats", "t", "--format", fmt)
+        sent = cli.json("prompt", "t", "--format", fmt)
+        assert shaped["budget"] == sent["budget"] and shaped["contextTokens"] == sent["tokens"], fmt
+    assert cli.json("stats", "t", "--format", "openai")["contextTokens"] < plain["contextTokens"]
+    assert cli.json("stats", "t", "--format", "anthropic")["contextTokens"] == plain["contextTokens"]

@@ -139,3 +139,34 @@ async def test_the_count_is_of_the_thinking_each_shape_sends(service: Service) -
         assert signed > 0
         # The Anthropic shape sends the first answer's signed thinking; a prefill's it cannot.
         assert got[True, "anthropic"] == got[False, "anthropic"] + signed, (prefill, got)
+
+
+async def test_stats_for_a_format_count_as_that_formats_prompt(service: Service) -> None:
+    """``context/stats`` with ``format`` gives the figures of that shape's prompt: with signed
+    thinking in the conversation, an OpenAI prompt (which sends none) counted fewer tokens
+    than stats said (24 against 114). Without ``format``: the context's own count, as
+    ``session/get`` gives it, signed thinking included."""
+    await sessions.create_session(service, params("session/create", sessionId=SID, model="claude-sonnet-4-5",
+                                                  contextWindow=200_000))
+    await ingest.push(service, params("session/push", sessionId=SID, messages=conversation(True, False)))
+    plain = await stats.stats(service, SID)
+    info = await sessions.get_session(service, SID)
+    assert plain.context_tokens == plain.budget.prompt_tokens == info.context_tokens
+    for fmt in ("openai", "ollama", "anthropic"):
+        shaped = await stats.stats(service, SID, fmt)  # (before the prompt: nothing rendered yet)
+        out = await prompt.prompt(service, params("context/prompt", sessionId=SID, format=fmt))
+        assert shaped.context_tokens == shaped.budget.prompt_tokens == out.tokens, (fmt, shaped.budget, out.tokens)
+        assert shaped.budget == out.budget, fmt
+        assert msgspec.structs.replace(shaped, budget=plain.budget, context_tokens=plain.context_tokens,
+                                       prompt_cache=plain.prompt_cache, bill=plain.bill) == plain
+    signed = (await service.cache.get(SID)).counter.count(THOUGHT)
+    assert (await stats.stats(service, SID, "openai")).budget.prompt_tokens < plain.budget.prompt_tokens - signed
+    # The wire's params: the format is optional, and checked.
+    assert params("context/stats", sessionId=SID).format is None
+    assert params("context/stats", sessionId=SID, format="anthropic").format == "anthropic"
+    try:
+        params("context/stats", sessionId=SID, format="gemini")
+    except msgspec.ValidationError as exc:
+        assert "format" in str(exc)
+    else:
+        raise AssertionError("an unknown format was accepted")

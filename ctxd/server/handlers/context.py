@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ctxd.protocol.common import SessionRef
-from ctxd.protocol.context import ContextStatsResult, PromptParams, PromptResult
+from ctxd.protocol.context import ContextStatsParams, ContextStatsResult, PromptParams, PromptResult
 from ctxd.server.handlers import handles
 from ctxd.service import prompt as prompt_service
 from ctxd.service import stats as stats_service
@@ -20,5 +19,5 @@ async def prompt(req: Request, params: PromptParams) -> PromptResult:
 
 
 @handles("context/stats")
-async def stats(req: Request, params: SessionRef) -> ContextStatsResult:
-    return await stats_service.stats(req.service, params.session_id)
+async def stats(req: Request, params: ContextStatsParams) -> ContextStatsResult:
+    return await stats_service.stats(req.service, params.session_id, params.format)

@@ -244,8 +244,9 @@ export class CtxdClient implements Disposable {
   prompt(sessionId: string, format: PromptFormat = "openai"): Promise<Prompt> {
     return this.request("context/prompt", { sessionId, format });
   }
-  stats(sessionId: string): Promise<ContextStatsResult> {
-    return this.request("context/stats", { sessionId });
+  /** ``format``: the figures of that provider's prompt (as ``prompt`` counts them). */
+  stats(sessionId: string, format?: PromptFormat): Promise<ContextStatsResult> {
+    return this.request("context/stats", format === undefined ? { sessionId } : { sessionId, format });
   }
   checkpoints(sessionId: string): Promise<CheckpointsResult> {
     return this.request("context/checkpoints", { sessionId });

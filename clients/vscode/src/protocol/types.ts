@@ -277,6 +277,19 @@ export interface CompressionSkippedNotification {
   triggerAt: number;
 }
 
+/**
+ * ``format``: the figures of a prompt in that provider's shape, as ``context/prompt``
+ * with that format counts it (``budget.promptTokens``, ``budget.free`` and
+ * ``contextTokens``): the OpenAI and Ollama shapes send no thinking, Anthropic's sends
+ * the signed blocks and may need an opening user turn. Absent: the count of the active
+ * context itself, which ``session/get`` also gives and which includes signed thinking
+ * (so the prompt fits any shape).
+ */
+export interface ContextStatsParams {
+  sessionId: string;
+  format?: PromptFormat | null;
+}
+
 export interface ContextStatsResult {
   sessionId: string;
   messageCount: number;
@@ -1356,7 +1369,7 @@ export interface MethodMap {
   "context/checkpoints": { params: SessionRef; result: CheckpointsResult };
   "context/compress": { params: CompressParams; result: CompressResult };
   "context/prompt": { params: PromptParams; result: OpenAIPrompt | AnthropicPrompt | OllamaPrompt };
-  "context/stats": { params: SessionRef; result: ContextStatsResult };
+  "context/stats": { params: ContextStatsParams; result: ContextStatsResult };
   "context/watermark": { params: WatermarkParams; result: WatermarkResult };
   "daemon/status": { params: Empty | undefined; result: DaemonStatusResult };
   "daemon/stop": { params: Empty | undefined; result: null };
