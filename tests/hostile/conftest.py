@@ -21,12 +21,18 @@ from typing import Any
 
 import pytest
 
+from tests.shared_fixtures import short_dir_fixture
+from tests.shared_fixtures import upstream as upstream  # (a fixture: found where it is imported)
+
 NOBODY = 65534
 REPO = Path(__file__).resolve().parents[2]
 
 SKIP = None if os.geteuid() == 0 and sys.platform.startswith("linux") else (
     "the hostile-user suite runs another user's process (uid 65534), which needs root on Linux; run it as "
     "root (e.g. in a container)")
+
+
+base = short_dir_fixture("base", "ctxd-hostile-")
 
 
 @pytest.fixture(autouse=True)

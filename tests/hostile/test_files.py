@@ -6,26 +6,21 @@ through it and nothing the daemon logs goes to the other user."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import daemon_env, short_dir
+from tests.e2e.helpers import daemon_env
 from tests.hostile.conftest import NOBODY, plant
+from tests.shared_fixtures import short_dir_fixture
 
 CLI = [sys.executable, "-m", "ctxd.cli.main"]
 
 
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = short_dir("ctxd-hostile-")
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+base = short_dir_fixture("base", "ctxd-hostile-", mode=0o755)
+"""(The conftest's, readable by the other user: its files are planted inside.)"""
 
 
 def _cli(socket: Path, data: Path) -> subprocess.CompletedProcess[str]:

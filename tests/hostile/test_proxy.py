@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ import psutil
 import pytest
 
 from ctxd.client import Client
-from tests.e2e.helpers import short_dir
 from tests.hostile.conftest import Attacker
 from tests.proxy.conftest import ProxyProcess
 from tests.proxy.upstream import MODEL, FakeUpstream
@@ -27,19 +25,6 @@ FILES = 600
 before the 20,000 of the issue's probe (the same exhaustion, sooner)."""
 LIMITED = ["-c", "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
                  f"({FILES}, {FILES})); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
-
-
-@pytest.fixture
-def upstream() -> Iterator[FakeUpstream]:
-    with FakeUpstream() as server:
-        yield server
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = short_dir("ctxd-hostile-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

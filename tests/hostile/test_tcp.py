@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -16,17 +15,10 @@ from pathlib import Path
 import pytest
 
 from ctxd.client import Client, ForeignDaemon
-from tests.e2e.helpers import CTXD, Daemon, daemon_env, frame, short_dir
+from tests.e2e.helpers import CTXD, Daemon, daemon_env, frame
 from tests.hostile.conftest import NOBODY, Attacker
 
 CLI = [sys.executable, "-m", "ctxd.cli.main"]
-
-
-@pytest.fixture
-def base() -> Path:
-    path = short_dir("ctxd-hostile-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _token_file(base: Path) -> Path:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import select
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,8 +22,10 @@ from typing import Any
 import pytest
 
 from ctxd.client import Client
-from tests.e2e.helpers import CTXD, Daemon, daemon_env, short_dir, storage_args
+from tests.e2e.helpers import CTXD, Daemon, daemon_env, storage_args
 from tests.proxy.upstream import FakeUpstream
+from tests.shared_fixtures import short_dir_fixture
+from tests.shared_fixtures import upstream as upstream  # (a fixture: found where it is imported)
 
 
 class ProxyProcess:
@@ -76,17 +77,7 @@ class ProxyProcess:
                 self.proc.wait(15)
 
 
-@pytest.fixture
-def upstream() -> Iterator[FakeUpstream]:
-    with FakeUpstream() as server:
-        yield server
-
-
-@pytest.fixture
-def base_dir() -> Iterator[Path]:
-    path = short_dir("ctxd-proxy-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+base_dir = short_dir_fixture("base_dir", "ctxd-proxy-")
 
 
 MODES = ("socket", "in-process")
