@@ -363,6 +363,12 @@ class ProxyConfig(_Section):
     session) while its request fits the model's own window. 0: every model at its own
     window. The request's ``X-Ctxd-Context-Window`` or Ollama ``options.num_ctx`` come
     first; a model's own window is ctxd's rule (``[models]``, the model table, the default)."""
+    reply_floor_tokens: Annotated[int, msgspec.Meta(ge=0)] = 4096
+    """The least a reply keeps when the newest turn (the tool output the model must read
+    now) cannot be sent whole beside the client's ``max_tokens``: the reserve lends it what
+    makes it whole, down to this or 1.5x the session's longest reply so far, whichever is
+    more, and the request goes upstream with ``max_tokens`` lowered to what the window
+    leaves (``X-Ctxd-Reply-Limit`` says so). 0: never lent."""
     connect_timeout_seconds: float = 10
     """Connecting to an upstream."""
     upstream_timeout_seconds: float = 600

@@ -35,6 +35,8 @@ class BudgetPolicy:
     output_tokens: int | None = None
     """The session's own reply size (``SessionSettings.outputTokens``: the client's
     ``max_tokens``), reserved in place of the model's limit or the default share."""
+    output_lent: int = 0
+    """Tokens of that reserve lent to the newest turn (``SessionSettings.outputFloor``)."""
 
 
 MAX_RESERVED_SHARE = 0.25
@@ -48,10 +50,12 @@ def reserved_output(window: int, output_limit: int | None, policy: BudgetPolicy)
     so a huge ``max_tokens`` cannot leave the prompt no room. For a model whose limit is
     unknown, ``reserved_output_fraction`` of the window."""
     if policy.output_tokens is not None:
-        return max(0, min(policy.output_tokens, math.ceil(window * MAX_RESERVED_SHARE)))
-    if output_limit is not None:
-        return max(0, min(output_limit, policy.reserved_output_cap, math.ceil(window * MAX_RESERVED_SHARE)))
-    return max(0, min(policy.reserved_output_cap, math.ceil(window * policy.reserved_output_fraction)))
+        full = max(0, min(policy.output_tokens, math.ceil(window * MAX_RESERVED_SHARE)))
+    elif output_limit is not None:
+        full = max(0, min(output_limit, policy.reserved_output_cap, math.ceil(window * MAX_RESERVED_SHARE)))
+    else:
+        full = max(0, min(policy.reserved_output_cap, math.ceil(window * policy.reserved_output_fraction)))
+    return max(0, full - policy.output_lent)
 
 
 def compute_budget(

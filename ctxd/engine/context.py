@@ -118,6 +118,13 @@ class CompressionState(msgspec.Struct, rename="camel", omit_defaults=True):
     (a pin of theirs takes them off this list). Sorted."""
     clips: list[ClipEvent] = []
     """Recent tool outputs too big for the prompt, sent as excerpts (``engine/clip.py``)."""
+    lent: tuple[int, int] | None = None
+    """``(seq, tokens)``: the reply's reserve lends ``tokens`` to the newest turn while
+    message ``seq`` is the session's newest (``SessionSettings.outputFloor``); void after."""
+
+    def lent_now(self, last_seq: int) -> int:
+        """The tokens lent while ``last_seq`` is the newest message (0: none)."""
+        return self.lent[1] if self.lent is not None and self.lent[0] == last_seq else 0
 
     def clip_for(self, seq: int) -> int | None:
         for event in self.clips:

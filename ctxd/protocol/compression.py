@@ -98,6 +98,11 @@ class SessionSettings(msgspec.Struct, rename="camel", omit_defaults=True):
     """Tokens reserved for the reply (the client's own ``max_tokens``): the budget's
     ``reservedOutput`` in place of the model's output limit or the default share, held to a
     quarter of the window so a prompt keeps room (``ctxd proxy`` sets it from each request)."""
+    output_floor: WindowSize | None = None
+    """The least the reply may keep when the newest turn (the tool output the model must
+    read now) cannot be sent whole otherwise: the reserve lends it what it needs, down to
+    this, for that turn only (the budget's ``reservedOutput`` says so; the client must then
+    ask for no more, as ``ctxd proxy`` does). Unset: the reserve is never lent."""
 
 
 class CompressParams(msgspec.Struct, rename="camel", omit_defaults=True):

@@ -6,6 +6,7 @@ Anthropic system part and cache breakpoints, Responses items) are ``ctxd.formats
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,36 @@ def reply_limit(api: Api, body: dict[str, Any]) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         return None
     return min(value, MAX_REPLY_LIMIT)
+
+
+def reply_room(prompt: dict[str, Any]) -> int | None:
+    """What the window leaves the reply beside ctxd's prompt, as the provider counts it
+    (the budget's usable part less the prompt at the session's learned ratio and
+    overhead); None when the prompt carries no budget."""
+    budget = prompt.get("budget")
+    tokens = prompt.get("tokens")
+    if not isinstance(budget, dict) or not isinstance(tokens, int) or not isinstance(budget.get("usable"), int):
+        return None
+    ratio = budget.get("tokenRatio") or 1.0
+    overhead = budget.get("tokenOverhead") or 0
+    return budget["usable"] - math.ceil(tokens * ratio + overhead)
+
+
+def limit_reply(api: Api, body: dict[str, Any], limit: int) -> None:
+    """Lower the request's reply limit to ``limit`` in the field the client used
+    (:func:`reply_limit`); Anthropic's thinking budget, which must stay below it, with it
+    (to 1,024 at least, the API's minimum)."""
+    limit = max(1, limit)
+    if api == "ollama":
+        body["options"] = dict(body["options"], num_predict=limit)
+    elif api == "openai":
+        body["max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"] = limit
+    else:
+        body["max_output_tokens" if api == "responses" else "max_tokens"] = limit
+    thinking = body.get("thinking") if api == "anthropic" else None
+    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) \
+            and thinking["budget_tokens"] >= limit:
+        body["thinking"] = dict(thinking, budget_tokens=max(1024, limit - 1))
 
 
 def is_streaming(api: Api, body: dict[str, Any]) -> bool:

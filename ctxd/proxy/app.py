@@ -36,6 +36,7 @@ log = logging.getLogger("ctxd.proxy")
 
 SESSION_HEADER = "x-ctxd-session"
 WINDOW_HEADER = "x-ctxd-context-window"
+REPLY_LIMIT_HEADER = "x-ctxd-reply-limit"
 HOP_BY_HOP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "trailers", "transfer-encoding", "upgrade", "content-length"})
 CORS = frozenset({"access-control-allow-origin", "access-control-allow-credentials", "access-control-allow-methods",
@@ -191,6 +192,17 @@ class Proxy:
                                 status_code=503)
         out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None  # (what the next request builds on is conv.align.current)
+        ours = bill_headers(tracked.id, prompt)
+        room = apis.reply_room(prompt) if conv.output is not None else None
+        if room is not None and conv.output is not None and room < conv.output:
+            # Prompt + max_tokens over the window is refused by the providers (Anthropic,
+            # OpenAI): the reply gets what the window leaves, at least the reserve the
+            # prompt was built beside (less when it was lent to the newest turn, never
+            # below settings.outputFloor).
+            apis.limit_reply(api, out, room)
+            ours[REPLY_LIMIT_HEADER] = f"{max(1, room)}; asked={conv.output}"
+            log.info("session %s: max_tokens %d -> %d (what the window leaves beside the prompt; reserved %s)",
+                     tracked.id, conv.output, max(1, room), (prompt.get("budget") or {}).get("reservedOutput"))
         upstream = self.upstream_request("POST", self.chat_url(api, request.url.path),
                                          headers=self.forward_headers(request, json_body=True),
                                          params=request.query_params or None, content=dumps(out))
@@ -206,7 +218,6 @@ class Proxy:
                  time.perf_counter() - started, ", streamed" if streaming else "")
         if isinstance(response, Response):
             return response
-        ours = bill_headers(tracked.id, prompt)
         if not streaming or response.status_code != 200:
             # The reply is pushed once the answer is handed to uvicorn (Starlette runs the
             # task right after the body's send, in this turn of the loop): the answer's

@@ -179,7 +179,7 @@ async def _serve(config: Any, sock: socket.socket, *, autostart: bool, config_fi
     # Each upstream request is written in one send (wire.py); the transport is used
     # without an httpx.AsyncClient (app.Proxy).
     async with wire.UpstreamTransport(limits=limits) as transport:
-        sessions = Sessions(link)
+        sessions = Sessions(link, reply_floor=config.proxy.reply_floor_tokens)
         proxy = Proxy(config.proxy, sessions, transport, timeout, Windows.from_config(config))
         # Only the user running the proxy is served (peers.py): the proxy accepts its
         # connections itself, each one's uid looked up as it is accepted; another user's

@@ -135,6 +135,8 @@ class Tracked:
     credential: str | None = None  # the creating key's fingerprint; None: not recorded (made elsewhere)
     entries: list[Stored] = field(default_factory=list)  # one per ``chain`` key: identity, anchor, live
     current: list[str] | None = None  # the keys last named the client's current context (None: not yet)
+    floor: int | None = None  # ``settings.outputFloor`` as last sent
+    longest_reply: int = 0  # the longest reply's output tokens seen (usage)
 
 
 @dataclass
@@ -166,6 +168,17 @@ def _output_of(info: dict[str, Any]) -> int | None:
     """A session's reply reserve (``settings.outputTokens``) from its ``SessionInfo``."""
     value = (info.get("settings") or {}).get("outputTokens")
     return value if isinstance(value, int) else None
+
+
+def _floor_of(info: dict[str, Any]) -> int | None:
+    value = (info.get("settings") or {}).get("outputFloor")
+    return value if isinstance(value, int) else None
+
+
+def _reply_tokens(entry: dict[str, Any]) -> int:
+    usage = (entry.get("message") or {}).get("usage") or {}
+    value = usage.get("outputTokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) else 0
 
 
 def _stored_of(entry: dict[str, Any]) -> Stored | None:
@@ -253,8 +266,9 @@ class Sessions:
     are forgotten (read again from history if their conversation comes back): a proxy that
     runs for months would otherwise keep every session it ever saw."""
 
-    def __init__(self, link: DaemonLink, *, remembered: int = 256) -> None:
+    def __init__(self, link: DaemonLink, *, remembered: int = 256, reply_floor: int = 4096) -> None:
         self.link = link
+        self.reply_floor = reply_floor
         self._tracked: dict[str, Tracked] = {}
         self._aliases: dict[str, str] = {}
         self._earlier: dict[str, Tracked] = {}  # sessions a fork followed (``_continued``)
@@ -297,11 +311,13 @@ class Sessions:
         """A stored session's chain, from the hashes its pushed messages carry."""
         session_id = info["sessionId"]
         entries: list[Stored] = []
+        longest = 0
         next_seq: int | None = 1
         while next_seq is not None:
             page = await self.link.request(session_id, "session/history",
                                            {"sessionId": session_id, "from": next_seq, "limit": 500})
             for entry in page.get("messages") or []:
+                longest = max(longest, _reply_tokens(entry))
                 stored = _stored_of(entry)
                 if stored is not None:
                     entries.append(stored)
@@ -310,7 +326,8 @@ class Sessions:
         own = (info.get("metadata") or {}).get(META)
         credential = own.get("credential") if isinstance(own, dict) else None
         return Tracked(session_id, chain, info.get("systemPrompt"), _output_of(info),
-                       credential=credential if isinstance(credential, str) else None, entries=entries)
+                       credential=credential if isinstance(credential, str) else None, entries=entries,
+                       floor=_floor_of(info), longest_reply=longest)
 
     async def resolve(self, base_id: str) -> Tracked | None:
         """The session a conversation continues (following forks), or None."""
@@ -349,6 +366,8 @@ class Sessions:
             params["systemPrompt"] = conv.parts.system_text
         if conv.output is not None:
             params["settings"] = {"outputTokens": conv.output}
+        if self.reply_floor > 0:
+            params.setdefault("settings", {})["outputFloor"] = self.reply_floor
         first_user = next((m for m, _, _ in conv.items if m.get("role") == "user"), None)
         if first_user is not None:
             content = first_user.get("content")
@@ -367,7 +386,8 @@ class Sessions:
             tracked = await self._load(info)
             self._tracked[session_id] = tracked
             return tracked
-        tracked = Tracked(session_id, [], info.get("systemPrompt"), _output_of(info), credential=conv.credential)
+        tracked = Tracked(session_id, [], info.get("systemPrompt"), _output_of(info), credential=conv.credential,
+                          floor=_floor_of(info))
         self._tracked[session_id] = tracked
         return tracked
 
@@ -608,13 +628,19 @@ class Sessions:
             changes["systemPrompt"] = conv.parts.system_text
         if conv.output is not None and conv.output != tracked.output:
             changes["settings"] = {"outputTokens": conv.output}
+        floor = self.floor_for(tracked)
+        if floor != tracked.floor:
+            changes.setdefault("settings", {})["outputFloor"] = floor
         if changes:
             await self.link.request(tracked.id, "session/update", {"sessionId": tracked.id, **changes})
             tracked.system = changes.get("systemPrompt", tracked.system)
-            if "settings" in changes:
+            if "outputTokens" in changes.get("settings", {}):
                 log.debug("session %s: %d tokens reserved for the reply (was %s)", tracked.id, conv.output,
                           tracked.output)
                 tracked.output = conv.output
+            if "outputFloor" in changes.get("settings", {}):
+                log.debug("session %s: the reply's reserve may be lent down to %s tokens", tracked.id, floor)
+                tracked.floor = floor
         # The client's new messages, each keyed by the chain of identities in the order
         # pushed (a push repeated after a crash carries the same keys: stored once).
         stamped: list[tuple[dict[str, Any], Stored]] = []
@@ -681,6 +707,15 @@ class Sessions:
         conv.prompt_window = (prompt.get("budget") or {}).get("contextWindow") or 0
         return list(tracked.chain), prompt
 
+    def floor_for(self, tracked: Tracked) -> int | None:
+        """``settings.outputFloor``: the configured floor, or 1.5x the session's longest
+        reply so far (in steps of 512 tokens: few updates), whichever is more; None when
+        lending is off (``proxy.reply_floor_tokens = 0``)."""
+        if self.reply_floor <= 0:
+            return None
+        learned = -(-(tracked.longest_reply * 3 // 2) // 512) * 512
+        return max(self.reply_floor, learned)
+
     @staticmethod
     def _stamped(message: dict[str, Any], entry: Stored, usage: dict[str, int] | None = None) -> dict[str, Any]:
         out = dict(message)
@@ -724,6 +759,8 @@ class Sessions:
         if not items:
             return False
         self._learn(conv, usage)
+        if isinstance(usage.get("outputTokens"), int):
+            tracked.longest_reply = max(tracked.longest_reply, usage["outputTokens"])
         async with tracked.lock:
             if tracked.chain != chain_then:
                 log.info("session %s: the reply is not pushed, the session moved on meanwhile", tracked.id)

@@ -32,6 +32,7 @@ from ctxd.engine import checkpoints as ckpts
 from ctxd.engine.context import ActiveContext, Entry
 from ctxd.engine.folding import describe_seqs, fold, folded_summary, plan_fold, plan_fold_users, user_tokens
 from ctxd.engine.pipeline import (
+    EXCERPT_SLACK,
     STAGES,
     Selection,
     advance,
@@ -46,6 +47,7 @@ from ctxd.engine.pipeline import (
     make_checkpoint,
     plan_clips,
     plan_excerpts,
+    newest_turn,
     plan_widen,
     plan_word_excerpts,
     prepare,
@@ -302,8 +304,22 @@ async def _widen_newest(svc: Service, state: SessionState, ctx: ActiveContext, r
     """The newest turn sent as an excerpt while the prompt has room left (a squeeze cut
     it to its share before the older conversation went): it takes that room, whole when
     it fits (issue 21: what the client's newest request shows the model arrives intact).
-    An excerpt is measured after it is cut and may come out smaller than its limit: a
-    few rounds, each into the room the last one left."""
+    Still cut, and the session allows it (``settings.outputFloor``), the reply's reserve
+    lends it what makes it whole, down to that floor (:func:`_lend_reserve`)."""
+    widened = await _widen_into_room(svc, state, ctx, run)
+    widened.update(await _lend_reserve(svc, state, ctx, run))
+    if not widened:
+        return
+    run.layers.append("clip")
+    run.detail["widened"] = [{"seq": s, "maxTokens": m} for s, m in widened.items()]
+
+
+async def _widen_into_room(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass,
+                           *, guarded: bool = True) -> dict[int, int | None]:
+    """The newest turn's excerpts widened into the prompt's free room. An excerpt is
+    measured after it is cut and may come out smaller than its limit: a few rounds, each
+    into the room the last one left. ``guarded=False`` (room lent by the reply's reserve,
+    given back at the next push anyway): up to the largest prompt."""
     widened: dict[int, int | None] = {}
     share = 1.0
     guard = math.ceil(svc.cache.policy(state).min_growth_fraction * svc.cache.budget(state).available)
@@ -311,7 +327,9 @@ async def _widen_newest(svc: Service, state: SessionState, ctx: ActiveContext, r
         budget = svc.cache.budget(state)
         # (one loop guard's step stays free below the trigger: filled to the limit, the
         # next push would force a pass that drops what was just widened)
-        free = min(budget.max_prompt_tokens - ctx.prompt_tokens, budget.trigger_at - guard - budget.used)
+        free = budget.max_prompt_tokens - ctx.prompt_tokens
+        if guarded:
+            free = min(free, budget.trigger_at - guard - budget.used)
         room = math.floor(share * max(0, free))
         widen = plan_widen(ctx, room)
         if not widen:
@@ -328,10 +346,45 @@ async def _widen_newest(svc: Service, state: SessionState, ctx: ActiveContext, r
                 share /= 2
                 continue
         widened.update(widen)
-    if not widened:
-        return
-    run.layers.append("clip")
-    run.detail["widened"] = [{"seq": s, "maxTokens": m} for s, m in widened.items()]
+    return widened
+
+
+def _cut_in_newest_turn(ctx: ActiveContext) -> list[Entry]:
+    return [e for e in newest_turn(ctx) if ctx.state.clip_for(e.seq) is not None]
+
+
+async def _lend_reserve(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> dict[int, int | None]:
+    """The newest turn still cut after taking the free room: the reply's reserve lends it
+    the tokens that make it whole, no more, and never below ``settings.outputFloor``, for
+    this turn only (``CompressionState.lent``: void once a newer message is pushed).
+    A coding agent asks for 8-32K tokens of reply and writes a few hundred; the tool output
+    it must read now is worth more than reply room it will not use. A loan that cannot make
+    the turn whole is not made (the reply keeps its reserve; the excerpt stays)."""
+    floor = state.row.settings.output_floor
+    cut = _cut_in_newest_turn(ctx)
+    if floor is None or not cut or ctx.state.lent_now(state.row.last_seq):
+        return {}
+    budget = svc.cache.budget(state)
+    can = budget.reserved_output - floor
+    if can <= 0:
+        return {}
+    need = sum(max(0, e.sent_tokens - e.view_tokens) for e in cut) + EXCERPT_SLACK
+    guess = min(can, need - max(0, budget.max_prompt_tokens - ctx.prompt_tokens))
+    clips, lent = list(ctx.state.clips), ctx.state.lent
+    await _before_change(svc, state, run)
+    for loan in dict.fromkeys((max(1, guess), can)):
+        async with state.lock:
+            ctx.state.lent = (state.row.last_seq, loan)
+            svc.cache.refresh(state)
+        widened = await _widen_into_room(svc, state, ctx, run, guarded=False)
+        if not _cut_in_newest_turn(ctx):
+            run.detail["lent"] = {"seq": state.row.last_seq, "tokens": loan,
+                                  "reservedOutput": svc.cache.budget(state).reserved_output}
+            return widened
+    async with state.lock:  # (it cannot be made whole: as it was)
+        ctx.state.clips, ctx.state.lent = clips, lent
+        svc.cache.refresh(state)
+    return {}
 
 
 async def _keep_working_set(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:

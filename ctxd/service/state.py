@@ -142,7 +142,8 @@ def is_hosted(row: SessionRow) -> bool:
     return (row.model or "").lower().split("/")[-1].startswith(HOSTED_MODELS)
 
 
-def budget_policy(config: Config, row: SessionRow) -> BudgetPolicy:
+def budget_policy(config: Config, row: SessionRow, lent: int = 0) -> BudgetPolicy:
+    """``lent``: tokens of the reply's reserve lent to the newest turn (``CompressionState.lent``)."""
     b = config.budget
     trigger_fraction = row.settings.trigger_fraction
     return BudgetPolicy(
@@ -152,6 +153,7 @@ def budget_policy(config: Config, row: SessionRow) -> BudgetPolicy:
         safety_margin_fraction=b.safety_margin_fraction,
         trigger_fraction=trigger_fraction if trigger_fraction is not None else b.trigger_fraction,
         output_tokens=row.settings.output_tokens,
+        output_lent=lent,
     )
 
 
@@ -389,13 +391,14 @@ class SessionCache:
         f = state.stored.figures
         row = state.row
         samples = row.stats.drift.usage_samples
+        lent = state.cstate.lent_now(row.last_seq)
         key = (f.system, f.pinned, f.checkpoints, f.used, state.context_window, state.output_limit,
-               msgspec.structs.astuple(row.settings), row.provider, row.model, tuple(samples))
+               msgspec.structs.astuple(row.settings), row.provider, row.model, tuple(samples), lent)
         memo = state.budget_memo
         if memo is not None and memo[0] == key:
             return memo[1]
         budget = budget_for(
-            budget_policy(self.config, row),
+            budget_policy(self.config, row, lent),
             context_window=state.context_window,
             output_limit=state.output_limit,
             system_tokens=f.system,

@@ -17,6 +17,7 @@ from tests.proxy.upstream import MODEL
 
 WINDOW = 8192
 SYSTEM = "You are a careful agent."
+FLOOR = 4096  # proxy.reply_floor_tokens (the proxy creates its sessions with it: test_reply_floor.py)
 TOPICS = ("the parser", "the scheduler", "the cache", "the network layer", "the storage engine", "the test suite")
 
 
@@ -69,7 +70,7 @@ async def test_a_large_max_tokens_gets_a_smaller_prompt(proxy, upstream, ctxd_da
     try:
         for name, reserved in (("short-replies", 200), ("long-replies", 2000)):
             info = await ctxd.request("session/get", {"sessionId": name})
-            assert info["settings"] == {"outputTokens": reserved} and info["contextWindow"] == WINDOW
+            assert info["settings"] == {"outputTokens": reserved, "outputFloor": FLOOR} and info["contextWindow"] == WINDOW
             assert info["compressionCount"] >= 1
             stats = await ctxd.request("context/stats", {"sessionId": name})
             assert stats["budget"]["reservedOutput"] == reserved
@@ -94,7 +95,7 @@ async def test_the_reserve_follows_the_request_and_is_updated_only_when_it_chang
     assert [{k: r.json[k] for k in ("max_tokens", "max_completion_tokens") if k in r.json} for r in sent] == limits
 
     [info] = await sessions(ctxd_daemon)
-    assert info["settings"] == {"outputTokens": 1500}
+    assert info["settings"] == {"outputTokens": 1500, "outputFloor": FLOOR}
     # Two changes (none -> 300 -> 1500): two updates, not one per request.
     changes = db_query(ctxd_daemon.data_dir, "SELECT detail FROM session_events WHERE session_id = ? AND kind = ? "
                                              "ORDER BY at", (info["sessionId"], "settings"))
@@ -116,4 +117,5 @@ async def test_ollama_num_predict_and_responses_max_output_tokens(proxy, ctxd_da
         assert (await http.post("/v1/responses", json=body)).status_code == 200
     reserves = {s["sessionId"].split("-")[1]: s["settings"] for s in await sessions(ctxd_daemon)}
     # -1 and 0 are no limit (the session keeps none, then takes 640).
-    assert reserves == {"ollama": {"outputTokens": 640}, "responses": {"outputTokens": 700}}
+    assert reserves == {"ollama": {"outputTokens": 640, "outputFloor": FLOOR},
+                        "responses": {"outputTokens": 700, "outputFloor": FLOOR}}

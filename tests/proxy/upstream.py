@@ -100,6 +100,7 @@ class FakeUpstream:
         self.hung_up = 0  # hanging requests whose client (the proxy) closed the connection
         self.completed_streams = 0
         self.refused: list[str] = []  # what the checks of a thinking request refused
+        self.window: int | None = None  # refuse input + the reply limit over it, as Anthropic and OpenAI do
         self.delay = 0.2
         self._lock = threading.Lock()
         self._stopping = False
@@ -226,6 +227,14 @@ class FakeUpstream:
             if problem is not None:
                 self.refused.append(problem)
                 return self._error(api, 400, problem, "invalid_request_error")
+        if self.window is not None:
+            asked = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+            counted = self.input_tokens(body)
+            if counted + asked > self.window:
+                message = (f"input length and `max_tokens` exceed context limit: {counted} + {asked} > "
+                           f"{self.window}, decrease input length or `max_tokens` and try again")
+                self.refused.append(message)
+                return self._error(api, 400, message, "invalid_request_error")
         text, from_user = _last_user_text(api, body)
         tool: bool | str = (from_user and "use the tool" in text) or (thinking and _calls_to_go(body))
         if api == "responses" and from_user and "use the patch tool" in text:

@@ -674,3 +674,51 @@ async def test_a_newest_tool_output_too_big_for_the_prompt_gets_the_room_left(se
     after = await _prompt(service)
     assert after.compression_count == passes  # (no pass forced by a small step)
     assert any(newest[:200] in (t or "") for t in _texts(after))
+
+
+
+async def _newest_read_of(service: Service, settings: dict[str, int], rows: int) -> tuple[Any, Any, str]:
+    """A session at 8K reserving 2,000 tokens for the reply (the client's ``max_tokens``),
+    four steps read, then a read of ``rows`` rows: its pushed copy, the prompt, the text."""
+    await _create(service, window=8192, settings=settings)
+    await _push(service, [{"role": "user", "content": "Find why the report is wrong (task RPT-3)."}])
+    for n in range(4):
+        log = "\n".join(f"row{n}_{k},item {k},{k * 7 % 13},ok" for k in range(110))
+        await _push(service, _call(f"c{n}", "read", {"filePath": f"data/part{n}.csv"}, log))
+        await settle(service)
+    newest = "\n".join(f"{k}: SKU-{k:05d},widget {k},{k * 31 % 997},{k % 17}" for k in range(rows))
+    pushed = await _push(service, _call("big", "read", {"filePath": "data/items.csv"}, newest))
+    await settle(service)
+    return pushed, await _prompt(service), newest
+
+
+@pytest.mark.parametrize("floor", [None, 1000])
+async def test_the_reply_reserve_lends_the_newest_turn_what_makes_it_whole(service: Service,
+                                                                           floor: int | None) -> None:
+    """A newest tool output a little too big for the room the reply's reserve leaves:
+    with ``outputFloor`` the reserve lends it what makes it whole, no more and never below
+    the floor; the next push gives the reserve back. Without a floor it stays an excerpt."""
+    settings = {"outputTokens": 2000} | ({"outputFloor": floor} if floor else {})
+    pushed, result, newest = await _newest_read_of(service, settings, 440)
+    budget = result.budget
+    last = _texts(result)[-1]
+    if floor is None:
+        assert "left out by ctxd" in last and budget.reserved_output == 2000
+        return
+    assert last == newest
+    assert floor < budget.reserved_output < 2000, budget.reserved_output  # (only what it needed)
+    assert result.tokens <= budget.max_prompt_tokens
+    assert budget.max_prompt_tokens - result.tokens < 200  # (lent to the token it needed, about)
+    step = "\n".join(f"next{k}: ok" for k in range(20))
+    await _push(service, _call("after", "read", {"filePath": "data/notes.txt"}, step))
+    await settle(service)
+    after = await _prompt(service)
+    assert after.budget.reserved_output == 2000 and after.tokens <= after.budget.max_prompt_tokens
+
+
+async def test_no_loan_where_the_floor_cannot_make_the_newest_turn_whole(service: Service) -> None:
+    """Too big even with the reserve at its floor: nothing lent (the reply keeps its room,
+    the output is an excerpt as before)."""
+    pushed, result, newest = await _newest_read_of(service, {"outputTokens": 2000, "outputFloor": 1000}, 500)
+    assert "left out by ctxd" in _texts(result)[-1]
+    assert result.budget.reserved_output == 2000

@@ -1050,6 +1050,7 @@ export interface SessionSettings {
   keepRecent?: number | null;
   triggerFraction?: number | null;
   outputTokens?: number | null;
+  outputFloor?: number | null;
 }
 
 /**

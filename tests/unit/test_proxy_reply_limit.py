@@ -1,0 +1,54 @@
+"""The proxy's reply limit lowered to what the window leaves (``apis.reply_room``,
+``apis.limit_reply``), in the field each API's client used, and the budget's reserve less
+what it lent the newest turn (``BudgetPolicy.output_lent``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ctxd.engine.budget import BudgetPolicy, reserved_output
+from ctxd.formats import Api
+from ctxd.proxy import apis
+
+
+def test_the_room_is_the_usable_part_less_the_prompt_as_the_provider_counts_it() -> None:
+    prompt = {"tokens": 1000, "budget": {"usable": 8192, "tokenRatio": 1.1, "tokenOverhead": 300}}
+    assert apis.reply_room(prompt) == 8192 - 1400
+    assert apis.reply_room({"tokens": 1000, "budget": {"usable": 8192}}) == 7192
+    assert apis.reply_room({"tokens": 1000}) is None
+
+
+@pytest.mark.parametrize("api,body,field", [
+    ("openai", {"max_completion_tokens": 8000, "max_tokens": None}, "max_completion_tokens"),
+    ("openai", {"max_tokens": 8000}, "max_tokens"),
+    ("responses", {"max_output_tokens": 8000}, "max_output_tokens"),
+    ("anthropic", {"max_tokens": 8000}, "max_tokens"),
+])
+def test_the_limit_goes_in_the_field_the_client_used(api: Api, body: dict[str, Any], field: str) -> None:
+    apis.limit_reply(api, body, 5000)
+    assert body[field] == 5000 and apis.reply_limit(api, body) == 5000
+    assert [k for k, v in body.items() if v is not None] == [field]
+
+
+def test_ollama_num_predict_and_the_other_options_kept() -> None:
+    body = {"options": {"num_predict": 8000, "num_ctx": 16384}}
+    apis.limit_reply("ollama", body, 3000)
+    assert body["options"] == {"num_predict": 3000, "num_ctx": 16384}
+
+
+def test_anthropic_thinking_budget_stays_below_the_limit() -> None:
+    body = {"max_tokens": 32000, "thinking": {"type": "enabled", "budget_tokens": 16000}}
+    apis.limit_reply("anthropic", body, 9000)
+    assert body["max_tokens"] == 9000 and body["thinking"] == {"type": "enabled", "budget_tokens": 8999}
+    body = {"max_tokens": 32000, "thinking": {"type": "enabled", "budget_tokens": 4000}}
+    apis.limit_reply("anthropic", body, 9000)
+    assert body["thinking"]["budget_tokens"] == 4000
+
+
+def test_the_reserve_less_what_it_lent() -> None:
+    assert reserved_output(24_000, None, BudgetPolicy(output_tokens=8000)) == 6000  # (a quarter of the window)
+    assert reserved_output(24_000, None, BudgetPolicy(output_tokens=8000, output_lent=1500)) == 4500
+    assert reserved_output(24_000, 16_000, BudgetPolicy(output_lent=1500)) == 4500
+    assert reserved_output(24_000, None, BudgetPolicy(output_tokens=1000, output_lent=5000)) == 0
