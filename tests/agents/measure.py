@@ -11,10 +11,16 @@
 - **newest intact**: upstream requests that end with the client's newest turn as sent
   (its last message or item; behind a trailing system reminder, from the last other
   message on; cache breakpoints aside), paired through the tap.
-- **files intact**: of the client requests showing a repository file whole (as it was on
-  disk when sent: aider's files in the chat, a ``cat``), those whose upstream request
-  shows it whole too (every one of them); and of the files such requests show, counted
-  once per request (**file views**), those the upstream request shows whole.
+- **files intact**: the client's own files, those it sends itself as its context each
+  request (aider's files in the chat, Claude Code's reminders: a repository file whole, as
+  on disk when sent, in the system part or a user message's own text): of the client
+  requests showing some, those whose upstream request shows every one whole. A request
+  that cannot hold them whole (:func:`cannot_fit`: the client's fixed part, its files, its
+  newest turn and the reply floor over the window) is counted apart as **cannot fit**,
+  not as a miss. **Views**: the files an agent read through its tools (in tool results),
+  counted once per request, those the upstream request shows whole.
+- **newest intact** counts apart, the same way, the requests whose newest turn alone
+  (beside the fixed part and the reply floor) cannot fit.
 - **tokens** and **bill**: the upstream requests' input tokens, and their price with
   prompt caching (tests/agents/pricing.py); **cached share**, and **prefix kept**: task
   requests that start with the previous task request up to its last message.
@@ -26,8 +32,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ctxd.config import ProxyConfig
 from tests.agents import fixture, pricing, script, wire
 from tests.agents.upstream import escaped
+
+REPLY_FLOOR = ProxyConfig().reply_floor_tokens
+"""The least a reply keeps (``proxy.reply_floor_tokens``): what a request must leave free."""
+TOOL_ITEMS = ("function_call_output", "custom_tool_call_output")
 
 
 def _text(message: dict[str, Any]) -> str:
@@ -68,6 +79,55 @@ def newest(api: str, body: Any) -> Any:
     return _strip(items[start:])
 
 
+def _own_and_tools(api: str, body: dict[str, Any]) -> tuple[str, str]:
+    """The client's own text (system part, user and system messages' own text) and its
+    tool results, each as raw JSON text to look files up in."""
+    own: list[Any] = [body.get("system"), body.get("instructions")]
+    tools: list[Any] = []
+    items = body.get("input") if api == "responses" else body.get("messages")
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") in TOOL_ITEMS or item.get("role") == "tool":
+            tools.append(item)
+        elif item.get("role") in ("user", "system", "developer"):
+            content = item.get("content")
+            blocks = content if isinstance(content, list) else [content]
+            for block in blocks:
+                (tools if isinstance(block, dict) and block.get("type") == "tool_result" else own).append(block)
+    return json.dumps(own), json.dumps(tools)
+
+
+def _fixed_body(api: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The request with its conversation left out: tools, system part, leading system items."""
+    key = "input" if api == "responses" else "messages"
+    items = body.get(key) if isinstance(body.get(key), list) else []
+    leading = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("role") not in ("system", "developer"):
+            break
+        leading.append(item)
+    return dict(body, **{key: leading})
+
+
+def reply_floor(api: str, body: dict[str, Any]) -> int:
+    """The reply room a request must leave: the client's limit, down to ctxd's floor."""
+    key = {"responses": "max_output_tokens", "anthropic": "max_tokens"}.get(api)
+    asked = body.get(key) if key else (body.get("max_completion_tokens") or body.get("max_tokens"))
+    return min(asked, REPLY_FLOOR) if isinstance(asked, int) and asked > 0 else REPLY_FLOOR
+
+
+def cannot_fit(api: str, body: dict[str, Any], window: int, files: list[str]) -> bool:
+    """The client's fixed part, ``files`` and its newest turn, beside the reply floor, are
+    over ``window`` as the provider counts: no prompt can show them whole."""
+    fixed = _fixed_body(api, body)
+    key = "input" if api == "responses" else "messages"
+    newest_items = newest(api, body) or []
+    tokens = wire.count(api, dict(fixed, **{key: list(fixed[key]) + list(newest_items)}))
+    tokens += sum(wire.count_text(text) for text in files)
+    return tokens + reply_floor(api, body) > window
+
+
 def expected_diff_ok(diff: str) -> bool:
     """The diff is the fix and only the fix."""
     removed = [line for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
@@ -101,6 +161,8 @@ class RunMeasures:
     files_pairs: int
     views_intact: int = 0
     views: int = 0
+    newest_unfit: int = 0  # requests whose newest turn cannot fit whole (not in newest_pairs)
+    files_unfit: int = 0  # requests whose own files cannot fit whole (not in files_pairs)
     sessions: int = 0
     task_sessions: int = 0
     task_forks: int = 0
@@ -145,21 +207,37 @@ def measure(run: dict[str, Any]) -> RunMeasures:
                 if pricing.common_prefix(ids, before) >= before_head:
                     prefix_kept += 1
             previous = (ids, head)
-    intact = newest_pairs = files = files_pairs = views = views_intact = 0
+    intact = newest_pairs = files = files_pairs = views = views_intact = newest_unfit = files_unfit = 0
     for e in ok:
         client = tapped.get(e["tap"]) if e["tap"] is not None else None
         if client is None or not isinstance(client.get("body"), dict):
             continue
-        newest_pairs += 1
-        if newest(e["api"], e["body"]) == newest(e["api"], client["body"]):
+        api, body = e["api"], client["body"]
+        managed = body.get("model") in (None, run.get("model"))  # (side models pass through at their own window)
+        if newest(api, e["body"]) == newest(api, body):
             intact += 1
-        if client["shown"]:
-            files_pairs += 1
-            sent = json.dumps(e["body"])
-            whole = [escaped(run["files"][h]) in sent for h in client["shown"]]
-            files += all(whole)
-            views += len(whole)
-            views_intact += sum(whole)
+            newest_pairs += 1
+        elif managed and cannot_fit(api, body, window, []):
+            newest_unfit += 1
+        else:
+            newest_pairs += 1
+        if not client["shown"]:
+            continue
+        own_text, tool_text = _own_and_tools(api, body)
+        sent = json.dumps(e["body"])
+        own = [run["files"][h] for h in client["shown"] if escaped(run["files"][h]) in own_text]
+        viewed = [run["files"][h] for h in client["shown"] if escaped(run["files"][h]) in tool_text]
+        if own:
+            if all(escaped(text) in sent for text in own):
+                files += 1
+                files_pairs += 1
+            elif managed and cannot_fit(api, body, window, own):
+                files_unfit += 1
+            else:
+                files_pairs += 1
+        whole = [escaped(text) in sent for text in viewed]
+        views += len(whole)
+        views_intact += sum(whole)
     tokens = sum(e["tokens"] for e in ok)
     out = RunMeasures(
         cli=run["cli"], via=run["via"], window=window, returncode=run.get("returncode"),
@@ -172,7 +250,7 @@ def measure(run: dict[str, Any]) -> RunMeasures:
         bill=round(bill, 1),
         cached_share=round(cached / tokens, 4) if tokens else 0.0, prefix_kept=prefix_kept, prefix_pairs=pairs,
         newest_intact=intact, newest_pairs=newest_pairs, files_intact=files, files_pairs=files_pairs,
-        views_intact=views_intact, views=views,
+        views_intact=views_intact, views=views, newest_unfit=newest_unfit, files_unfit=files_unfit,
         diff=run.get("diff", ""), final_output=(run.get("stdout") or "").strip()[-300:], per_request=per_request)
     sessions = run.get("sessions")
     if sessions is not None:

@@ -4,6 +4,7 @@ them, the tap's pairing, the pricer's cache rule and the script's decisions."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import anthropic
@@ -11,7 +12,8 @@ import openai
 import pytest
 
 from tests.agents import fixture, pricing, script, wire
-from tests.agents.measure import expected_diff_ok, newest
+from tests.agents import measure as measure_module
+from tests.agents.measure import expected_diff_ok, measure, newest
 from tests.agents.script import Call, Move
 from tests.agents.upstream import ScriptedUpstream, model_window
 
@@ -173,3 +175,40 @@ def test_measures_read_the_newest_turn_and_the_fix() -> None:
             f"@@ -1 +1 @@\n-{fixture.BUGGY}+{fixture.FIXED}")
     assert expected_diff_ok(good)
     assert not expected_diff_ok(good.replace(fixture.FIXED, "    return 0\n"))
+
+
+def _run(client_body: dict, upstream_body: dict, files: dict[str, str], shown: list[str], window: int) -> dict:
+    """A one-request run record as tests/agents/run.py writes it (chat API)."""
+    return {"cli": "aider", "via": "proxy", "window": window, "model": "gpt-4o", "returncode": 0, "files": files,
+            "tapped": [{"n": 0, "body": client_body, "shown": shown}],
+            "exchanges": [{"n": 0, "tap": 0, "api": "chat", "status": 200, "kind": "task", "step": 0,
+                           "tokens": wire.count("chat", upstream_body), "body": upstream_body}]}
+
+
+def test_the_clients_own_files_apart_from_its_tool_reads_and_what_cannot_fit() -> None:
+    """A file the client sends in its own words (aider's files in the chat) is one of its
+    files; one in a tool result is a view. A request whose fixed part, files, newest turn and
+    reply floor are over the window counts as "cannot fit", not as a miss."""
+    small = "\n".join(f"line {k}: value = {k * 3}" for k in range(40))
+    big = "\n".join(f"{k}: SKU-{k:05d},widget {k},{k * 31 % 997},{k % 17}" for k in range(700))
+    files = {"a": small, "b": big}
+    client = {"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "You are aider."},
+        {"role": "user", "content": f"src/app.py\n```\n{small}\n```"},
+        {"role": "assistant", "content": "Ok.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "cat", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": big},
+        {"role": "user", "content": "Fix the bug."}]}
+    cut = json.loads(json.dumps(client))
+    cut["messages"][3]["content"] = big[:500] + "\n[... left out ...]"
+    m = measure(_run(client, cut, files, ["a", "b"], 32_000))
+    assert (m.files_intact, m.files_pairs, m.files_unfit) == (1, 1, 0)  # its own file; the cat is a view
+    assert (m.views_intact, m.views) == (0, 1)
+    dropped = json.loads(json.dumps(cut))
+    dropped["messages"][1]["content"] = "src/app.py (left out)"
+    m = measure(_run(client, dropped, files, ["a", "b"], 32_000))
+    assert (m.files_intact, m.files_pairs, m.files_unfit) == (0, 1, 0)  # it fits: a miss
+    fixed = wire.count("chat", dict(client, messages=client["messages"][:1] + client["messages"][-1:]))
+    tight = fixed + wire.count_text(small) + measure_module.REPLY_FLOOR - 5
+    m = measure(_run(client, dropped, files, ["a", "b"], tight))
+    assert (m.files_intact, m.files_pairs, m.files_unfit) == (0, 0, 1)  # cannot fit: counted apart

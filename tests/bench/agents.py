@@ -14,9 +14,11 @@ opencode 24K, aider 16K by default). The table (measures: tests/agents/measure.p
   messages in them / messages of the conversation;
 - **over window**: proxied upstream requests over ctxd's window (as the provider counts)
   / all, and the largest;
-- **newest intact**, **files intact**: % of proxied requests (files: showing every file the
-  client's request showed whole; **views**: of the files each request showed, counted
-  once per request, those shown whole);
+- **newest intact**, **files intact**: % of proxied requests showing the client's newest
+  turn as sent, and every file the client itself sent as its context (aider's files in
+  the chat) whole; requests that cannot hold them whole beside the client's fixed part
+  and the reply floor are counted apart (**cannot fit**); **views intact**: of the files
+  an agent read through its tools, counted once per request, those shown whole;
 - **tokens**: input tokens sent upstream, proxy / direct;
 - **bill**: the same requests priced with prompt caching (tests/agents/pricing.py:
   Anthropic writes 1.25x, reads 0.1x; OpenAI reads 0.1x; cached = the longest common
@@ -69,8 +71,9 @@ def row(c: Comparison) -> list[str]:
         f"{p.stored} / {p.conversation}",
         f"{p.over_window}/{p.requests - p.refused} (max {p.max_tokens / 1000:.1f}K)",
         f"{p.refused}",
-        pct(p.newest_intact, p.newest_pairs),
-        pct(p.files_intact, p.files_pairs) + (f"; views {pct(p.views_intact, p.views)}" if p.views else ""),
+        pct(p.newest_intact, p.newest_pairs) + (f"; {p.newest_unfit} cannot fit" if p.newest_unfit else ""),
+        pct(p.files_intact, p.files_pairs) + (f"; {p.files_unfit} cannot fit" if p.files_unfit else ""),
+        pct(p.views_intact, p.views),
         f"{c.tokens_ratio:.2f}x",
         f"{c.bill_ratio:.2f}x",
         f"{pct(d.prefix_kept, d.prefix_pairs)} / {pct(p.prefix_kept, p.prefix_pairs)}",
@@ -78,7 +81,7 @@ def row(c: Comparison) -> list[str]:
 
 
 HEAD = ["client", "window", "ends same", "sessions", "stored / conv.", "over window", "refused",
-        "newest intact", "files intact", "tokens p/d", "bill p/d", "prefix kept d / p"]
+        "newest intact", "files intact", "views intact", "tokens p/d", "bill p/d", "prefix kept d / p"]
 
 
 def table(rows: list[list[str]]) -> str:
