@@ -722,3 +722,4 @@ async def test_no_loan_where_the_floor_cannot_make_the_newest_turn_whole(service
     pushed, result, newest = await _newest_read_of(service, {"outputTokens": 2000, "outputFloor": 1000}, 500)
     assert "left out by ctxd" in _texts(result)[-1]
     assert result.budget.reserved_output == 2000
+
