@@ -96,17 +96,23 @@ def reply_limit(api: Api, body: dict[str, Any]) -> int | None:
     return min(value, MAX_REPLY_LIMIT)
 
 
-def reply_room(prompt: dict[str, Any]) -> int | None:
-    """What the window leaves the reply beside ctxd's prompt, as the provider counts it
-    (the budget's usable part less the prompt at the session's learned ratio and
-    overhead); None when the prompt carries no budget."""
+def reply_room(prompt: dict[str, Any], body: dict[str, Any]) -> int | None:
+    """What the window leaves the reply beside ctxd's prompt, as the provider counts it:
+    the budget's usable part less the prompt at the session's learned ratio and overhead,
+    less the budget's safety margin (that count is an estimate), and never less than the
+    reserve the prompt was built beside. Until the overhead is learned (a session's first
+    replies), the request's tool definitions stand in for it at a third of their bytes (a
+    token is 3-4 bytes of JSON: rather too many than too few). None without a budget."""
     budget = prompt.get("budget")
     tokens = prompt.get("tokens")
     if not isinstance(budget, dict) or not isinstance(tokens, int) or not isinstance(budget.get("usable"), int):
         return None
     ratio = budget.get("tokenRatio") or 1.0
     overhead = budget.get("tokenOverhead") or 0
-    return budget["usable"] - math.ceil(tokens * ratio + overhead)
+    if not overhead and body.get("tools"):
+        overhead = len(json.dumps(body["tools"])) // 3
+    room = budget["usable"] - math.ceil(tokens * ratio + overhead) - (budget.get("safetyMargin") or 0)
+    return max(room, budget.get("reservedOutput") or 0)
 
 
 def limit_reply(api: Api, body: dict[str, Any], limit: int) -> None:

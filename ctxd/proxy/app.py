@@ -193,7 +193,7 @@ class Proxy:
         out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None  # (what the next request builds on is conv.align.current)
         ours = bill_headers(tracked.id, prompt)
-        room = apis.reply_room(prompt) if conv.output is not None else None
+        room = apis.reply_room(prompt, body) if conv.output is not None else None
         if room is not None and conv.output is not None and room < conv.output:
             # Prompt + max_tokens over the window is refused by the providers (Anthropic,
             # OpenAI): the reply gets what the window leaves, at least the reserve the

@@ -304,9 +304,8 @@ async def _widen_newest(svc: Service, state: SessionState, ctx: ActiveContext, r
     """The newest turn sent as an excerpt while the prompt has room left (a squeeze cut
     it to its share before the older conversation went): it takes that room, whole when
     it fits (issue 21: what the client's newest request shows the model arrives intact).
-    Still cut, it takes the room up to the largest prompt, then, where the session allows
-    it (``settings.outputFloor``), what the reply's reserve lends it (:func:`_lend_reserve`),
-    when that makes it whole."""
+    Still cut, and the session allows it (``settings.outputFloor``), the reply's reserve
+    lends it what makes it whole, down to that floor (:func:`_lend_reserve`)."""
     widened = await _widen_into_room(svc, state, ctx, run)
     widened.update(await _lend_reserve(svc, state, ctx, run))
     if not widened:
@@ -355,26 +354,28 @@ def _cut_in_newest_turn(ctx: ActiveContext) -> list[Entry]:
 
 
 async def _lend_reserve(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> dict[int, int | None]:
-    """The newest turn still cut after taking the room below the trigger: first the room
-    up to the largest prompt (the loop guard's step below the trigger is for the older
-    conversation: the next push may compress again, the turn the model reads now is
-    whole); then, where the session allows it (``settings.outputFloor``), the reply's
-    reserve lends it the tokens that make it whole, no more, and never below the floor,
-    for this turn only (``CompressionState.lent``: void once a newer message is pushed).
+    """The newest turn still cut after taking the room below the trigger, where the
+    session allows it (``settings.outputFloor``): the reply's reserve lends it the tokens
+    that make it whole, no more, and never below the floor, for this turn only
+    (``CompressionState.lent``: void once a newer message is pushed); the room up to the
+    largest prompt first, lending nothing (the loop guard's step below the trigger is for
+    the older conversation: the next push compresses again anyway).
     A coding agent asks for 8-32K tokens of reply and writes a few hundred; the tool
     output it must read now is worth more than reply room it will not use. What cannot
     make the turn whole is not done (the reply keeps its reserve; the excerpt stays)."""
-    cut = _cut_in_newest_turn(ctx)
-    if not cut or ctx.state.lent_now(state.row.last_seq):
-        return {}
     floor = state.row.settings.output_floor
+    cut = _cut_in_newest_turn(ctx)
+    if floor is None or not cut or ctx.state.lent_now(state.row.last_seq):
+        return {}
     budget = svc.cache.budget(state)
-    can = max(0, budget.reserved_output - floor) if floor is not None else 0
+    can = budget.reserved_output - floor
+    if can <= 0:
+        return {}
     need = sum(max(0, e.sent_tokens - e.view_tokens) for e in cut) + EXCERPT_SLACK
     guess = max(1, min(can, need - max(0, budget.max_prompt_tokens - ctx.prompt_tokens)))
     clips, lent = list(ctx.state.clips), ctx.state.lent
     await _before_change(svc, state, run)
-    for loan in dict.fromkeys((0, guess, can) if can else (0,)):
+    for loan in dict.fromkeys((0, guess, can)):
         async with state.lock:
             ctx.state.lent = (state.row.last_seq, loan) if loan else lent
             svc.cache.refresh(state)

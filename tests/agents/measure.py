@@ -7,7 +7,8 @@
   are counted apart), **forks** among them, and the messages they store against the
   messages of the conversation (the client's last request and its reply).
 - **over the window**: upstream requests whose input, as the fake provider counts it
-  (tests/agents/wire.py), is more than ctxd's window; the largest.
+  (tests/agents/wire.py), is more than ctxd's window; the largest; and those whose input
+  and reply limit (``max_tokens``...) are, which the providers refuse (**+ reply**).
 - **newest intact**: upstream requests that end with the client's newest turn as sent
   (its last message or item; behind a trailing system reminder, from the last other
   message on; cache breakpoints aside), paired through the tap.
@@ -110,11 +111,17 @@ def _fixed_body(api: str, body: dict[str, Any]) -> dict[str, Any]:
     return dict(body, **{key: leading})
 
 
-def reply_floor(api: str, body: dict[str, Any]) -> int:
-    """The reply room a request must leave: the client's limit, down to ctxd's floor."""
+def reply_limit(api: str, body: dict[str, Any]) -> int:
+    """The request's reply limit (0: none)."""
     key = {"responses": "max_output_tokens", "anthropic": "max_tokens"}.get(api)
     asked = body.get(key) if key else (body.get("max_completion_tokens") or body.get("max_tokens"))
-    return min(asked, REPLY_FLOOR) if isinstance(asked, int) and asked > 0 else REPLY_FLOOR
+    return asked if isinstance(asked, int) and asked > 0 else 0
+
+
+def reply_floor(api: str, body: dict[str, Any]) -> int:
+    """The reply room a request must leave: the client's limit, down to ctxd's floor."""
+    asked = reply_limit(api, body)
+    return min(asked, REPLY_FLOOR) if asked else REPLY_FLOOR
 
 
 def cannot_fit(api: str, body: dict[str, Any], window: int, files: list[str]) -> bool:
@@ -151,6 +158,7 @@ class RunMeasures:
     tokens: int
     max_tokens: int
     over_window: int
+    over_with_reply: int  # of them or not: input + the reply limit sent over the window (providers refuse it)
     bill: float
     cached_share: float
     prefix_kept: int
@@ -247,6 +255,8 @@ def measure(run: dict[str, Any]) -> RunMeasures:
         tokens=tokens, max_tokens=max((e["tokens"] for e in ok), default=0),
         # (the window is the main model's: its side models pass through at their own)
         over_window=sum(1 for e in ok if e["tokens"] > window and e["body"].get("model") in (None, run.get("model"))),
+        over_with_reply=sum(1 for e in ok if e["tokens"] + reply_limit(e["api"], e["body"]) > window
+                            and e["body"].get("model") in (None, run.get("model"))),
         bill=round(bill, 1),
         cached_share=round(cached / tokens, 4) if tokens else 0.0, prefix_kept=prefix_kept, prefix_pairs=pairs,
         newest_intact=intact, newest_pairs=newest_pairs, files_intact=files, files_pairs=files_pairs,

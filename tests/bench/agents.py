@@ -13,7 +13,8 @@ opencode 24K, aider 16K by default). The table (measures: tests/agents/measure.p
 - **sessions**: ctxd sessions of the task's conversation (1: no fork) and **stored**
   messages in them / messages of the conversation;
 - **over window**: proxied upstream requests over ctxd's window (as the provider counts)
-  / all, and the largest;
+  / all, and the largest; **+ reply**: those whose input and reply limit are over it
+  (which the providers refuse);
 - **newest intact**, **files intact**: % of proxied requests showing the client's newest
   turn as sent, and every file the client itself sent as its context (aider's files in
   the chat) whole; requests that cannot hold them whole beside the client's fixed part
@@ -69,7 +70,7 @@ def row(c: Comparison) -> list[str]:
         c.cli, f"{c.window // 1000}K", same,
         f"{p.task_sessions} ({p.task_forks} forks)",
         f"{p.stored} / {p.conversation}",
-        f"{p.over_window}/{p.requests - p.refused} (max {p.max_tokens / 1000:.1f}K)",
+        f"{p.over_window}/{p.requests - p.refused} (max {p.max_tokens / 1000:.1f}K); + reply {p.over_with_reply}",
         f"{p.refused}",
         pct(p.newest_intact, p.newest_pairs) + (f"; {p.newest_unfit} cannot fit" if p.newest_unfit else ""),
         pct(p.files_intact, p.files_pairs) + (f"; {p.files_unfit} cannot fit" if p.files_unfit else ""),

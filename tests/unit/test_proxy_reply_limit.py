@@ -14,10 +14,24 @@ from ctxd.proxy import apis
 
 
 def test_the_room_is_the_usable_part_less_the_prompt_as_the_provider_counts_it() -> None:
-    prompt = {"tokens": 1000, "budget": {"usable": 8192, "tokenRatio": 1.1, "tokenOverhead": 300}}
-    assert apis.reply_room(prompt) == 8192 - 1400
-    assert apis.reply_room({"tokens": 1000, "budget": {"usable": 8192}}) == 7192
-    assert apis.reply_room({"tokens": 1000}) is None
+    budget = {"usable": 8192, "tokenRatio": 1.1, "tokenOverhead": 300, "safetyMargin": 160, "reservedOutput": 2000}
+    assert apis.reply_room({"tokens": 1000, "budget": budget}, {}) == 8192 - 1400 - 160
+    # never below the reserve the prompt was built beside
+    assert apis.reply_room({"tokens": 6000, "budget": budget}, {}) == 2000
+    assert apis.reply_room({"tokens": 1000, "budget": {"usable": 8192}}, {}) == 7192
+    assert apis.reply_room({"tokens": 1000}, {}) is None
+
+
+def test_tools_stand_in_for_the_overhead_until_it_is_learned() -> None:
+    """A session's first request: the provider counts its tool definitions beside the
+    messages, ctxd has not learned what they cost yet."""
+    tools = [{"name": f"tool{k}", "description": "Reads a file. " * 40, "input_schema": {"type": "object"}}
+             for k in range(10)]
+    unlearned = {"usable": 48000, "reservedOutput": 12000}
+    guessed = apis.reply_room({"tokens": 1000, "budget": unlearned}, {"tools": tools})
+    assert guessed == 48000 - 1000 - len(__import__("json").dumps(tools)) // 3
+    learned = dict(unlearned, tokenOverhead=500)
+    assert apis.reply_room({"tokens": 1000, "budget": learned}, {"tools": tools}) == 48000 - 1500
 
 
 @pytest.mark.parametrize("api,body,field", [

@@ -723,3 +723,5 @@ async def test_no_loan_where_the_floor_cannot_make_the_newest_turn_whole(service
     assert "left out by ctxd" in _texts(result)[-1]
     assert result.budget.reserved_output == 2000
 
+
+
