@@ -70,7 +70,8 @@ async def test_a_large_max_tokens_gets_a_smaller_prompt(proxy, upstream, ctxd_da
     try:
         for name, reserved in (("short-replies", 200), ("long-replies", 2000)):
             info = await ctxd.request("session/get", {"sessionId": name})
-            assert info["settings"] == {"outputTokens": reserved, "outputFloor": FLOOR} and info["contextWindow"] == WINDOW
+            assert info["settings"] == {"outputTokens": reserved, "outputFloor": FLOOR}
+            assert info["contextWindow"] == WINDOW
             assert info["compressionCount"] >= 1
             stats = await ctxd.request("context/stats", {"sessionId": name})
             assert stats["budget"]["reservedOutput"] == reserved
