@@ -20,12 +20,19 @@ without the stream's end; a whole answer is sent half and cut), ``hang`` (nothin
 until the client goes or the server stops), ``slow`` (a stream whose events come slowly,
 to let a client hang up in the middle; ``disconnects`` counts streams a client left,
 ``hung_up`` hanging requests a client left).
+
+Usage reports what a caching provider caches (:class:`PromptCache`): the longest prefix
+a request shares with an earlier one, in 128-token blocks from 1,024, as OpenAI reports
+it (``cached_tokens``) and Anthropic (``cache_read_input_tokens``, the rest up to the
+request's last cache breakpoint ``cache_creation_input_tokens``; no breakpoint, nothing
+cached or written). ``caching = False``: a provider whose cache missed (nothing cached).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import threading
 import time
@@ -40,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.agents import wire
+from tests.agents import pricing, wire
 
 MODEL = "fake-model"
 
@@ -89,12 +96,76 @@ def _last_user_text(api: str, body: dict[str, Any]) -> tuple[str, bool]:
     return " ".join(texts), True
 
 
+WIRE_API = {"anthropic": "anthropic", "openai": "chat", "responses": "responses"}
+"""tests/agents/wire.py's names of the APIs that cache (Ollama caches nothing)."""
+
+
+class PromptCache:
+    """What a caching provider reports as cached, per API: a request's longest common
+    prefix (its tokens in the provider's order: tools, system, messages) with the newest
+    earlier requests, in the provider's blocks (``tests/agents/pricing.py``: 1,024 tokens,
+    then 128 at a time), scaled to the upstream's own count of the request. Anthropic
+    caches only with a breakpoint: what follows the cached prefix up to the last
+    breakpoint is written; OpenAI writes nothing (it caches every prefix itself)."""
+
+    NEWEST = 32
+    """Earlier requests compared (a provider's cache keeps them 5 minutes)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[list[int]]] = {}
+        self._lock = threading.Lock()
+
+    def report(self, api: str, body: Any, input_tokens: int) -> tuple[int, int]:
+        """``(read, written)`` of a request the upstream counts ``input_tokens``, in that count."""
+        name = WIRE_API.get(api)
+        if name is None or not isinstance(body, dict) or input_tokens <= 0:
+            return 0, 0
+        pieces = [[*wire._ENCODING.encode_ordinary(p), *(0,) * wire.MESSAGE_FRAMING]
+                  for p in wire.segments(name, body)]
+        ids = [t for piece in pieces for t in piece]
+        if not ids:
+            return 0, 0
+        with self._lock:
+            earlier = self.seen.setdefault(name, [])
+            shared = max((pricing.common_prefix(ids, e) for e in earlier), default=0)
+            earlier.append(ids)
+            del earlier[:-self.NEWEST]
+        scale = input_tokens / len(ids)
+        prices = pricing.prices_for(name)
+        if name != "anthropic":
+            return min(input_tokens, pricing.cached(math.floor(shared * scale), prices)), 0
+        marked = _last_breakpoint(body)
+        if marked is None:
+            return 0, 0
+        upto = math.floor(sum(len(p) for p in pieces[:marked + 1]) * scale)
+        if upto < prices.minimum:
+            return 0, 0
+        read = min(upto, pricing.cached(math.floor(shared * scale), prices))
+        return read, upto - read
+
+
+def _last_breakpoint(body: dict[str, Any]) -> int | None:
+    """The index (in wire.segments' order: tools, system, messages) of the last piece of an
+    Anthropic request that carries a cache breakpoint, None without one."""
+    marked = ["cache_control" in json.dumps(body["tools"])] if body.get("tools") else []
+    system = body.get("system")
+    if system:
+        marked.append(isinstance(system, list) and "cache_control" in json.dumps(system))
+    marked += ["cache_control" in json.dumps(m.get("content")) for m in body.get("messages") or []
+               if isinstance(m, dict)]
+    found = [i for i, m in enumerate(marked) if m]
+    return found[-1] if found else None
+
+
 class FakeUpstream:
     def __init__(self) -> None:
         self.mode = "ok"
         self.models = {MODEL}  # the models it serves (others get a 400, as a provider answers)
         self.padding = ""  # appended to every answer (a long reply)
         self.count_all = False  # input tokens: of the messages only, or (True) of everything, as providers count
+        self.caching = True  # usage reports a caching provider's cached tokens (False: a cache that missed)
+        self.cache = PromptCache()
+        self.reports: list[tuple[int, int, int]] = []  # per chat answer: (input tokens, cache read, written)
         self.received: list[Received] = []
         self.disconnects = 0
         self.hung_up = 0  # hanging requests whose client (the proxy) closed the connection
@@ -205,6 +276,7 @@ class FakeUpstream:
         body = await self._record(request)
         api = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/api/chat": "ollama",
                "/v1/responses": "responses"}[request.url.path]
+        wire_body = body
         mode = self.mode
         if mode == "500":
             return self._error(api, 500, "upstream exploded", "api_error")
@@ -241,9 +313,12 @@ class FakeUpstream:
             tool = FREEFORM_TOOL  # a freeform call (Codex's apply_patch)
         answer = "Answer to: " + " ".join(text.split())[:60] + self.padding
         input_tokens = self.input_tokens(body)
+        cached = self.cache.report(api, wire_body, input_tokens) if self.caching else (0, 0)
+        with self._lock:
+            self.reports.append((input_tokens, *cached))
         stream = body.get("stream") is not False if api == "ollama" else body.get("stream") is True
         if not stream:
-            payload = self._whole(api, answer, tool, input_tokens)
+            payload = self._whole(api, answer, tool, input_tokens, cached)
             if thinking:
                 payload["content"] = _thoughts(len(body["messages"])) + payload["content"]
             if mode == "cut":
@@ -251,7 +326,8 @@ class FakeUpstream:
                 return _CutResponse(data[: len(data) // 2], len(data))
             return JSONResponse(payload)
         media = "application/x-ndjson" if api == "ollama" else "text/event-stream"
-        return StreamingResponse(self._stream(api, answer, tool, input_tokens, body, mode), media_type=media)
+        return StreamingResponse(self._stream(api, answer, tool, input_tokens, body, mode, cached),
+                                 media_type=media)
 
     def input_tokens(self, body: dict[str, Any]) -> int:
         """The request's input tokens as this upstream counts them: a quarter of the JSON
@@ -276,10 +352,13 @@ class FakeUpstream:
         return JSONResponse(payload, status_code=status, headers=headers)
 
     @staticmethod
-    def _whole(api: str, answer: str, tool: bool | str, input_tokens: int) -> dict[str, Any]:
+    def _whole(api: str, answer: str, tool: bool | str, input_tokens: int,
+               cached: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+        """``cached``: (read, written) of the input, as :class:`PromptCache` reports them."""
         out_tokens = max(1, len(answer) // 4)
+        read, written = cached
         if api == "responses":
-            return _response_object("completed", _response_output(answer, tool), input_tokens, out_tokens)
+            return _response_object("completed", _response_output(answer, tool), input_tokens, out_tokens, read)
         if api == "openai":
             message: dict[str, Any] = {"role": "assistant", "content": None if tool else answer, "refusal": None}
             if tool:
@@ -289,7 +368,8 @@ class FakeUpstream:
                     "choices": [{"index": 0, "message": message, "logprobs": None,
                                  "finish_reason": "tool_calls" if tool else "stop"}],
                     "usage": {"prompt_tokens": input_tokens, "completion_tokens": out_tokens,
-                              "total_tokens": input_tokens + out_tokens}}
+                              "total_tokens": input_tokens + out_tokens,
+                              "prompt_tokens_details": {"cached_tokens": read}}}
         if api == "anthropic":
             content: list[Any] = [{"type": "text", "text": answer}]
             if tool:
@@ -298,8 +378,8 @@ class FakeUpstream:
                             "input": {"city": "Paris"}}]
             return {"id": "msg_1", "type": "message", "role": "assistant", "model": MODEL, "content": content,
                     "stop_reason": "tool_use" if tool else "end_turn", "stop_sequence": None,
-                    "usage": {"input_tokens": input_tokens, "output_tokens": out_tokens,
-                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 3}}
+                    "usage": {"input_tokens": input_tokens - read - written, "output_tokens": out_tokens,
+                              "cache_creation_input_tokens": written, "cache_read_input_tokens": read}}
         message = {"role": "assistant", "content": "" if tool else answer}
         if tool:
             message["tool_calls"] = [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
@@ -307,8 +387,8 @@ class FakeUpstream:
                 "done_reason": "stop", "prompt_eval_count": input_tokens, "eval_count": out_tokens}
 
     async def _stream(self, api: str, answer: str, tool: bool | str, input_tokens: int, body: dict[str, Any],
-                      mode: str) -> AsyncIterator[bytes]:
-        events = list(self._events(api, answer, tool, input_tokens, body))
+                      mode: str, cached: tuple[int, int] = (0, 0)) -> AsyncIterator[bytes]:
+        events = list(self._events(api, answer, tool, input_tokens, body, cached))
         finished = False
         try:
             for i, event in enumerate(events):
@@ -324,11 +404,13 @@ class FakeUpstream:
                 self.disconnects += 1
 
     @staticmethod
-    def _events(api: str, answer: str, tool: bool | str, input_tokens: int, body: dict[str, Any]) -> Any:
+    def _events(api: str, answer: str, tool: bool | str, input_tokens: int, body: dict[str, Any],
+                cached: tuple[int, int] = (0, 0)) -> Any:
         pieces = [answer[i:i + 8] for i in range(0, len(answer), 8)]
         out_tokens = max(1, len(answer) // 4)
+        read, written = cached
         if api == "responses":
-            yield from _response_events(answer, pieces, tool, input_tokens, out_tokens)
+            yield from _response_events(answer, pieces, tool, input_tokens, out_tokens, read)
         elif api == "openai":
             def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
                 data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
@@ -347,7 +429,7 @@ class FakeUpstream:
                 yield chunk({}, "stop")
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = {"prompt_tokens": input_tokens, "completion_tokens": out_tokens,
-                         "total_tokens": input_tokens + out_tokens}
+                         "total_tokens": input_tokens + out_tokens, "prompt_tokens_details": {"cached_tokens": read}}
                 data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
                         "choices": [], "usage": usage}
                 yield b"data: " + json.dumps(data).encode() + b"\n\n"
@@ -358,8 +440,8 @@ class FakeUpstream:
             yield event("message_start", {"message": {
                 "id": "msg_1", "type": "message", "role": "assistant", "model": MODEL, "content": [],
                 "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": input_tokens, "output_tokens": 1, "cache_creation_input_tokens": 5,
-                          "cache_read_input_tokens": 3}}})
+                "usage": {"input_tokens": input_tokens - read - written, "output_tokens": 1,
+                          "cache_creation_input_tokens": written, "cache_read_input_tokens": read}}})
             yield event("ping", {})
             first = 0
             if _thinking_on(api, body):
@@ -473,17 +555,17 @@ def _response_output(answer: str, tool: bool | str) -> list[dict[str, Any]]:
              "content": [{"type": "output_text", "text": answer, "annotations": []}]}]
 
 
-def _response_object(status: str, output: list[dict[str, Any]], input_tokens: int, out_tokens: int
-                     ) -> dict[str, Any]:
+def _response_object(status: str, output: list[dict[str, Any]], input_tokens: int, out_tokens: int,
+                     cached: int = 0) -> dict[str, Any]:
     return {"id": "resp_1", "object": "response", "created_at": 1, "status": status, "model": MODEL,
             "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-            "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached},
                       "output_tokens": out_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": input_tokens + out_tokens}}
 
 
-def _response_events(answer: str, pieces: list[str], tool: bool | str, input_tokens: int, out_tokens: int
-                     ) -> Any:
+def _response_events(answer: str, pieces: list[str], tool: bool | str, input_tokens: int, out_tokens: int,
+                     cached: int = 0) -> Any:
     """A streamed Responses API answer, event by event as OpenAI sends them."""
     seq = iter(range(1_000_000))
 
@@ -526,7 +608,7 @@ def _response_events(answer: str, pieces: list[str], tool: bool | str, input_tok
                                                    "part": dict(empty, text=answer)})
     yield event("response.output_item.done", {"output_index": 0, "item": item})
     yield event("response.completed", {"response": _response_object("completed", output, input_tokens,
-                                                                    out_tokens)})
+                                                                    out_tokens, cached)})
 
 
 class _CutResponse(Response):
