@@ -42,8 +42,8 @@ def bill_pairs(bill: dict[str, Any]) -> list[tuple[str, Any]]:
     requests = bill.get("requests", 0)
     pairs: list[tuple[str, Any]] = [
         ("provider", f"{bill.get('provider')} ({CACHES.get(bill.get('cache', ''), bill.get('cache'))})"),
-        ("requests", f"{render.num(requests)} ({render.num(bill.get('measured', 0))} from the provider's usage, "
-                     f"the rest estimated)" if requests else "none yet"),
+        ("requests", f"{render.num(requests)} ({render.num(bill.get('measured', 0))} reported by the provider)"
+         if requests else "none yet"),
     ]
     if not requests:
         return pairs
@@ -52,15 +52,20 @@ def bill_pairs(bill: dict[str, Any]) -> list[tuple[str, Any]]:
         ("through ctxd", _input_bill(bill.get("ctxd") or {})),
         ("direct", _input_bill(bill.get("direct") or {})),
         ("ratio", render.Styled(f"{ratio:.2f}x direct", "yellow") if ratio is not None and ratio > 1.0
-         else "-" if ratio is None else f"{ratio:.2f}x direct"),
+         else "-" if ratio is None else f"{ratio:.2f}x direct (both estimated)"),
         ("passes", f"{render.num(bill.get('passes', 0))}, which billed {render.num(round(bill.get('passCost', 0)))} "
                    f"again of what was cached"),
     ]
+    reported = bill.get("reported")
+    if reported:
+        pairs.append(("reported", f"{_input_bill(reported)} for {render.num(bill.get('measured', 0))} requests "
+                                  f"ctxd estimated at {render.num(round(bill.get('reportedEstimate') or 0))}"))
     last = bill.get("lastRequest")
     if last:
-        how = "reported" if last.get("measured") else "estimated"
-        pairs.append(("last request", f"{_input_bill(last.get('ctxd') or {})} ({how}); direct "
-                                      f"{render.num(round((last.get('direct') or {}).get('billed', 0)))}"))
+        said = last.get("reported")
+        how = f"; the provider's usage: {_input_bill(said)}" if said else ""
+        pairs.append(("last request", f"{_input_bill(last.get('ctxd') or {})}; direct "
+                                      f"{render.num(round((last.get('direct') or {}).get('billed', 0)))}{how}"))
     if bill.get("budgetNote"):
         pairs.append(("budget", bill["budgetNote"]))
     return pairs

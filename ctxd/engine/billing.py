@@ -218,7 +218,7 @@ class Pending:
     pass_cost: float = 0.0
     whole: bool = False
     """ctxd's prompt was the client's whole history (nothing compressed yet): direct's
-    request is the same request, so the provider's report of it is direct's too."""
+    request is the same request, and so is its estimate."""
     cold: bool = False
     grown: int = 0
     """What the history grew by since the request ``Tracker.direct`` was taken at (the
@@ -244,8 +244,8 @@ class Tracker:
     """The last prompt's size (provider count)."""
     direct: int = 0
     """The size the client's own request had at the last request billed (provider count):
-    the provider's report while ctxd sent the whole history, then grown by what was pushed
-    since, at the budget's ratio (a direct request grows by what is added to it)."""
+    ctxd's estimate of its own request while it sent the whole history, then grown by what
+    was pushed since, at the budget's ratio (a direct request grows by what is added to it)."""
     direct_history: int = 0
     """The history's size (ctxd's count) when ``direct`` was taken."""
     direct_estimate: int = 0

@@ -63,7 +63,8 @@ def bill_headers(session_id: str, prompt: dict[str, Any]) -> dict[str, str]:
     """The proxy's own response headers: the session, and what this request is expected to
     bill (input tokens as the provider counts them, ctxd's estimate: the reply's usage comes
     after the headers), through ctxd and had the client gone direct, and the session's totals
-    so far (docs/proxy.md, "What it costs")."""
+    so far; once the provider reported some of ctxd's requests, what it billed for them
+    beside ctxd's estimate of the same requests (docs/proxy.md, "What it costs")."""
     out = {"x-ctxd-session": session_id}
     bill = prompt.get("bill")
     if isinstance(bill, dict):
@@ -73,6 +74,10 @@ def bill_headers(session_id: str, prompt: dict[str, Any]) -> dict[str, str]:
         ratio = f"; ratio={billed / direct:.4f}" if direct else ""
         out["x-ctxd-bill-session"] = (f"requests={bill.get('sessionRequests', 0)}; billed={billed}; "
                                       f"direct={direct}{ratio}")
+        if bill.get("sessionMeasured"):
+            out["x-ctxd-bill-reported"] = (f"requests={bill['sessionMeasured']}; "
+                                           f"billed={bill.get('sessionReported', 0)}; "
+                                           f"estimated={bill.get('sessionReportedEstimate', 0)}")
     return out
 
 

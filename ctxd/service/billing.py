@@ -2,8 +2,10 @@
 client's own requests would have cost (``engine/billing.py`` for the rules and sums).
 
 A request is a prompt handed out (``context/prompt``) and the push that follows it: the
-reply, whose usage (when the client passes the provider's on, as ``ctxd proxy`` does)
-replaces ctxd's estimate of its own side. ctxd's estimate: the pieces of the prompt it
+reply, whose usage (when the client passes the provider's on, as ``ctxd proxy`` does) is
+kept beside ctxd's estimate of it. Both sides of the comparison are estimated by one rule
+(a provider reports ctxd's requests only: one side reported against the other estimated
+would count a cache miss, or a provider's own block rules, against ctxd alone). ctxd's: the pieces of the prompt it
 shares from the start with the previous prompt (the system part, checkpoints, messages
 as sent) were cached while the provider's entry lives (``ttl_seconds``); the rest is
 written (Anthropic) or sent uncached. Direct's: the client resends its whole history,
@@ -88,7 +90,8 @@ def on_prompt(svc: Service, state: SessionState, ctx: ActiveContext, tokens: int
         direct_size = prompt + (0 if whole else _provider(left_out, budget) - budget.token_overhead)
     else:
         direct_size = tracker.direct_estimate + since
-    direct = split(direct_size, 0 if cold else min(direct_size, tracker.direct_estimate), rules)
+    # (the same request while whole: the same estimate, whatever calibration learned since)
+    direct = ctxd if whole else split(direct_size, 0 if cold else min(direct_size, tracker.direct_estimate), rules)
     passed = tracker.passes != tracker.passes_seen and tracker.at is not None
     cost = 0.0
     if passed and not cold:
@@ -104,44 +107,52 @@ def on_prompt(svc: Service, state: SessionState, ctx: ActiveContext, tokens: int
     return RequestBill(ctxd=_input(ctxd, rules), direct=_input(direct, rules),
                        session_billed=round(totals.ctxd_billed + ctxd.billed(rules), 1),
                        session_direct=round(totals.direct_billed + direct.billed(rules), 1),
-                       session_requests=totals.requests + 1)
+                       session_requests=totals.requests + 1, session_measured=totals.measured,
+                       session_reported=round(totals.reported_billed, 1),
+                       session_reported_estimate=round(totals.reported_estimate, 1))
 
 
 def accrue(state: SessionState, bill: BillTotals, usage: Usage | None) -> None:
     """The push after a prompt: that request's bill joins the session's totals (``bill``,
-    the copy the push's transaction stores), ctxd's side from ``usage`` when it says what
-    was cached. Runs in the push's write job."""
+    the copy the push's transaction stores), both sides as estimated; the provider's
+    report of ctxd's side, when ``usage`` says what was cached, beside them. Runs in the
+    push's write job."""
     pending = state.billing.pending
     if pending is None:
         return
     state.billing.pending = None
     rules = pending.rules
     reported = measured(usage, rules) if usage is not None else None
-    ctxd = reported or pending.ctxd
-    direct = _direct(state.billing, pending, reported)
+    ctxd = pending.ctxd
+    direct = _direct(state.billing, pending)
     bill.requests += 1
-    bill.measured += reported is not None
     bill.ctxd = _add(bill.ctxd, ctxd)
     bill.direct = _add(bill.direct, direct)
     bill.ctxd_billed += ctxd.billed(rules)
     bill.direct_billed += direct.billed(rules)
+    if reported is not None:
+        bill.measured += 1
+        bill.reported = _add(bill.reported, reported)
+        bill.reported_billed += reported.billed(rules)
+        bill.reported_estimate += ctxd.billed(rules)
     if pending.after_pass:
         bill.passes += 1
         bill.pass_cost += pending.pass_cost
     bill.last = (_triple(ctxd), _triple(direct), reported is not None)
+    bill.last_reported = None if reported is None else _triple(reported)
 
 
-def _direct(tracker: Tracker, pending: Pending, reported: Bill | None) -> Bill:
-    """Direct's bill for the totals: on the provider's report while ctxd's request was the
-    client's whole history, else the previous direct request grown by what was pushed; its
-    cached prefix the previous direct request (the next one's, had it gone direct)."""
-    if reported is not None and pending.whole:
-        size = reported.tokens
-    elif tracker.direct:
-        size = tracker.direct + pending.grown
+def _direct(tracker: Tracker, pending: Pending) -> Bill:
+    """Direct's bill for the totals: ctxd's own request while it was the client's whole
+    history (the same request, the same estimate), else the previous direct request grown
+    by what was pushed; its cached prefix the previous direct request (the next one's, had
+    it gone direct)."""
+    if pending.whole:
+        size = pending.ctxd.tokens
+        bill = pending.ctxd
     else:
-        size = pending.direct.tokens
-    bill = split(size, 0 if pending.cold else min(size, tracker.direct), pending.rules)
+        size = tracker.direct + pending.grown if tracker.direct else pending.direct.tokens
+        bill = split(size, 0 if pending.cold else min(size, tracker.direct), pending.rules)
     tracker.direct, tracker.direct_history = size, pending.history
     return bill
 
@@ -196,11 +207,15 @@ def session_bill(svc: Service, state: SessionState) -> SessionBill:
     last = None
     if totals.last is not None:
         c, d, was_measured = totals.last
-        last = RequestBill(ctxd=_input(Bill(*c), rules), direct=_input(Bill(*d), rules), measured=was_measured)
+        said = None if totals.last_reported is None else _input(Bill(*totals.last_reported), rules)
+        last = RequestBill(ctxd=_input(Bill(*c), rules), direct=_input(Bill(*d), rules), measured=was_measured,
+                           reported=said)
     return SessionBill(
         provider=rules.provider, cache=rules.cache, requests=requests, measured=totals.measured,
         ctxd=_sum(ctxd_triple, ctxd_billed, rules), direct=_sum(direct_triple, direct_billed, rules),
         ratio=round(ctxd_billed / direct_billed, 4) if direct_billed else None,
+        reported=_sum(totals.reported, totals.reported_billed, rules) if totals.measured else None,
+        reported_estimate=round(totals.reported_estimate, 1) if totals.measured else None,
         passes=totals.passes, pass_cost=round(totals.pass_cost, 1), last_request=last,
         budget_note=budget_note(svc, state, rules, totals, ctxd_billed))
 

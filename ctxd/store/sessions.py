@@ -47,8 +47,11 @@ class DriftTotals(msgspec.Struct):
 class BillTotals(msgspec.Struct, omit_defaults=True):
     """A session's requests as billed (``service/billing.py``): each ``(uncached, written,
     read)`` in the provider's count; ``*_billed`` weighed by the rules in force when the
-    request was made, in uncached input tokens; ``last``: the newest request's ctxd and
-    direct triples and whether ctxd's came from the provider's usage."""
+    request was made, in uncached input tokens; ``ctxd`` and ``direct`` both ctxd's
+    estimates (one rule for both sides); ``reported``: ctxd's ``measured`` requests as the
+    provider's usage said, ``reported_estimate`` ctxd's estimate of the same requests;
+    ``last``: the newest request's ctxd and direct triples and whether the provider
+    reported it (``last_reported``: what it said)."""
 
     requests: int = 0
     measured: int = 0
@@ -59,6 +62,10 @@ class BillTotals(msgspec.Struct, omit_defaults=True):
     passes: int = 0
     pass_cost: float = 0.0
     last: tuple[tuple[int, int, int], tuple[int, int, int], bool] | None = None
+    reported: tuple[int, int, int] = (0, 0, 0)
+    reported_billed: float = 0.0
+    reported_estimate: float = 0.0
+    last_reported: tuple[int, int, int] | None = None
 
 
 KINDS = ("text", "toolCall", "toolResult", "thinking", "framing")

@@ -73,8 +73,9 @@ def test_prompt_formats_and_stats(cli: Cli) -> None:
     bill = cli.json("stats", "p")["bill"]
     assert (bill["requests"], bill["measured"]) == (2, 2) and bill["lastRequest"]["measured"]
     text = cli("stats", "p").stdout
-    for words in ("Bill", "openai (automatic prefix cache)", "2 (2 from the provider's usage", "through ctxd",
-                  "direct", "1.00x direct" if bill["ratio"] == 1.0 else "x direct", "last request", "(reported)"):
+    for words in ("Bill", "openai (automatic prefix cache)", "2 (2 reported by the provider)", "through ctxd",
+                  "direct", "1.00x direct (both estimated)" if bill["ratio"] == 1.0 else "x direct", "last request",
+                  "reported", "the provider's usage: uncached 75"):
         assert words in text, words
 
     assert cli("stats", "missing", expect=1).error_line().endswith("(-33001)")

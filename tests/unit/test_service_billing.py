@@ -1,5 +1,5 @@
 """A session's bill (service/billing.py): each prompt priced through ctxd and direct, the
-reply's usage taking ctxd's place, passes and what they rewrite, on a real Service."""
+reply's usage beside ctxd's estimate, passes and what they rewrite, on a real Service."""
 
 from __future__ import annotations
 
@@ -59,24 +59,44 @@ async def test_prompts_are_billed_through_ctxd_and_direct(service: Service) -> N
     assert bill.last_request is not None and not bill.last_request.measured
 
 
-async def test_the_reply_usage_replaces_the_estimate(service: Service) -> None:
+async def test_the_reply_usage_is_shown_beside_the_estimate(service: Service) -> None:
     await _create(service)
-    await _turn(service, 0, usage={"inputTokens": 7, "cacheWriteTokens": 3_000, "cacheReadTokens": 0,
-                                   "outputTokens": 40})
-    await _turn(service, 1, usage={"inputTokens": 5, "cacheWriteTokens": 90, "cacheReadTokens": 3_000,
-                                   "outputTokens": 40})
+    first = await _turn(service, 0, usage={"inputTokens": 7, "cacheWriteTokens": 3_000, "cacheReadTokens": 0,
+                                           "outputTokens": 40})
+    second = await _turn(service, 1, usage={"inputTokens": 5, "cacheWriteTokens": 90, "cacheReadTokens": 3_000,
+                                            "outputTokens": 40})
     bill = (await stats.stats(service, SID)).bill
     assert bill is not None and (bill.requests, bill.measured) == (2, 2)
-    assert bill.ctxd == InputBill(uncached=12, cache_write=3_090, cache_read=3_000,
-                                  billed=pytest.approx(12 + 3_090 * 1.25 + 300, abs=0.1),
-                                  usd=pytest.approx((12 + 3_090 * 1.25 + 300) * 3e-6, rel=1e-3))
+    # What the provider said, for the requests it reported, beside ctxd's estimate of them.
+    assert bill.reported == InputBill(uncached=12, cache_write=3_090, cache_read=3_000,
+                                      billed=pytest.approx(12 + 3_090 * 1.25 + 300, abs=0.1),
+                                      usd=pytest.approx((12 + 3_090 * 1.25 + 300) * 3e-6, rel=1e-3))
+    assert bill.reported_estimate == pytest.approx(first.bill.ctxd.billed + second.bill.ctxd.billed, abs=0.2)
     assert bill.last_request is not None and bill.last_request.measured
-    assert (bill.last_request.ctxd.uncached, bill.last_request.ctxd.cache_read) == (5, 3_000)
-    # Direct on the provider's scale: what it counted beside ctxd's messages (tools, its own
-    # framing) is in the client's request too; nothing compressed, so the same tokens.
-    direct = bill.direct
-    assert direct.uncached + direct.cache_write + direct.cache_read == 12 + 3_090 + 3_000
-    assert direct.cache_read == 3_007
+    assert bill.last_request.reported is not None
+    assert (bill.last_request.reported.uncached, bill.last_request.reported.cache_read) == (5, 3_000)
+    # The comparison is estimate against estimate: nothing compressed, the same request.
+    assert bill.ctxd.billed == pytest.approx(bill.reported_estimate, abs=0.2)
+    assert bill.ratio == 1.0 and bill.direct.cache_read == bill.ctxd.cache_read
+
+
+async def test_a_provider_reporting_little_cached_does_not_make_ctxd_dearer(service: Service) -> None:
+    """A provider (or a cache that missed) reporting 3 tokens read where ctxd estimated the
+    whole previous prompt: direct's requests would have missed alike, so the ratio is
+    estimate over estimate, and the report stands beside it."""
+    await _create(service)
+    for i in range(3):
+        result = await _turn(service, i, usage={"inputTokens": 2_000, "cacheWriteTokens": 0,
+                                                "cacheReadTokens": 3, "outputTokens": 40})
+        assert result.bill.ctxd.billed == pytest.approx(result.bill.direct.billed, rel=0.01)
+    bill = (await stats.stats(service, SID)).bill
+    assert bill is not None and bill.measured == 3
+    assert bill.ratio == 1.0  # nothing compressed: ctxd's prompt is the client's
+    assert bill.reported is not None and bill.reported.cache_read == 9
+    assert bill.reported.billed > bill.reported_estimate  # the provider cached less than ctxd expected
+    later = await _turn(service, 3)
+    assert later.bill.session_measured == 3 and later.bill.session_reported == pytest.approx(bill.reported.billed,
+                                                                                             abs=0.1)
 
 
 async def test_an_openai_reply_reports_its_cached_part(service: Service) -> None:
@@ -85,7 +105,8 @@ async def test_an_openai_reply_reports_its_cached_part(service: Service) -> None
     await _turn(service, 1, usage={"inputTokens": 3_300, "cachedInputTokens": 3_072})
     bill = (await stats.stats(service, SID)).bill
     assert bill is not None and bill.cache == "automatic" and bill.measured == 2
-    assert (bill.ctxd.uncached, bill.ctxd.cache_write, bill.ctxd.cache_read) == (3_428, 0, 3_072)
+    assert bill.reported is not None
+    assert (bill.reported.uncached, bill.reported.cache_write, bill.reported.cache_read) == (3_428, 0, 3_072)
 
 
 async def test_a_pass_rewrites_what_follows_the_system_part(service: Service, events: CollectingEvents) -> None:

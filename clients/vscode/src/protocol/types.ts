@@ -832,19 +832,25 @@ export interface ReliabilityNotification {
 
 /**
  * One request's input, through ctxd and as the client's own request (its whole history,
- * whose previous request was its cached prefix) would have been billed. ``measured``:
- * ctxd's side comes from the usage the provider reported with the reply; otherwise both
- * are ctxd's estimates (the prefix shared with the previous prompt, while the provider's
- * cache lives). On a prompt, the session's totals so far, this request included
- * (``sessionBilled``, ``sessionDirect``, ``sessionRequests``).
+ * whose previous request was its cached prefix) would have been billed, both estimated
+ * by one rule (the prefix a prompt shares with the previous one is read from the cache
+ * while it lives) so that they compare. ``measured``: the provider reported ctxd's
+ * request (``reported``: its usage as billed). On a prompt, the session's totals so
+ * far, this request included (``sessionBilled``, ``sessionDirect``, ``sessionRequests``),
+ * and the ``sessionMeasured`` requests the provider reported: ``sessionReported`` as
+ * it billed them, ``sessionReportedEstimate`` as ctxd estimated them.
  */
 export interface RequestBill {
   ctxd: InputBill;
   direct: InputBill;
   measured?: boolean;
+  reported?: InputBill | null;
   sessionBilled?: number;
   sessionDirect?: number;
   sessionRequests?: number;
+  sessionMeasured?: number;
+  sessionReported?: number;
+  sessionReportedEstimate?: number;
 }
 
 /**
@@ -915,8 +921,12 @@ export interface ServerInfo {
 /**
  * A session's requests as billed (``context/stats``): through ctxd and as sending the
  * whole history directly would have been, under ``provider``'s rules (``cache``: how it
- * caches: ``breakpoints``, ``automatic`` or ``none``). ``ratio`` is ctxd's ``billed`` over
- * direct's. ``passCost``: what the compression passes cost by rewriting what the cache held
+ * caches: ``breakpoints``, ``automatic`` or ``none``), both sides estimated by one rule
+ * (a provider reports only ctxd's side: taking it for one side only would weigh a cache
+ * that missed, or a provider's own rules, against ctxd). ``ratio`` is ctxd's ``billed``
+ * over direct's. ``reported``: the ``measured`` requests as the provider's usage billed
+ * them, and ``reportedEstimate`` ctxd's estimate of the same requests, billed: beside
+ * each other they say how far the provider cached what ctxd expected. ``passCost``: what the compression passes cost by rewriting what the cache held
  * (tokens billed again as new input, in uncached input tokens), over ``passes`` passes.
  * ``budgetNote``: set when the session's window is below its model's, saying what the
  * smaller budget costs.
@@ -929,6 +939,8 @@ export interface SessionBill {
   ctxd?: InputBill;
   direct?: InputBill;
   ratio?: number | null;
+  reported?: InputBill | null;
+  reportedEstimate?: number | null;
   passes?: number;
   passCost?: number;
   lastRequest?: RequestBill | null;
