@@ -83,7 +83,7 @@ from ctxd.store import checkpoints as checkpoint_store
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.state import decode_stored
-from ctxd.tokens import MESSAGE_OVERHEAD
+from ctxd.tokens import MESSAGE_OVERHEAD, PROMPT_PRIMING
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,8 @@ async def compress(svc: Service, state: SessionState, *, trigger: str, focus: st
                                       before_tokens=ctx.prompt_tokens, after_tokens=ctx.prompt_tokens,
                                       reason=decision.reason)
         run = _Pass(trigger=trigger, started=time.perf_counter(), before=ctx.prompt_tokens)
+        run.detail["why"] = "asked" if force else decision.reason
+        run.detail["beforeParts"] = composition(ctx, budget, _low_water(svc, state, policy, budget))
         progress.begin("Compressing context", f"{ctx.prompt_tokens} tokens")
         stage = _Stages(svc, state, progress)
         try:
@@ -919,6 +921,19 @@ async def _overflow(svc: Service, state: SessionState, ctx: ActiveContext, run: 
         recent_tokens=ctx.recent_tokens, action=action, folded_messages=0, reason="prompt"))
 
 
+def composition(ctx: ActiveContext, budget: Budget, low_water: int) -> dict[str, int]:
+    """The prompt's parts, in ctxd's count, stored with a pass (before and after it): what
+    a pass could free and what it may not, beside the marks it works to. The fixed prefix
+    (the client's system part and ctxd's goal block), the user's words kept verbatim, the
+    checkpoints, the pinned working set, the recent turns; ``used`` is the conversation
+    (kept and recent), the figure the trigger and the low-water mark are about."""
+    return {"prefix": PROMPT_PRIMING + ctx.system_tokens, "userWords": ctx.user_tokens,
+            "checkpoints": ctx.checkpoint_tokens, "working": ctx.pinned_tokens, "recent": ctx.recent_tokens,
+            "prompt": ctx.prompt_tokens, "maxPrompt": budget.max_prompt_tokens,
+            "replyReserve": budget.reserved_output, "available": budget.available, "used": budget.used,
+            "triggerAt": budget.trigger_at, "lowWater": low_water}
+
+
 async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> CompressResult:
     """Store the pass in one transaction, then tell the clients."""
     duration = round((time.perf_counter() - run.started) * 1000, 2)
@@ -937,6 +952,9 @@ async def _finish(svc: Service, state: SessionState, ctx: ActiveContext, run: _P
 
     async with state.lock:
         after = ctx.prompt_tokens
+        if compressed:
+            budget = svc.cache.budget(state)
+            run.detail["parts"] = composition(ctx, budget, _low_water(svc, state, svc.cache.policy(state), budget))
         # Even a pass that found nothing to compress resets the loop guard: the next automatic
         # pass waits for the conversation to grow instead of retrying on every push.
         ctx.state.last_after_used = ctx.used

@@ -448,12 +448,13 @@ def compressions(daemon: Daemon, sessions: list[str]) -> list[dict[str, Any]]:
 
     db = sqlite3.connect(f"file:{daemon.data_dir / 'ctxd.db'}?mode=ro", uri=True)
     try:
-        rows = db.execute("SELECT session_id, number, trigger_kind, last_seq, layers, before_tokens, after_tokens "
-                          "FROM compressions ORDER BY at").fetchall()
+        rows = db.execute("SELECT session_id, number, trigger_kind, last_seq, layers, before_tokens, after_tokens, "
+                          "detail FROM compressions ORDER BY at").fetchall()
     finally:
         db.close()
     return [{"session": r[0], "number": r[1], "trigger": r[2], "last_seq": r[3], "layers": json.loads(r[4]),
-             "before": r[5], "after": r[6]} for r in rows if r[0] in sessions]
+             "before": r[5], "after": r[6], "detail": json.loads(r[7]) if r[7] else {}}
+            for r in rows if r[0] in sessions]
 
 
 async def _passes(daemon: Daemon, session: str) -> int:
