@@ -42,6 +42,10 @@ class Economy:
     it summarizes), in the session's uncached input tokens; 0 for ctxd's own summarizer."""
     cold: bool = False
     """The provider's cache of the last prompt has expired."""
+    floor: int = 0
+    """What a pass cannot take the conversation below (ctxd's count): the user's words it
+    keeps verbatim (within their share). Where they exceed the low-water mark, a pass
+    frees only what is above them."""
 
 
 def low_water(policy: CompressionPolicy, budget: Budget, economy: Economy | None = None) -> int:
@@ -102,7 +106,8 @@ def _early(state: CompressionState, budget: Budget, policy: CompressionPolicy, e
     only once the conversation fills the window to the quality-first mark
     (``policy.room_fraction``): cost alone never leaves a window mostly unused."""
     step = math.ceil(policy.min_growth_fraction * budget.available)
-    target = low_water(policy, budget, economy)
+    # (where the pass really leaves the conversation: never below the user's kept words)
+    target = max(low_water(policy, budget, economy), economy.floor)
     grown = budget.used - target
     last = state.last_after_used
     if grown < step or (last is not None and budget.used < last + step) or \

@@ -18,6 +18,7 @@ request, whether the cache has expired) and what ``context/stats`` shows (:func:
 
 from __future__ import annotations
 
+import math
 import time
 
 from ctxd.engine.billing import Bill, CacheRules, Pending, Tracker, common_prefix, measured, money, split
@@ -173,7 +174,18 @@ def economy(svc: Service, state: SessionState) -> Economy | None:
         return None
     tracker = state.billing
     return Economy(rules=rules, growth=tracker.growth(), summary_price=summary_price(svc, state, rules),
-                   cold=tracker.cold(time.monotonic(), rules))
+                   cold=tracker.cold(time.monotonic(), rules), floor=_kept_words(svc, state))
+
+
+def _kept_words(svc: Service, state: SessionState) -> int:
+    """The user's words a pass keeps verbatim behind the boundary (within
+    ``compression.user_share`` of the largest prompt): what no pass frees (0 while the
+    context is not loaded)."""
+    ctx = state.ctx
+    if ctx is None:
+        return 0
+    share = svc.cache.policy(state).user_share
+    return min(ctx.user_tokens, math.floor(share * svc.cache.budget(state).max_prompt_tokens))
 
 
 def summary_price(svc: Service, state: SessionState, rules: CacheRules) -> float:

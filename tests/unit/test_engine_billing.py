@@ -3,6 +3,7 @@ pass pays, as pure functions."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ctxd.config import load_config
@@ -99,6 +100,23 @@ def test_a_cached_session_compresses_early_when_it_pays() -> None:
     # Never before the loop guard's step since the last pass.
     state = CompressionState(last_after_used=target + math.ceil(best) + 10 - 5_000)
     assert not decide(state, _budget(target + math.ceil(best) + 10), policy, economy).compress
+
+
+def test_a_pass_that_cannot_go_below_the_users_words_comes_no_earlier() -> None:
+    """What a pass frees is measured from where it really leaves the conversation: the
+    user's words it keeps verbatim (``Economy.floor``) when they are above the low-water
+    mark. Measured from the mark, a pass came early for savings it could not make."""
+    policy = CompressionPolicy(low_water_fraction=0.55, min_growth_fraction=0.10, room_fraction=0.6)
+    economy = Economy(rules=ANTHROPIC, growth=200)
+    target = low_water(policy, _budget(0), economy)
+    best = math.ceil(cycle_turns(target, 0, 200, ANTHROPIC) or 0)
+    used = target + best + 10
+    assert decide(CompressionState(), _budget(used), policy, economy).compress
+    words = dataclasses.replace(economy, floor=target + 2_000)
+    assert not decide(CompressionState(), _budget(used), policy, words).compress
+    # Once the conversation is far enough above the words, the pass pays again.
+    best = math.ceil(cycle_turns(target + 2_000, 0, 200, ANTHROPIC) or 0)
+    assert decide(CompressionState(), _budget(target + 2_000 + best + 10), policy, words).compress
 
 
 def test_an_expired_cache_makes_a_pass_free() -> None:
