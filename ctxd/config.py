@@ -162,6 +162,12 @@ class CompressionConfig(_Section):
     """The same for a session whose provider caches prompts (``[billing]``): each pass bills
     the conversation it leaves again as new input, so passes go deeper and come seldom
     (docs/decisions.md, "Compression that pays")."""
+    cached_fold_floor: float = 0.25
+    """Where the provider caches, a fold of the user's words past ``user_share`` goes as deep
+    as the pass's low-water mark asks, down to this share of ``user_share`` (elsewhere to
+    half of it): each fold rewrites the prompt from the oldest word it moves, and the
+    next comes once the words fill their share again (docs/decisions.md, "Compression
+    that pays")."""
     min_growth_fraction: float = 0.10
     """Automatic compression waits until the conversation grew by this share of the available
     budget since the last one (no compaction loops)."""

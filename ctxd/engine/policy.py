@@ -51,6 +51,9 @@ class CompressionPolicy:
     user_share: float = 0.5
     """The user's messages stay verbatim in the conversation while they take at most this
     share of the largest prompt; only past it does the overflow policy fold the oldest."""
+    fold_floor: float = 0.5
+    """A fold past ``user_share`` leaves the user's words at least this share of it (as
+    deep as the low-water mark asks, no deeper)."""
     working_share: float = 0.12
     """An agent's working set (the newest read of each file its tool calls read,
     ``engine/workset.py``) is kept verbatim while it takes at most this share of the largest

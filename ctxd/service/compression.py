@@ -826,14 +826,15 @@ async def _fold_users(svc: Service, state: SessionState, ctx: ActiveContext, run
     if user_tokens(ctx) <= cap:
         return
     # Fold in one big step, not one message per turn: down to the share less the loop
-    # guard's step, and further (to half the share at most) when that is what brings the
-    # conversation to the low-water mark.
+    # guard's step, and further (to ``fold_floor`` of the share at most: half, a quarter
+    # where the provider caches) when that is what brings the conversation to the
+    # low-water mark.
     words = user_tokens(ctx)
     allowance = math.floor(policy.fold_share * budget.max_prompt_tokens)
     prior = next((cp.tokens for cp in ctx.checkpoints if cp.kind == "folded"), 0)
     others = ctx.used - words
     goal = cap - math.ceil(policy.min_growth_fraction * budget.available)
-    goal = max(cap // 2, min(goal, _low_water(svc, state, policy, budget) - others))
+    goal = max(math.floor(cap * policy.fold_floor), min(goal, _low_water(svc, state, policy, budget) - others))
     from ctxd.summarize.salience import salience  # (with the first fold, not at start-up)
 
     chosen = plan_fold_users(ctx, goal, rank=lambda texts: salience(texts, state.counter.count, ctx.goal_text))

@@ -191,6 +191,7 @@ def compression_policy(config: Config, row: SessionRow, caches: bool = False) ->
         max_checkpoints=c.max_checkpoints,
         fold_share=c.fold_share,
         user_share=c.user_share,
+        fold_floor=c.cached_fold_floor if caches else 0.5,
         checkpoint_share=c.checkpoint_share,
         working_share=c.working_share,
     )
