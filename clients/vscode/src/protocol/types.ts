@@ -926,8 +926,9 @@ export interface ServerInfo {
  * that missed, or a provider's own rules, against ctxd). ``ratio`` is ctxd's ``billed``
  * over direct's. ``reported``: the ``measured`` requests as the provider's usage billed
  * them, and ``reportedEstimate`` ctxd's estimate of the same requests, billed: beside
- * each other they say how far the provider cached what ctxd expected. ``passCost``: what the compression passes cost by rewriting what the cache held
- * (tokens billed again as new input, in uncached input tokens), over ``passes`` passes.
+ * each other they say how far the provider cached what ctxd expected. ``passCost``: what
+ * the compression passes cost by rewriting what the cache held (tokens billed again as
+ * new input, in uncached input tokens), over ``passes`` passes.
  * ``budgetNote``: set when the session's window is below its model's, saying what the
  * smaller budget costs.
  */
