@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -381,6 +382,33 @@ def upstream_body(api: Api, body: dict[str, Any], parts: Split, prompt: dict[str
         system_msgs = [dict(system_msgs[0], role=parts.system_role)]
     out["messages"] = system_msgs + conversation
     return out
+
+
+def unchanged(api: Api, body: dict[str, Any], out: dict[str, Any]) -> bool:
+    """Whether the upstream body is the client's, value for value: the same fields, each
+    the client's own object (its conversation: the client's own message objects, in its
+    order, as the alignment hands them back while ctxd's prompt is the client's). Then
+    the client's bytes go upstream as they came: encoding the body again would cost time
+    proportional to the conversation to send the same JSON value. Only identity and
+    small fields are compared: a conversation ctxd changed in any way is not this."""
+    if out is body:
+        return True
+    if out.keys() != body.keys():
+        return False
+    conversation = "input" if api == "responses" else "messages"
+    for key, value in out.items():
+        given = body[key]
+        if value is given:
+            continue
+        if key == conversation:
+            if not (isinstance(value, list) and isinstance(given, list) and len(value) == len(given)
+                    and all(map(operator.is_, value, given))):
+                return False
+        elif key == "system" and value == given:  # (Anthropic's system part, rebuilt: small)
+            continue
+        else:
+            return False
+    return True
 
 
 def _addition(system_text: str, client_text: str) -> str | None:

@@ -208,9 +208,12 @@ class Proxy:
             ours[REPLY_LIMIT_HEADER] = f"{max(1, room)}; asked={conv.output}"
             log.info("session %s: max_tokens %d -> %d (what the window leaves beside the prompt; reserved %s)",
                      tracked.id, conv.output, max(1, room), (prompt.get("budget") or {}).get("reservedOutput"))
+        # A body ctxd left as the client sent it (nothing compressed, nothing added) goes
+        # upstream in the client's own bytes, not encoded again.
+        content = raw if apis.unchanged(api, body, out) else dumps(out)
         upstream = self.upstream_request("POST", self.chat_url(api, request.url.path),
                                          headers=self.forward_headers(request, json_body=True),
-                                         params=request.query_params or None, content=dumps(out))
+                                         params=request.query_params or None, content=content)
         streaming = apis.is_streaming(api, body)
         started = time.perf_counter()
         response = await self._exchange(api, upstream, whole="unless-ok" if streaming else "always", client=request)
