@@ -218,18 +218,19 @@ class Proxy:
         started = time.perf_counter()
         response = await self._exchange(api, upstream, whole="unless-ok" if streaming else "always", client=request)
         # One line per proxied request (-v): which session, what the client sent, what went
-        # upstream, and the upstream's answer.
-        log.info("%s %s: session %s, %d messages from the client, %d sent (%s tokens): %s %d in %.2f s%s",
-                 request.method, request.url.path, tracked.id, len(parts.conversation),
-                 len(out.get("input" if api == "responses" else "messages") or []), f"{prompt.get('tokens', 0):,}",
-                 "upstream" if not isinstance(response, Response) else "answered", response.status_code,
-                 time.perf_counter() - started, ", streamed" if streaming else "")
+        # upstream, and the upstream's answer (its figures made only when it is written).
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s %s: session %s, %d messages from the client, %d sent (%s tokens): %s %d in %.2f s%s",
+                     request.method, request.url.path, tracked.id, len(parts.conversation),
+                     len(out.get("input" if api == "responses" else "messages") or []),
+                     f"{prompt.get('tokens', 0):,}", "upstream" if not isinstance(response, Response) else "answered",
+                     response.status_code, time.perf_counter() - started, ", streamed" if streaming else "")
         if isinstance(response, Response):
             return response
         if not streaming or response.status_code != 200:
             # The reply is pushed once the answer is handed to uvicorn (Starlette runs the
-            # task right after the body's send, in this turn of the loop): the answer's
-            # joined write (wire.py, at the next turn) goes out before the push. The
+            # task right after the body's send): the answer's joined write (wire.py) goes
+            # out first, then the reply is read and its push sent (``_push_whole``). The
             # session's next request finds the push registered (it cannot come before
             # the answer).
             push = BackgroundTask(self._push_whole, api, conv, tracked, chain_then, response) \
@@ -297,6 +298,12 @@ class Proxy:
 
     async def _push_whole(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
                           response: httpx.Response) -> None:
+        """The reply of a whole answer, pushed after the answer went out: the answer's
+        write (``wire.CoalescingTransport``, queued on the loop by uvicorn's send) runs
+        before reading the reply, which is not the client's to wait for. Both run in the
+        same turn of the loop, before any connection is read again: the session's next
+        request finds the push registered."""
+        await asyncio.sleep(0)
         try:
             reply = apis.reply_of(api, loads(response.content))
         except ValueError:

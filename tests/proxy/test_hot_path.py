@@ -72,3 +72,30 @@ def test_unchanged_means_the_clients_own_objects_and_fields() -> None:
     assert unchanged("responses", {"input": messages}, {"input": list(messages)})
     assert not unchanged("responses", {"input": "a"}, {"input": [messages[0]]})
 
+
+async def test_the_answer_goes_out_before_its_reply_is_read_and_pushed(monkeypatch) -> None:
+    """The answer's write, queued on the loop by uvicorn's send, runs before the reply of
+    the answer is decoded and its push prepared (Starlette runs the push right after the
+    send, in the same task)."""
+    import asyncio
+
+    from ctxd.proxy import apis
+    from ctxd.proxy.app import Proxy
+
+    events: list[str] = []
+    read = apis.reply_of
+    monkeypatch.setattr(apis, "reply_of", lambda api, body: (events.append("reply read"), read(api, body))[1])
+
+    class Pushes:
+        async def push_reply(self, tracked: Any, chain: Any, conv: Any, messages: Any, usage: Any) -> bool:
+            events.append(f"pushed {messages[0]['content']}")
+            return True
+
+    proxy = Proxy.__new__(Proxy)
+    proxy.sessions = Pushes()  # type: ignore[assignment]
+    answer = httpx.Response(200, json={"id": "c1", "object": "chat.completion", "model": MODEL, "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi."}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+    asyncio.get_running_loop().call_soon(events.append, "answer written")
+    await proxy._push_whole("openai", None, None, [], answer)  # type: ignore[arg-type]
+    assert events == ["answer written", "reply read", "pushed Hi."]
