@@ -517,6 +517,8 @@ def order_of(conv: Conversation) -> apis.Order | None:
     """What the alignment needs of the request's plan (identity.py), per client message."""
     if conv.plan is None:
         return None
+    if conv.counts and conv.counts[-1] == len(conv.parts.conversation):  # (each client message is an item: the rule)
+        return apis.Order(conv.api, list(conv.idents), list(conv.shapes), conv.plan.extends, list(conv.anchors))
     idents: list[Any] = []
     shapes: list[str | None] = []
     anchors: list[bool] = []

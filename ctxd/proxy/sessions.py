@@ -16,6 +16,7 @@ import logging
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from ctxd.ids import short_form_of
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy.apis import AlignMemo, Split
 from ctxd.proxy.convert import chain_hash
-from ctxd.proxy.identity import Ident, Plan, Stored, ident_of, match
+from ctxd.proxy.identity import Ident, Plan, Stored, ident_of, match, stored_sides
 
 log = logging.getLogger("ctxd.proxy")
 
@@ -653,10 +654,7 @@ class Sessions:
             stamped.append((self._stamped(message, entry), entry))
         supersede = [f"ctxd-proxy:{tracked.entries[i].key}" for i in plan.superseded]  # (their idempotency keys)
         conv.plan = plan
-        conv.shapes = [tracked.entries[plan.matched[j]].shape if j in plan.matched else ident.shape
-                       for j, ident in enumerate(conv.idents)]
-        conv.anchors = [tracked.entries[plan.matched[j]].anchor if j in plan.matched
-                        else ident.ids or ident.key in plan.anchors for j, ident in enumerate(conv.idents)]
+        conv.shapes, conv.anchors = stored_sides(tracked.entries, plan, conv.idents)
         # The client's own messages before its first anchor or reply (its fixed prefix:
         # Codex's leading user items, aider's read-only files) and after its newest (what it shows
         # the model now: aider's files and their acknowledgement, its reminder, its
@@ -665,8 +663,9 @@ class Sessions:
         # (A history of no anchors, one the proxy never saw answered: its assistant
         # messages bound the two instead, so that not all of it is "current". A fork's
         # anchors are the session's it leaves: ``Plan.anchors``.)
-        anchored = [j for j, anchor in enumerate(conv.anchors) if anchor]
-        spoken = [j for j, (message, _, _) in enumerate(conv.items) if message.get("role") == "assistant"]
+        anchored = list(compress(range(len(conv.anchors)), conv.anchors))
+        spoken = [] if anchored else \
+            [j for j, (message, _, _) in enumerate(conv.items) if message.get("role") == "assistant"]
         first = anchored[0] if anchored else spoken[0] if spoken else len(conv.items)
         newest = anchored[-1] if anchored else spoken[-1] if spoken else -1
         keys = {j: tracked.entries[i].key for j, i in plan.matched.items()}

@@ -99,3 +99,87 @@ async def test_the_answer_goes_out_before_its_reply_is_read_and_pushed(monkeypat
     asyncio.get_running_loop().call_soon(events.append, "answer written")
     await proxy._push_whole("openai", None, None, [], answer)  # type: ignore[arg-type]
     assert events == ["answer written", "reply read", "pushed Hi."]
+
+
+def _random_case(rng: Any) -> tuple[list[Any], list[Any]]:
+    from ctxd.proxy.identity import Ident, Stored
+
+    pool = [f"id{k}" for k in range(6)]
+    stored = [Stored(f"h{i}", rng.choice(pool), rng.random() < 0.4, f"s{rng.randrange(3)}", rng.random() < 0.85)
+              for i in range(rng.randrange(8))]
+    live = [s.ident for s in stored if s.live]
+    if rng.random() < 0.5:  # the usual request: the session's live messages, then new ones
+        client = [Ident(k, rng.random() < 0.3, f"s{rng.randrange(3)}") for k in live]
+    else:
+        client = [Ident(rng.choice(pool), rng.random() < 0.3, f"s{rng.randrange(3)}") for _ in range(len(live))]
+    client += [Ident(rng.choice(pool), rng.random() < 0.3, f"s{rng.randrange(3)}") for _ in range(rng.randrange(3))]
+    return stored, client
+
+
+def test_match_and_each_messages_side_are_what_they_were_message_by_message() -> None:
+    """The C-level forms of ``match``'s usual case and of the per-message shapes and
+    anchors give what the comprehensions they replace gave, on random sessions."""
+    import random
+
+    from ctxd.proxy.identity import Plan, match, stored_sides
+
+    rng = random.Random(7)
+    extended = 0
+    for _ in range(3000):
+        stored, client = _random_case(rng)
+        if rng.random() < 0.3:
+            client = client[:rng.randrange(len(client) + 1)]
+        plan = match(stored, client)
+        live = [i for i, s in enumerate(stored) if s.live]
+        usual = len(client) >= len(live) and all(stored[i].ident == client[j].key for j, i in enumerate(live))
+        assert (plan is not None and plan.extends) == usual
+        if usual:
+            assert plan == Plan(new=list(range(len(live), len(client))), matched=dict(enumerate(live)), extends=True)
+            extended += 1
+        if plan is None:
+            continue
+        plan.anchors = {k for k in (c.key for c in client) if rng.random() < 0.3}
+        shapes, anchors = stored_sides(stored, plan, client)
+        assert shapes == [stored[plan.matched[j]].shape if j in plan.matched else ident.shape
+                          for j, ident in enumerate(client)]
+        assert anchors == [stored[plan.matched[j]].anchor if j in plan.matched
+                           else ident.ids or ident.key in plan.anchors for j, ident in enumerate(client)]
+    assert 500 < extended < 3000
+
+
+def test_the_order_of_a_request_whose_messages_are_all_ctxds_is_the_general_one() -> None:
+    """``order_of``'s shortcut (every client message is one of ctxd's items) builds what its
+    general loop builds, and the loop still serves a request with messages ctxd skips."""
+    import random
+
+    from ctxd.proxy import app
+    from ctxd.proxy.apis import Split
+    from ctxd.proxy.identity import Ident, Plan
+    from ctxd.proxy.sessions import Conversation
+
+    def general(conv: Conversation) -> Any:
+        idents, shapes, anchors = [], [], []
+        for i in range(len(conv.parts.conversation)):
+            taken = conv.counts[i + 1] > conv.counts[i]
+            idents.append(conv.idents[conv.counts[i]] if taken else None)
+            shapes.append(conv.shapes[conv.counts[i]] if taken else None)
+            anchors.append(conv.anchors[conv.counts[i]] if taken else False)
+        return idents, shapes, anchors
+
+    rng = random.Random(3)
+    for skipped in (False, True):
+        for _ in range(200):
+            n = rng.randrange(1, 12)
+            taken = [not skipped or rng.random() < 0.7 for _ in range(n)]
+            counts = [0]
+            for t in taken:
+                counts.append(counts[-1] + t)
+            items = counts[-1]
+            conv = Conversation("openai", MODEL, "s", True, None, Split("", [], [{"role": "user"}] * n), [], [],
+                                [Ident(f"k{i}", False, f"s{i}") for i in range(items)], counts)
+            conv.plan, conv.shapes = Plan(new=[], extends=rng.random() < 0.5), [f"s{i}" for i in range(items)]
+            conv.anchors = [rng.random() < 0.5 for _ in range(items)]
+            order = app.order_of(conv)
+            assert order is not None
+            assert (order.idents, order.shapes, order.anchors) == general(conv)
+            assert order.extends == conv.plan.extends
