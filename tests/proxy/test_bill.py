@@ -3,6 +3,7 @@ bill in ``context/stats`` from the usage the upstream reported."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anthropic
@@ -24,6 +25,18 @@ async def _stats(daemon: Any, session_id: str) -> dict[str, Any]:
         return await client.request("context/stats", {"sessionId": session_id})
     finally:
         await client.close()
+
+
+async def _bill_once_measured(daemon: Any, session_id: str, requests: int) -> dict[str, Any]:
+    """The session's bill once ``requests`` replies' usage is in (the proxy pushes a reply
+    without waiting for it: it may land just after the client has its answer), or as it
+    is after 10 s."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        bill = (await _stats(daemon, session_id))["bill"]
+        if bill["measured"] >= requests or asyncio.get_running_loop().time() > deadline:
+            return bill
+        await asyncio.sleep(0.05)
 
 
 @both_modes
@@ -100,7 +113,8 @@ async def test_a_cache_that_missed_does_not_make_ctxd_look_dearer(proxy, upstrea
         reply = await client.messages.create(model=MODEL, max_tokens=200, system=SYSTEM, messages=messages)
         messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
     [info] = [s for s in await sessions(ctxd_daemon) if s["sessionId"].startswith("proxy-anthropic-")]
-    bill = (await _stats(ctxd_daemon, info["sessionId"]))["bill"]
+    # (The last reply's push, which carries its usage, is not waited for by the proxy.)
+    bill = await _bill_once_measured(ctxd_daemon, info["sessionId"], 3)
     assert bill["measured"] == 3 and bill["reported"].get("cacheRead", 0) == 0
     assert bill["reported"]["billed"] > bill["reportedEstimate"]
     assert bill["ratio"] == 1.0
