@@ -142,6 +142,9 @@ async def run(args: argparse.Namespace) -> list[Result]:
     proxy: ProxyProcess | None = None
     try:
         with FakeUpstream() as upstream:
+            # Latency is measured here, not the bill: no cached-prefix reports, whose
+            # tokenizing of every request would compete for the cores being timed.
+            upstream.caching = False
             proxy = ProxyProcess(base / "run" / "ctxd.sock", upstream, base / "proxy.log",
                                  ["--data-dir", str(base / "data")])
             proxy.command.remove("--no-autostart")

@@ -251,6 +251,9 @@ async def run(args: argparse.Namespace) -> list[Result]:
         if args.daemon == "socket":
             daemon.start()
         with FakeUpstream() as upstream:
+            # Latency is measured here, not the bill: no cached-prefix reports, whose
+            # tokenizing of every request would compete for the cores being timed.
+            upstream.caching = False
             assert daemon.socket_path is not None
             own = ["--data-dir", str(daemon.data_dir)] if args.daemon == "in-process" else []
             proxy = ProxyProcess(daemon.socket_path, upstream, base / "proxy.log", own)
