@@ -221,3 +221,27 @@ def truncation_notice(seq_from: int, seq_to: int, count: int, tokens: int, files
     if files:
         text += " Files touched in them: " + ", ".join(files[:10]) + "."
     return text
+
+
+def collapse(checkpoints: list[Checkpoint], count: Callable[[str], int], now: str,
+             number: int) -> Checkpoint | None:
+    """Every summary and truncation checkpoint as one truncation notice (what they stood
+    for, in a line: left out, whole in history), for a prompt that does not fit with the
+    summaries at their least. None when that would not be smaller."""
+    spans = [cp for cp in checkpoints if cp.kind in ("summary", "truncated")]
+    if not spans:
+        return None
+    ranges = merge_ranges(*(cp.message_ranges for cp in spans))
+    files = list(dict.fromkeys(f for cp in spans for f in cp.files_modified))
+    original = sum(cp.original_tokens for cp in spans)
+    seq_from, seq_to = min(cp.seq_from for cp in spans), max(cp.seq_to for cp in spans)
+    cp = Checkpoint(
+        id=new_id(), kind="truncated", level="compact", seq_from=seq_from, seq_to=seq_to, message_ranges=ranges,
+        summary=truncation_notice(seq_from, seq_to, sum(b - a + 1 for a, b in ranges), original, files),
+        tokens=0, original_tokens=original, created_at=now, compressed_at=now, compression_number=number,
+        summarizer="truncation", compression_count=max(c.compression_count for c in spans) + 1,
+        merged_from=[c.id for c in spans], files_modified=files)
+    measure(cp, count)
+    if len(spans) == 1 and cp.tokens >= spans[0].tokens:
+        return None
+    return cp

@@ -16,6 +16,8 @@ import math
 import re
 from collections.abc import Callable
 
+import msgspec
+
 from ctxd.engine.checkpoints import measure, new_id
 from ctxd.engine.clip import WORDS_CUT, WORDS_ELIDED, excerpt
 from ctxd.engine.context import ActiveContext, Entry, retire_markers
@@ -23,8 +25,8 @@ from ctxd.protocol.compression import Checkpoint, seq_ranges
 from ctxd.protocol.message import Message, TextBlock
 
 
-def _user_text(entry: Entry) -> str:
-    content = entry.message.content
+def _user_text(entry: Entry | Message) -> str:
+    content = (entry.message if isinstance(entry, Entry) else entry).content
     if isinstance(content, str):
         return content
     return "\n".join(b.text for b in content or () if isinstance(b, TextBlock))
@@ -235,34 +237,28 @@ def plan_fold(ctx: ActiveContext, goal_tokens: int, allowance: int | None = None
     return sorted(chosen, key=lambda e: e.seq)
 
 
-def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, number: int,
-         count: Callable[[str], int], rank: Callable[[list[str]], list[float]] | None = None,
-         date: Callable[[Message], str | None] | None = None) -> Checkpoint:
-    """Move ``entries`` into the folded checkpoint (created or grown), keeping their words
-    verbatim as far as ``allowance`` tokens allow: the best by ``rank`` (a worth per
-    message text, higher first), else the newest; shown in their order, each labelled
-    with its day when ``date`` gives one."""
-    previous = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
-    lines = [_folded_line(e, date) for e in entries]
-    seqs = [e.seq for e in entries]
-    prior_lines: list[str] = []
-    if previous is not None:
-        prior_lines = _folded_lines(previous.summary)
-        seqs = previous.message_seqs + seqs
-    all_lines = prior_lines + lines
+def _quoted(all_lines: list[str], first: int | None, allowance: int, count: Callable[[str], int],
+            rank: Callable[[list[str]], list[float]] | None) -> list[str]:
+    """The folded lines kept within ``allowance`` tokens, in their order: the session's
+    first user message (the task, for an agent) first, whole when it fits in half the
+    allowance, else as an excerpt of that size (of all of it when half is too small to
+    say anything; none when all of it is); then the best by ``rank``, else the newest."""
     kept_lines: list[str] = []
     used = 0
-    # The session's first user message (the task, for an agent) is kept first: whole when
-    # it fits in half the allowance, else as an excerpt of that size; then the newest.
-    first = _first_user_seq(ctx)
     task = next((ln for ln in all_lines if first is not None and _line_seq(ln) == first), None)
     if task is not None:
         all_lines = [ln for ln in all_lines if ln is not task]
-        if count(task) + 1 > allowance // 2:
-            head, _, text = task.partition("] ")
-            text = excerpt(text.replace("\n    ", "\n"), allowance // 2 - 8, count, notice=WORDS_ELIDED)
-            task = f"{head}] " + text.replace("\n", "\n    ")
-        used = count(task) + 1
+        # (In a small room, all of it: the task is the one message a prompt must not lose.)
+        share = allowance // 2 if allowance // 2 - 8 >= TASK_KEEP else allowance
+        if count(task) + 1 > share:
+            if share - 8 < TASK_KEEP:
+                task = None  # (an excerpt this small is its notice, nothing of the task)
+            else:
+                head, _, text = task.partition("] ")
+                text = excerpt(text.replace("\n    ", "\n"), share - 8, count, notice=WORDS_ELIDED)
+                task = f"{head}] " + text.replace("\n", "\n    ")
+        if task is not None:
+            used = count(task) + 1
     grouped = all(_line_day(ln) for ln in all_lines + ([task] if task is not None else []))
     days: set[str] = set()
     if task is not None and grouped:
@@ -292,6 +288,79 @@ def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, 
     kept_lines = [all_lines[i] for i in sorted(chosen)]
     if task is not None and used <= allowance:
         kept_lines.insert(0, task)
+    return kept_lines
+
+
+TASK_KEEP = 48
+"""The least of the task worth quoting as an excerpt in the folded checkpoint: below it,
+an excerpt is mostly its notice of what was left out."""
+
+
+def task_seq(ctx: ActiveContext) -> int | None:
+    """The session's first user message (the task) when the folded checkpoint quotes it."""
+    return _first_user_seq(ctx) if quotes_task(ctx) else None
+
+
+def refit(ctx: ActiveContext, over: int, count: Callable[[str], int],
+          rank: Callable[[list[str]], list[float]] | None = None, task: Message | None = None) -> Checkpoint | None:
+    """The folded checkpoint cut by ``over`` tokens, for a prompt that does not fit
+    once everything else is at its least (a newest message that nearly fills the window
+    leaves less room than ``fold_share``): its quoted words within what is left, chosen
+    as :func:`fold` chooses them (the task first, as an excerpt of half the room, or not
+    at all); the rest are counted in its notice as folded out. ``task``: the task as
+    stored (:func:`task_seq`), cut anew rather than an excerpt of its excerpt, whose
+    notice would undercount what is left out. None when there is no folded checkpoint or
+    it quotes nothing more to cut."""
+    previous = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
+    if previous is None or over <= 0:
+        return None
+    lines = _folded_lines(previous.summary)
+    if not lines:
+        return None
+    quoted = sum(count(line) + 1 for line in _render_lines(lines))
+    first, seqs = _first_user_seq(ctx), previous.message_seqs
+    if task is not None:
+        lines = [f"{ln.partition('] ')[0]}] " + _user_text(task).replace("\n", "\n    ")
+                 if _line_seq(ln) == first else ln for ln in lines]
+    allowance = quoted - over
+    cp = previous
+    for _ in range(4):  # (an excerpt and the notice are measured after the cut: aim lower by the miss)
+        kept = _quoted(lines, first, max(0, allowance), count, rank)
+        cp = msgspec.structs.replace(
+            previous, summary="\n".join([_folded_notice(seqs, kept, previous.id)] + _render_lines(kept)))
+        measure(cp, count)
+        miss = cp.tokens - (previous.tokens - over)
+        if miss <= 0 or allowance <= 0:
+            break
+        allowance -= miss
+    if cp.tokens >= previous.tokens:
+        return None
+    ctx.checkpoints = [cp if c.id == previous.id else c for c in ctx.checkpoints]
+    return cp
+
+def quotes_task(ctx: ActiveContext) -> bool:
+    """Whether the folded checkpoint quotes the session's first user message (the task),
+    whole or as an excerpt."""
+    folded = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
+    first = _first_user_seq(ctx)
+    return folded is not None and any(_line_seq(line) == first for line in _folded_lines(folded.summary))
+
+
+def fold(ctx: ActiveContext, entries: list[Entry], *, allowance: int, now: str, number: int,
+         count: Callable[[str], int], rank: Callable[[list[str]], list[float]] | None = None,
+         date: Callable[[Message], str | None] | None = None) -> Checkpoint:
+    """Move ``entries`` into the folded checkpoint (created or grown), keeping their words
+    verbatim as far as ``allowance`` tokens allow: the best by ``rank`` (a worth per
+    message text, higher first), else the newest; shown in their order, each labelled
+    with its day when ``date`` gives one."""
+    previous = next((cp for cp in ctx.checkpoints if cp.kind == "folded"), None)
+    lines = [_folded_line(e, date) for e in entries]
+    seqs = [e.seq for e in entries]
+    prior_lines: list[str] = []
+    if previous is not None:
+        prior_lines = _folded_lines(previous.summary)
+        seqs = previous.message_seqs + seqs
+    kept_lines = _quoted(prior_lines + lines, _first_user_seq(ctx), allowance, count, rank)
     # Lines dropped by earlier folds are gone from the summary; the seqs are not.
     cp_id = previous.id if previous is not None else new_id()
     parts = [_folded_notice(seqs, kept_lines, cp_id)] + _render_lines(kept_lines)

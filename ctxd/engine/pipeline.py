@@ -181,7 +181,8 @@ def _freed_by(e: Entry, pinned: set[int]) -> int:
     if e.seq in pinned or e.role == "system":
         return 0
     if never_compressed(e):
-        return e.view_tokens - (e.tokens.overhead + e.tokens.text)
+        # (Not below nothing: the user's words sent as an excerpt cost less than they are.)
+        return max(0, e.view_tokens - (e.tokens.overhead + e.tokens.text))
     return e.view_tokens
 
 

@@ -30,7 +30,17 @@ import msgspec
 
 from ctxd.engine import checkpoints as ckpts
 from ctxd.engine.context import ActiveContext, Entry
-from ctxd.engine.folding import describe_seqs, fold, folded_summary, plan_fold, plan_fold_users, user_tokens
+from ctxd.engine.folding import (
+    describe_seqs,
+    fold,
+    folded_summary,
+    plan_fold,
+    plan_fold_users,
+    quotes_task,
+    refit,
+    task_seq,
+    user_tokens,
+)
 from ctxd.engine.pipeline import (
     EXCERPT_SLACK,
     STAGES,
@@ -299,7 +309,112 @@ async def _run_layers(svc: Service, state: SessionState, ctx: ActiveContext, run
         await _squeeze(svc, state, ctx, run, focus)
     if not force:
         await _make_room(svc, state, ctx, run)
+    await _fit_checkpoints(svc, state, ctx, run)
     await _widen_newest(svc, state, ctx, run)
+
+
+async def _fit_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
+    """The promise: a prompt within the budget whenever the newest message fits. After
+    everything else, what can still leave it over is the checkpoints (a newest message
+    that nearly fills the window leaves less room than ``fold_share`` and the summaries'
+    floor take). Least lossy first: the summaries shortened, the folded checkpoint's
+    quoted words cut to the room (the task last, as a smaller excerpt, then not at all),
+    the summaries and notices made one notice of what was left out, and at the very
+    last the checkpoints leave the prompt (history keeps everything). Every step but the
+    first is announced with ``context/overflow``."""
+    cache = svc.cache
+    budget = cache.budget(state)
+    if fits(ctx, budget) or ctx.prompt_tokens - ctx.checkpoint_tokens > budget.max_prompt_tokens:
+        return  # (not the checkpoints: nothing of theirs is given up for a prompt that cannot fit)
+    await _shrink_checkpoints(svc, state, ctx, run)
+    budget = cache.budget(state)
+    if fits(ctx, budget) or not ctx.checkpoints:
+        return
+    figures = dict(prompt_tokens=ctx.prompt_tokens, max_prompt_tokens=budget.max_prompt_tokens,
+                   system_tokens=ctx.system_tokens, pinned_tokens=ctx.pinned_tokens,
+                   checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
+                   recent_tokens=ctx.recent_tokens)
+    said: list[str] = []
+    await _before_change(svc, state, run)
+    # The task's words outrank the summaries at their least: when cutting the folded
+    # checkpoint to the room would cut the task out of it, the summaries become a notice first.
+    async with state.lock:
+        before, created, layers = list(ctx.checkpoints), len(run.created), len(run.layers)
+        had_task = quotes_task(ctx)
+        await _refit_folded(svc, state, ctx, run, said)
+        if had_task and not quotes_task(ctx) and any(c.kind == "summary" for c in ctx.checkpoints):
+            ctx.checkpoints = before
+            del said[:], run.created[created:], run.layers[layers:]
+        cache.refresh(state, system=True)
+    if not fits(ctx, cache.budget(state)):
+        notice = ckpts.collapse(ctx.checkpoints, state.counter.count, now_iso(), run.number(state))
+        if notice is not None:
+            async with state.lock:
+                gone = {c.id for c in ctx.checkpoints if c.kind in ("summary", "truncated")}
+                rest = [c for c in ctx.checkpoints if c.id not in gone]
+                ctx.checkpoints = rest + [notice]
+                cache.refresh(state, system=True)
+            run.created.append(notice)
+            run.layers.append("truncate")
+            said.append(f"the summaries {', '.join(sorted(gone))} became one notice of what was left out "
+                        f"({notice.id})")
+            svc.events.emit(state.id, CheckpointMergedNotification(
+                session_id=state.id, merged_ids=notice.merged_from, into_id=notice.id, tokens=notice.tokens))
+        async with state.lock:
+            await _refit_folded(svc, state, ctx, run, said)
+    for kind in ("truncated", "summary", "folded"):  # the last resort: out of the prompt
+        if fits(ctx, cache.budget(state)):
+            break
+        gone_cps = [c for c in ctx.checkpoints if c.kind == kind]
+        if not gone_cps:
+            continue
+        async with state.lock:
+            ctx.checkpoints = [c for c in ctx.checkpoints if c.kind != kind]
+            cache.refresh(state, system=True)
+        said.append(f"checkpoint{'s' if len(gone_cps) > 1 else ''} {', '.join(c.id for c in gone_cps)} "
+                    f"left the prompt (messages {', '.join(f'{c.seq_from}-{c.seq_to}' for c in gone_cps)})")
+    folded = next((c for c in ctx.checkpoints if c.kind == "folded"), None)
+    if folded is not None and any(c.id == folded.id for c in run.created) and any(
+            s.startswith("the folded checkpoint") for s in said):
+        run.created = [c for c in run.created if c.id != folded.id] + [folded]
+        svc.events.emit(state.id, CheckpointCreatedNotification(session_id=state.id, checkpoint=folded))
+    if not said:
+        return
+    if not run.counted:
+        ctx.state.compression_count += 1
+        run.counted = True
+    ctx.state.lossy = True
+    policy = cache.policy(state)
+    svc.events.emit(state.id, OverflowNotification(
+        session_id=state.id, policy=policy.overflow_policy, **figures,  # type: ignore[arg-type]
+        action=(f"the newest message leaves the checkpoints less room than they take at their least: "
+                f"{'; '.join(said)}; history keeps every message whole (session/history)"),
+        reason="prompt"))
+
+
+async def _refit_folded(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, said: list[str]) -> None:
+    """The folded checkpoint's quoted words cut to the room left (``folding.refit``).
+    (Caller holds the session lock.)"""
+    from ctxd.summarize.salience import salience  # (with the first fold, not at start-up)
+
+    cache = svc.cache
+    seq = task_seq(ctx)
+    stored = await svc.db.read(message_store.load_seqs, state.id, [seq]) if seq is not None else []
+    task = stored[0].message if stored else None
+    for _ in range(FIT_ROUNDS):  # (measured after the cut: a few tries)
+        over = ctx.prompt_tokens - cache.budget(state).max_prompt_tokens
+        if over <= 0:
+            return
+        cp = refit(ctx, over, state.counter.count,
+                   rank=lambda texts: salience(texts, state.counter.count, ctx.goal_text), task=task)
+        cache.refresh(state, system=True)
+        if cp is None:
+            return
+        if not any(c.id == cp.id for c in run.created):
+            run.created.append(cp)
+            run.layers.append("fold")
+        said[:] = [s for s in said if not s.startswith("the folded checkpoint")] + [
+            f"the folded checkpoint {cp.id} quotes fewer of the user's words ({folded_summary(cp)})"]
 
 
 async def _widen_newest(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass) -> None:
@@ -457,6 +572,8 @@ async def _summarize_selection(svc: Service, state: SessionState, ctx: ActiveCon
 
 
 MAX_ROUNDS = 3
+FIT_ROUNDS = 4
+"""How often the folded checkpoint is cut again into the room the last cut left."""
 FOLD_NOTICE_COST = 64
 """About what the folded checkpoint's notice and title lines cost."""
 MIN_CLIP = 256
