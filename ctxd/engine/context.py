@@ -27,6 +27,7 @@ import msgspec
 from ctxd.engine.checkpoints import in_order, message_text, place
 from ctxd.engine.clip import clip_any, clip_message, clip_words
 from ctxd.engine.render import Pairing, PromptPlan, signed_thinking
+from ctxd.formats.anthropic import OPENER
 from ctxd.protocol.compression import Checkpoint, merge_ranges
 from ctxd.protocol.message import (
     ImageBlock,
@@ -411,6 +412,12 @@ class ActiveContext:
     call_names: dict[str, str] = field(default_factory=dict)
     pairing: Pairing = field(default_factory=Pairing)
     """Calls without a result yet, and what the renderer's repairs cost (in ``used``)."""
+    opener: int = 0
+    """What the Anthropic shape adds (a user turn first, ``formats.anthropic.OPENER``) when
+    the conversation would open with the assistant (no checkpoint before it: a session
+    that begins with a greeting, or checkpoints that left a prompt with no room for them).
+    In ``used``, whatever the shape, so the prompt fits any of them, as signed thinking
+    is; the shapes that send no opener take it off (``service/prompt.in_shape``)."""
     count: Callable[[str], int] | None = None
     """The session's token counter (set by :meth:`refresh`; :meth:`append` uses it)."""
 
@@ -622,8 +629,19 @@ class ActiveContext:
         for entry in self.kept + self.recent:  # (what conversation() sends: a join has no calls)
             if entry.view is not None and (entry.call_ids or entry.result_ids or entry.role == "tool"):
                 self.pairing.add(entry.view, count)
-        self.used = used + self.pairing.tokens
+        self.opener = self._opener(count)
+        self.used = used + self.pairing.tokens + self.opener
         self.pinned_tokens = pinned_tokens
+
+    def _opener(self, count: Callable[[str], int]) -> int:
+        """:attr:`opener`: the first message sent after the system part is the assistant's."""
+        for item in self._behind() + self.recent:
+            if isinstance(item, Checkpoint):
+                return 0  # (sent as a user message of ctxd's)
+            if item.view is None or item.role == "system":
+                continue  # (opening system messages go to the system part)
+            return MESSAGE_OVERHEAD + count(OPENER) if item.role == "assistant" else 0
+        return 0
 
     def append(self, entries: list[Entry], count: Callable[[str], int] | None = None) -> None:
         """New messages after the boundary: sent as they are (nothing applies to them yet).
@@ -641,3 +659,8 @@ class ActiveContext:
             self.used += entry.view_tokens
             if count is not None:
                 self.used += self.pairing.add(entry.message, count)
+        if count is not None and not self.checkpoints and not self.kept:  # (only a first message opens)
+            opener = self._opener(count)
+            self.used += opener - self.opener
+            self.opener = opener
+

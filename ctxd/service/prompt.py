@@ -88,13 +88,16 @@ def rendered(state: SessionState, ctx: ActiveContext, fmt: str) -> Rendered:
     return out
 
 
-def in_shape(budget: Budget, out: Rendered) -> Budget:
-    """One count: the budget's (the context counts the pairing repairs too), plus what the
-    provider's shape of ``out`` alone adds or leaves out (``Rendered.format_tokens``), so a
-    prompt's count, its budget and ``context/stats`` for that format say the same."""
-    if not out.format_tokens:
+def in_shape(budget: Budget, out: Rendered, opener: int = 0) -> Budget:
+    """One count: the budget's (the context counts the pairing repairs too, and the
+    Anthropic shape's opening user turn, ``ActiveContext.opener``, for every shape), plus
+    what the provider's shape of ``out`` alone adds or leaves out (``Rendered.format_tokens``,
+    the opener again when it sends one), so a prompt's count, its budget and
+    ``context/stats`` for that format say the same."""
+    extra = out.format_tokens - opener
+    if not extra:
         return budget
-    tokens = budget.prompt_tokens + out.format_tokens
+    tokens = budget.prompt_tokens + extra
     return msgspec.structs.replace(budget, prompt_tokens=tokens, free=budget.max_prompt_tokens - tokens)
 
 
@@ -142,7 +145,7 @@ async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, Pro
         ctx = await svc.cache.context(state)
         out = rendered(state, ctx, params.format)
         _count_prefix(state, ctx, params.format)
-        budget = in_shape(svc.cache.budget(state), out)
+        budget = in_shape(svc.cache.budget(state), out, ctx.opener)
         row = state.row
         tokens = budget.prompt_tokens
         bill = billing.on_prompt(svc, state, ctx, tokens, _shape(ctx))

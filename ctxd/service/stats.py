@@ -34,7 +34,7 @@ async def stats(svc: Service, session_id: str, fmt: PromptFormat | None = None) 
             await svc.cache.catch_up(state)
         async with state.lock:
             ctx = await svc.cache.context(state)
-            budget = prompt.in_shape(svc.cache.budget(state), prompt.rendered(state, ctx, fmt))
+            budget = prompt.in_shape(svc.cache.budget(state), prompt.rendered(state, ctx, fmt), ctx.opener)
         context_tokens = budget.prompt_tokens
     row = state.row
     cstate = state.cstate

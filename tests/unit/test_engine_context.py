@@ -26,7 +26,9 @@ from ctxd.engine.prune import apply_prune, plan_prune
 from ctxd.engine.render import render_anthropic, render_ollama, render_openai
 from ctxd.engine.validate import validate_anthropic, validate_ollama, validate_openai
 from ctxd.engine.watermark import WatermarkMove, apply_watermark, find_checkpoint_call, plan_watermark
+from ctxd.formats.anthropic import OPENER as ANTHROPIC_OPENER
 from ctxd.protocol.message import ImageBlock, Message, TextBlock
+from ctxd.protocol.providers import AnthropicText
 from ctxd.tokens import MESSAGE_OVERHEAD, PROMPT_PRIMING
 
 from ._engine_helpers import (
@@ -311,7 +313,7 @@ def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[
     # A join is counted as a blank line (one token), never less than it costs: the
     # tokenizer may fold the blank line into the text before it.
     # ``used`` counts what rendering adds to pair tool calls and results (``pairing``).
-    repairs = ctx.pairing.tokens
+    repairs = ctx.pairing.tokens + ctx.opener  # (what rendering adds: pairing, the Anthropic opener)
     assert real + repairs <= ctx.used + ctx.pinned_tokens <= real + repairs + joins
     assert sum(e.view_tokens for e in ctx.entries()) + repairs == ctx.used + ctx.pinned_tokens
     assert ctx.system_tokens == (count(ctx.system_text) + MESSAGE_OVERHEAD if ctx.system_text else 0)
@@ -352,9 +354,12 @@ def check_invariants(ctx: ActiveContext, history: list[Message], pristine: list[
     plan = ctx.prompt_plan()
     r = render_openai(plan, count)
     assert validate_openai(r.messages) == []
-    assert r.extra_tokens == repairs
+    assert r.extra_tokens == ctx.pairing.tokens
     r = render_anthropic(plan, count)
     assert validate_anthropic(r.system, r.messages) == []
+    # the context counts the Anthropic shape's opening user turn exactly when it sends one
+    opened = bool(r.messages) and r.messages[0].content[0] == AnthropicText(text=ANTHROPIC_OPENER)
+    assert opened == bool(ctx.opener), (opened, ctx.opener)
     r = render_ollama(plan, count)
     assert validate_ollama(r.messages) == []
 

@@ -74,7 +74,8 @@ def test_refit_leaves_a_folded_checkpoint_within_its_room_alone_when_nothing_is_
 def _summary(i: int, seq_from: int, seq_to: int, tokens: int) -> Checkpoint:
     cp = Checkpoint(id=f"ckpt_{i:015d}", kind="summary", level="compact", seq_from=seq_from, seq_to=seq_to,
                     message_ranges=[(seq_from, seq_to)], summary=words(tokens, WORDS[i]), tokens=0,
-                    original_tokens=10 * tokens, created_at=NOW, compression_number=1, summarizer="extractive", files_modified=[f"/src/f{i}.py"])
+                    original_tokens=10 * tokens, created_at=NOW, compression_number=1, summarizer="extractive",
+                    files_modified=[f"/src/f{i}.py"])
     cp.tokens = count(cp.summary) + 8
     return cp
 
