@@ -335,13 +335,16 @@ async def _fit_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext
                    checkpoint_tokens=ctx.checkpoint_tokens, user_tokens=ctx.user_tokens,
                    recent_tokens=ctx.recent_tokens)
     said: list[str] = []
+    seq = task_seq(ctx)  # (the task as stored: cut anew, not an excerpt of its excerpt)
+    stored = await svc.db.read(message_store.load_seqs, state.id, [seq]) if seq is not None else []
+    task = stored[0].message if stored else None
     await _before_change(svc, state, run)
     # The task's words outrank the summaries at their least: when cutting the folded
     # checkpoint to the room would cut the task out of it, the summaries become a notice first.
     async with state.lock:
         before, created, layers = list(ctx.checkpoints), len(run.created), len(run.layers)
         had_task = quotes_task(ctx)
-        await _refit_folded(svc, state, ctx, run, said)
+        _refit_folded(svc, state, ctx, run, said, task)
         if had_task and not quotes_task(ctx) and any(c.kind == "summary" for c in ctx.checkpoints):
             ctx.checkpoints = before
             del said[:], run.created[created:], run.layers[layers:]
@@ -361,7 +364,7 @@ async def _fit_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext
             svc.events.emit(state.id, CheckpointMergedNotification(
                 session_id=state.id, merged_ids=notice.merged_from, into_id=notice.id, tokens=notice.tokens))
         async with state.lock:
-            await _refit_folded(svc, state, ctx, run, said)
+            _refit_folded(svc, state, ctx, run, said, task)
     for kind in ("truncated", "summary", "folded"):  # the last resort: out of the prompt
         if fits(ctx, cache.budget(state)):
             break
@@ -392,15 +395,13 @@ async def _fit_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext
         reason="prompt"))
 
 
-async def _refit_folded(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, said: list[str]) -> None:
-    """The folded checkpoint's quoted words cut to the room left (``folding.refit``).
-    (Caller holds the session lock.)"""
+def _refit_folded(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass, said: list[str],
+                  task: Message | None) -> None:
+    """The folded checkpoint's quoted words cut to the room left (``folding.refit``), the
+    task from ``task``, its stored message. (Caller holds the session lock.)"""
     from ctxd.summarize.salience import salience  # (with the first fold, not at start-up)
 
     cache = svc.cache
-    seq = task_seq(ctx)
-    stored = await svc.db.read(message_store.load_seqs, state.id, [seq]) if seq is not None else []
-    task = stored[0].message if stored else None
     for _ in range(FIT_ROUNDS):  # (measured after the cut: a few tries)
         over = ctx.prompt_tokens - cache.budget(state).max_prompt_tokens
         if over <= 0:
