@@ -4,9 +4,9 @@ the ``fold`` overflow policy; under ``error`` it may refuse, never hand out more
 
 The review's case first, then a seeded random loop over windows of 1K-16K, message
 sizes, user and fold shares, policies, strategies, formats, reply reserves and loans,
-system prompts, goals and pins: each case a session driven through the service as the
-handlers drive it. ``CTXD_FIT_CASES`` runs more of them (a few thousand to trust a
-change; the default keeps this file near ten seconds)."""
+system prompts, goals, pins and agents' tool outputs as the newest message: each case a
+session driven through the service as the handlers drive it. ``CTXD_FIT_CASES`` runs
+more of them (a few thousand to trust a change; the default keeps this near ten seconds)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.config import Config, DaemonConfig, StorageConfig
-from ctxd.engine.pipeline import irreducible
+from ctxd.engine.context import ActiveContext
+from ctxd.engine.pipeline import irreducible, newest_turn
 from ctxd.protocol.compression import OverflowNotification
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.service import controls, goals, ingest, prompt, sessions
@@ -27,7 +28,7 @@ from ctxd.service.events import CollectingEvents
 from ._engine_helpers import WORDS, words
 from .service_helpers import params, settle
 
-CASES = int(os.environ.get("CTXD_FIT_CASES", "200"))
+CASES = int(os.environ.get("CTXD_FIT_CASES", "150"))
 SEED = int(os.environ.get("CTXD_FIT_SEED", "20261206"))
 
 
@@ -121,6 +122,9 @@ class Case:
     goal: int
     pin: bool
     rounds: int
+    agent: bool
+    """Each turn ends in a tool call and its output (the newest message) instead of a user
+    message: the newest turn is cut, widened into the room, lent the reply's reserve."""
     seed: int
 
 
@@ -135,7 +139,7 @@ def _case(rng: random.Random) -> Case:
         newest=int(window * rng.uniform(0.3, 0.8)), output_tokens=rng.choice([None, None, window // 8, window // 4]),
         output_floor=rng.choice([None, None, 64]), keep_recent=rng.choice([None, 1, 5]), tools=rng.random() < 0.3,
         system=rng.choice([0, 0, 50, 400]), goal=rng.choice([0, 0, 30, 200]), pin=rng.random() < 0.2,
-        rounds=rng.choice([1, 1, 2, 3]), seed=rng.randrange(1 << 30))
+        rounds=rng.choice([1, 1, 2, 3]), agent=rng.random() < 0.3, seed=rng.randrange(1 << 30))
 
 
 def _messages(case: Case) -> list[dict[str, Any]]:
@@ -157,13 +161,27 @@ def _messages(case: Case) -> list[dict[str, Any]]:
     return out
 
 
+def _floor(ctx: ActiveContext) -> int:
+    """What must fit for the promise to hold: what no compression can take out
+    (``irreducible``: the system part, the pins, a newest user message); in an agent's
+    turn, its newest step whole too (the call and its output, which could otherwise only
+    go as an excerpt) and the user message it works on."""
+    floor = irreducible(ctx)
+    if ctx.recent and not ctx.recent[-1].has_user_text:
+        floor += sum(e.sent_tokens for e in newest_turn(ctx))
+        asked = next((e for e in reversed(ctx.kept + ctx.recent) if e.has_user_text), None)
+        if asked is not None:
+            floor += asked.tokens.overhead + asked.tokens.text
+    return floor
+
+
 async def _check(svc: Service, sid: str, case: Case) -> str | None:
     """The invariant on one prompt: None, or what broke it."""
     try:
         result = await _prompt(svc, sid, case.fmt)
     except CtxdError as exc:
         state = await svc.cache.get(sid)
-        floor = irreducible(await svc.cache.context(state))
+        floor = _floor(await svc.cache.context(state))
         budget = svc.cache.budget(state)
         if case.policy == "fold" and floor <= budget.max_prompt_tokens:
             return f"refused though the newest message fits ({floor} <= {budget.max_prompt_tokens}): {exc.message}"
@@ -198,7 +216,14 @@ async def _run(svc: Service, sid: str, case: Case) -> str | None:
             assert exc.code == ErrorCode.ContextOverflow, exc.message
     for turn in range(case.rounds):
         size = case.newest if turn == case.rounds - 1 else int(case.newest * rng.uniform(0.1, 1.0))
-        await _push(svc, sid, [{"role": "user", "content": words(size, "tree")}])
+        if case.agent:
+            call = f"read{turn}"
+            await _push(svc, sid, [
+                {"role": "assistant", "content": None, "toolCalls": [{"id": call, "type": "function", "function": {
+                    "name": "read_file", "arguments": f'{{"path": "/src/big{turn}.py"}}'}}]},
+                {"role": "tool", "toolCallId": call, "content": words(size, "tree")}])
+        else:
+            await _push(svc, sid, [{"role": "user", "content": words(size, "tree")}])
         await settle(svc)
         broken = await _check(svc, sid, case)
         if broken is not None:
@@ -234,3 +259,4 @@ def test_the_loop_draws_what_it_says() -> None:
                                                                                         "ollama"}
     assert min(c.window for c in cases) < 3000 and max(c.window for c in cases) > 14000
     assert any(c.output_floor for c in cases) and any(c.rounds > 1 for c in cases)
+    assert any(c.agent and c.output_floor for c in cases)
