@@ -1122,17 +1122,23 @@ async def _reset_from_storage(svc: Service, state: SessionState) -> None:
         state.row.context_tokens = row.context_tokens
 
 
-async def ensure_fits(svc: Service, state: SessionState) -> None:
-    """Before handing out a prompt: compress now if it would not fit (never hand out one
-    that does not), or refuse with the figures when that is impossible or not allowed."""
+async def ensure_fits(svc: Service, state: SessionState, fmt: str = "anthropic") -> None:
+    """Before handing out a prompt in ``fmt``: compress now if it would not fit (never hand
+    out one that does not), or refuse with the figures when that is impossible or not
+    allowed. (The context counts the Anthropic shape's opening user turn for every shape,
+    ``ActiveContext.opener``: the other shapes, which send none, fit without it.)"""
+
+    async def unsent() -> int:
+        return 0 if fmt == "anthropic" else (await svc.cache.context(state)).opener
+
     budget = svc.cache.budget(state)
-    if budget.prompt_tokens <= budget.max_prompt_tokens:
+    if budget.prompt_tokens - await unsent() <= budget.max_prompt_tokens:
         return
     policy = svc.cache.policy(state)
     if policy.auto:
         await compress(svc, state, trigger="prompt")
         budget = svc.cache.budget(state)
-        if budget.prompt_tokens <= budget.max_prompt_tokens:
+        if budget.prompt_tokens - await unsent() <= budget.max_prompt_tokens:
             return
         why = "it does not fit even after compression"
         floor = irreducible(await svc.cache.context(state))

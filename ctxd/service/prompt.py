@@ -140,7 +140,7 @@ async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, Pro
     state = await svc.cache.get(params.session_id)
     if not state.compress_lock.locked():  # (a pass of this daemon is mid-way: memory is ahead, not behind)
         await svc.cache.catch_up(state)  # shared storage: another daemon may have changed it
-    await compression.ensure_fits(svc, state)
+    await compression.ensure_fits(svc, state, params.format)
     async with state.lock:
         ctx = await svc.cache.context(state)
         out = rendered(state, ctx, params.format)

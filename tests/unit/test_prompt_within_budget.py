@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ctxd.config import Config, DaemonConfig, StorageConfig
 from ctxd.engine.context import ActiveContext
 from ctxd.engine.pipeline import irreducible, newest_turn
@@ -24,6 +26,7 @@ from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.service import controls, goals, ingest, prompt, sessions
 from ctxd.service.core import Service
 from ctxd.service.events import CollectingEvents
+from ctxd.tokens import MESSAGE_OVERHEAD
 
 from ._engine_helpers import WORDS, words
 from .service_helpers import params, settle
@@ -161,12 +164,13 @@ def _messages(case: Case) -> list[dict[str, Any]]:
     return out
 
 
-def _floor(ctx: ActiveContext) -> int:
+def _floor(ctx: ActiveContext, fmt: str) -> int:
     """What must fit for the promise to hold: what no compression can take out
-    (``irreducible``: the system part, the pins, a newest user message); in an agent's
-    turn, its newest step whole too (the call and its output, which could otherwise only
-    go as an excerpt) and the user message it works on."""
-    floor = irreducible(ctx)
+    (``irreducible``: the system part, the pins, a newest user message; in the Anthropic
+    shape, the user turn it puts first when the conversation opens with the assistant);
+    in an agent's turn, its newest step whole too (the call and its output, which could
+    otherwise only go as an excerpt) and the user message it works on."""
+    floor = irreducible(ctx) + (ctx.opener if fmt == "anthropic" else 0)
     if ctx.recent and not ctx.recent[-1].has_user_text:
         floor += sum(e.sent_tokens for e in newest_turn(ctx))
         asked = next((e for e in reversed(ctx.kept + ctx.recent) if e.has_user_text), None)
@@ -181,7 +185,7 @@ async def _check(svc: Service, sid: str, case: Case) -> str | None:
         result = await _prompt(svc, sid, case.fmt)
     except CtxdError as exc:
         state = await svc.cache.get(sid)
-        floor = _floor(await svc.cache.context(state))
+        floor = _floor(await svc.cache.context(state), case.fmt)
         budget = svc.cache.budget(state)
         if case.policy == "fold" and floor <= budget.max_prompt_tokens:
             return f"refused though the newest message fits ({floor} <= {budget.max_prompt_tokens}): {exc.message}"
@@ -260,3 +264,25 @@ def test_the_loop_draws_what_it_says() -> None:
     assert min(c.window for c in cases) < 3000 and max(c.window for c in cases) > 14000
     assert any(c.output_floor for c in cases) and any(c.rounds > 1 for c in cases)
     assert any(c.agent and c.output_floor for c in cases)
+
+
+async def test_a_prompt_opening_with_the_assistant_fits_every_shape(service: Service) -> None:
+    """A conversation that opens with the assistant (a pinned greeting here; a turn left
+    alone once the checkpoints leave) goes to Anthropic behind a user turn ctxd adds: that
+    turn was not counted, and a prompt filling the window went over in that shape (found
+    by the property test). Counted for every shape, it then refused an OpenAI prompt that
+    fit to the token: each shape is held to what it sends."""
+    await _session(service, "s1", 4096)
+    await _push(service, "s1", [{"role": "assistant", "content": "Hello! " + words(300, "code")}])
+    await controls.pin(service, params("message/pin", sessionId="s1", seq=1))
+    first = await _prompt(service, "s1")
+    room = first.budget.max_prompt_tokens - first.tokens
+    await _push(service, "s1", [{"role": "user", "content": words(room - MESSAGE_OVERHEAD, "tree")}])
+    await settle(service)
+    openai = await _prompt(service, "s1")
+    assert openai.tokens == openai.budget.max_prompt_tokens  # to the token: the pin and the newest message
+    assert [m.role for m in openai.messages] == ["assistant", "user"]
+    # Anthropic needs the opening turn besides: more than may be sent, and nothing can go.
+    with pytest.raises(CtxdError) as refused:
+        await _prompt(service, "s1", "anthropic")
+    assert refused.value.code == ErrorCode.ContextOverflow
