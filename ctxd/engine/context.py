@@ -416,8 +416,8 @@ class ActiveContext:
     """What the Anthropic shape adds (a user turn first, ``formats.anthropic.OPENER``) when
     the conversation would open with the assistant (no checkpoint before it: a session
     that begins with a greeting, or checkpoints that left a prompt with no room for them).
-    In ``used``, whatever the shape, so the prompt fits any of them, as signed thinking
-    is; the shapes that send no opener take it off (``service/prompt.in_shape``)."""
+    In ``used``, whatever the shape, so a pass makes room for it; the shapes that send
+    no opener take it off (``service/prompt.in_shape``, ``compression.ensure_fits``)."""
     count: Callable[[str], int] | None = None
     """The session's token counter (set by :meth:`refresh`; :meth:`append` uses it)."""
 

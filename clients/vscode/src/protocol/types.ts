@@ -694,9 +694,12 @@ export interface OpenAIToolCall {
  * Sent for every fold of the user's words (``reason``: ``user_share`` when they passed
  * ``compression.user_share`` of the prompt, ``prompt`` when the prompt did not fit even
  * after compressing everything else), naming the messages folded or excerpted and how to
- * get them back; and when nothing can be done (``foldedMessages`` 0: context/prompt
- * answers with ContextOverflow). The parts add up to ``promptTokens`` (with a few tokens
- * of priming), as they were before the policy acted.
+ * get them back; when the checkpoints were cut to the room a newest message near the
+ * window leaves (the folded words, the summaries made one notice, checkpoints out of the
+ * prompt: ``action`` says which); and when nothing can be done (``foldedMessages`` 0 and
+ * no ``excerptedSeqs``: ``action`` says context/prompt answers with ContextOverflow).
+ * The parts add up to ``promptTokens`` (with a few tokens of priming), as they were
+ * before the policy acted.
  */
 export interface OverflowNotification {
   sessionId: string;
