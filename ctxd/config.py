@@ -372,8 +372,9 @@ class ProxyConfig(_Section):
     reply_floor_tokens: Annotated[int, msgspec.Meta(ge=0)] = 4096
     """The least a reply keeps when the newest turn (the tool output the model must read
     now) cannot be sent whole beside the client's ``max_tokens``: the reserve lends it what
-    makes it whole, down to this or 1.5x the session's longest reply so far, whichever is
-    more, and the request goes upstream with ``max_tokens`` lowered to what the window
+    makes it whole, down to this (at most an eighth of the session's window, at least
+    1,024) or 1.5x the session's longest reply so far, whichever is more, and the request
+    goes upstream with ``max_tokens`` lowered to what the window
     leaves (``X-Ctxd-Reply-Limit`` says so). 0: never lent."""
     connect_timeout_seconds: float = 10
     """Connecting to an upstream."""

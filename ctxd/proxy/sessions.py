@@ -121,6 +121,16 @@ class Pending:
     entries: int = 0  # len(Tracked.entries) before it
 
 
+def reply_floor(configured: int, window: int | None) -> int:
+    """The least a reply keeps before the session's replies are seen: the configured floor,
+    at most an eighth of a window given (at least 1,024). A 16K window's reserve is already
+    a quarter of it (4,000 of opencode's 8,000): a 4,096 floor there lent nothing, and the
+    newest read went cut for tens of tokens of reply room a coding agent does not use."""
+    if not window or configured <= 0:
+        return configured
+    return min(configured, max(1024, window // 8))
+
+
 @dataclass
 class Tracked:
     """A session the proxy pushes to: its id, the hash chain of what it pushed (a reply in
@@ -368,7 +378,7 @@ class Sessions:
         if conv.output is not None:
             params["settings"] = {"outputTokens": conv.output}
         if self.reply_floor > 0:
-            params.setdefault("settings", {})["outputFloor"] = self.reply_floor
+            params.setdefault("settings", {})["outputFloor"] = reply_floor(self.reply_floor, conv.window)
         first_user = next((m for m, _, _ in conv.items if m.get("role") == "user"), None)
         if first_user is not None:
             content = first_user.get("content")
@@ -629,7 +639,7 @@ class Sessions:
             changes["systemPrompt"] = conv.parts.system_text
         if conv.output is not None and conv.output != tracked.output:
             changes["settings"] = {"outputTokens": conv.output}
-        floor = self.floor_for(tracked)
+        floor = self.floor_for(tracked, conv.window)
         if floor != tracked.floor:
             changes.setdefault("settings", {})["outputFloor"] = floor
         if changes:
@@ -706,14 +716,15 @@ class Sessions:
         conv.prompt_window = (prompt.get("budget") or {}).get("contextWindow") or 0
         return list(tracked.chain), prompt
 
-    def floor_for(self, tracked: Tracked) -> int | None:
-        """``settings.outputFloor``: the configured floor, or 1.5x the session's longest
-        reply so far (in steps of 512 tokens: few updates), whichever is more; None when
-        lending is off (``proxy.reply_floor_tokens = 0``)."""
+    def floor_for(self, tracked: Tracked, window: int | None = None) -> int | None:
+        """``settings.outputFloor``: the configured floor (scaled to a small ``window``:
+        :func:`reply_floor`), or 1.5x the session's longest reply so far (in steps of 512
+        tokens: few updates), whichever is more; None when lending is off
+        (``proxy.reply_floor_tokens = 0``)."""
         if self.reply_floor <= 0:
             return None
         learned = -(-(tracked.longest_reply * 3 // 2) // 512) * 512
-        return max(self.reply_floor, learned)
+        return max(reply_floor(self.reply_floor, window), learned)
 
     @staticmethod
     def _stamped(message: dict[str, Any], entry: Stored, usage: dict[str, int] | None = None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ctxd.config import ProxyConfig
+from ctxd.proxy import sessions
 from tests.agents import fixture, pricing, script, wire
 from tests.agents.upstream import escaped
 
@@ -118,10 +119,12 @@ def reply_limit(api: str, body: dict[str, Any]) -> int:
     return asked if isinstance(asked, int) and asked > 0 else 0
 
 
-def reply_floor(api: str, body: dict[str, Any]) -> int:
-    """The reply room a request must leave: the client's limit, down to ctxd's floor."""
+def reply_floor(api: str, body: dict[str, Any], window: int | None = None) -> int:
+    """The reply room a request must leave: the client's limit, down to ctxd's floor at
+    ``window`` (``ctxd.proxy.sessions.reply_floor``)."""
+    floor = sessions.reply_floor(REPLY_FLOOR, window)
     asked = reply_limit(api, body)
-    return min(asked, REPLY_FLOOR) if asked else REPLY_FLOOR
+    return min(asked, floor) if asked else floor
 
 
 def cannot_fit(api: str, body: dict[str, Any], window: int, files: list[str]) -> bool:
@@ -132,7 +135,7 @@ def cannot_fit(api: str, body: dict[str, Any], window: int, files: list[str]) ->
     newest_items = newest(api, body) or []
     tokens = wire.count(api, dict(fixed, **{key: list(fixed[key]) + list(newest_items)}))
     tokens += sum(wire.count_text(text) for text in files)
-    return tokens + reply_floor(api, body) > window
+    return tokens + reply_floor(api, body, window) > window
 
 
 def expected_diff_ok(diff: str) -> bool:

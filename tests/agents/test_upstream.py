@@ -209,6 +209,8 @@ def test_the_clients_own_files_apart_from_its_tool_reads_and_what_cannot_fit() -
     m = measure(_run(client, dropped, files, ["a", "b"], 32_000))
     assert (m.files_intact, m.files_pairs, m.files_unfit) == (0, 1, 0)  # it fits: a miss
     fixed = wire.count("chat", dict(client, messages=client["messages"][:1] + client["messages"][-1:]))
-    tight = fixed + wire.count_text(small) + measure_module.REPLY_FLOOR - 5
+    floor = measure_module.reply_floor("chat", client, 8_000)  # a window under 8,192: the floor's least
+    tight = fixed + wire.count_text(small) + floor - 5
+    assert tight < 8_192 and measure_module.reply_floor("chat", client, tight) == floor
     m = measure(_run(client, dropped, files, ["a", "b"], tight))
     assert (m.files_intact, m.files_pairs, m.files_unfit) == (0, 0, 1)  # cannot fit: counted apart

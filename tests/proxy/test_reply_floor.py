@@ -74,3 +74,20 @@ async def test_a_newest_tool_output_borrows_from_the_reply_and_max_tokens_is_low
         assert info["settings"]["outputFloor"] == FLOOR
     finally:
         await client.close()
+
+
+async def test_a_small_windows_floor_is_an_eighth_of_it(start_proxy, upstream, ctxd_daemon) -> None:
+    """At 16K the client's 8,000 is already reserved as a quarter of the window (4,000): the
+    default 4,096 floor would lend nothing, so the floor there is an eighth of the window."""
+    proxy = start_proxy()
+    headers = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01", "X-Ctxd-Context-Window": "16000"}
+    async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=60) as http:
+        answer = await http.post("/v1/messages", json={"model": MODEL, "max_tokens": 8000,
+                                                       "messages": [{"role": "user", "content": "Hello."}]})
+        assert answer.status_code == 200, answer.text
+    client = await ctxd_client(ctxd_daemon)
+    try:
+        [info] = (await client.request("session/list", {}))["sessions"]
+        assert info["settings"]["outputFloor"] == 2000
+    finally:
+        await client.close()

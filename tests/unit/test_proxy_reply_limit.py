@@ -66,3 +66,14 @@ def test_the_reserve_less_what_it_lent() -> None:
     assert reserved_output(24_000, None, BudgetPolicy(output_tokens=8000, output_lent=1500)) == 4500
     assert reserved_output(24_000, 16_000, BudgetPolicy(output_lent=1500)) == 4500
     assert reserved_output(24_000, None, BudgetPolicy(output_tokens=1000, output_lent=5000)) == 0
+
+
+def test_the_reply_floor_is_at_most_an_eighth_of_a_window_given() -> None:
+    from ctxd.proxy.sessions import reply_floor
+
+    assert reply_floor(4096, None) == 4096  # the model's own window: as configured
+    assert reply_floor(4096, 200_000) == 4096
+    assert reply_floor(4096, 16_000) == 2000
+    assert reply_floor(4096, 4_096) == 1024  # never below 1,024
+    assert reply_floor(512, 16_000) == 512  # a smaller configured floor stays
+    assert reply_floor(0, 16_000) == 0  # lending off stays off

@@ -184,7 +184,10 @@ return function(T)
       T.matches('requests +%d+ %(1 from the provider\'s usage', text, 'the reply\'s usage counted')
       T.matches('\nthrough ctxd +uncached [%d.k]+, written 0, read [%d.k]+: ', text, 'the session through ctxd')
       T.matches('\ndirect +uncached ', text, 'direct')
-      T.matches('last request +uncached 476, written 0, read 1%.0k: .+%(reported%)', text, 'the reported split')
+      T.matches('\nlast request +uncached [%d.k]+, written 0, read [%d.k]+: .+%(estimated%)', text, 'ctxd\'s estimate')
+      T.matches("\n  provider's +uncached 476, written 0, read 1%.0k: ", text, 'the reported split beside it')
+      T.matches('\nreported +uncached 476, written 0, read 1%.0k: .+ for 1 requests ctxd estimated at ', text,
+        'the session\'s reported requests')
       T.ok(not text:find('\nbudget ', 1, true), 'no budget note: 8,192 is gpt-4\'s own window')
     end },
 

@@ -397,9 +397,18 @@ function M.bill_lines(id, bill)
     end
     table.insert(lines, string.format('passes        %d, which billed %s again of what was cached', bill.passes or 0,
       ctxd().human(math.floor((bill.passCost or 0) + 0.5))))
+    -- Both sides are ctxd's estimates, so that they compare; what the provider's usage
+    -- said of the same requests goes beside them.
+    if bill.reported and bill.reported ~= vim.NIL then
+      table.insert(lines, string.format('reported      %s for %d requests ctxd estimated at %s', input_bill(bill.reported),
+        bill.measured or 0, ctxd().human(math.floor((bill.reportedEstimate or 0) + 0.5))))
+    end
     local last = bill.lastRequest
     if last and last ~= vim.NIL then
-      table.insert(lines, 'last request  ' .. input_bill(last.ctxd) .. (last.measured and ' (reported)' or ' (estimated)'))
+      table.insert(lines, 'last request  ' .. input_bill(last.ctxd) .. ' (estimated)')
+      if last.reported and last.reported ~= vim.NIL then
+        table.insert(lines, "  provider's   " .. input_bill(last.reported))
+      end
     end
   end
   if bill.budgetNote and bill.budgetNote ~= vim.NIL then
