@@ -153,6 +153,10 @@ class CompressionConfig(_Section):
     with an error carrying the figures."""
     keep_recent: int = 5
     """Newest messages never summarized (a floor: a pass summarizes only as much as it must)."""
+    cached_keep_recent: int = 1
+    """The same where the provider caches prompts: only the newest message (with its tool
+    call's other half) is sure to stay; what a pass keeps beyond what it must, the next one
+    rewrites (docs/decisions.md, "Compression that pays")."""
     low_water_fraction: float = 0.87
     """A compression takes the oldest part of the conversation just far enough to leave it at
     this share of the available budget, and no further: a little more than one loop guard's
@@ -171,6 +175,13 @@ class CompressionConfig(_Section):
     min_growth_fraction: float = 0.10
     """Automatic compression waits until the conversation grew by this share of the available
     budget since the last one (no compaction loops)."""
+    cached_pass_interval: int = 15
+    """Where the provider caches, a pass leaves room for this many requests of the session's
+    growth, shortening the older summaries (down to 5% of the largest prompt) when the user's
+    words and the newest turns leave less: a session growing by a few percent of the window a
+    request otherwise compresses every few requests, each pass rewriting the prompt. More than
+    ten (a pass on at most 10% of requests): growth is a mean, and one large tool output brings
+    the next pass early (docs/decisions.md, "Compression that pays"); 0: no such room."""
     prune_minimum: int = 20_000
     """Tool-output pruning needs at least this many tokens of tool output (layer 1 of three-layer compaction)..."""
     prune_protect: int = 40_000

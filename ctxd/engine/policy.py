@@ -35,6 +35,10 @@ class CompressionPolicy:
     min_growth_fraction: float = 0.10
     """Automatic compression waits until the conversation grew by this share of the
     available budget since the last one (no compaction loops)."""
+    pass_interval: int = 0
+    """Where the provider caches (0 elsewhere): a pass leaves room for this many requests
+    of the session's growth before the next, shortening the summaries for it when it
+    must (down to ``LEVEL_CAP["ultra"]`` of the largest prompt)."""
     prune_minimum: int = 20_000
     prune_protect: int = 40_000
     prune_minimum_fraction: float = 0.25

@@ -81,6 +81,20 @@ def cached_depth(policy: CompressionPolicy, budget: Budget, economy: Economy) ->
     return min(ceiling, max(floor, (trigger - step) / budget.available))
 
 
+def room_to_make(policy: CompressionPolicy, budget: Budget, economy: Economy | None) -> int:
+    """Tokens a pass that summarized all it could must still free from the summaries so the
+    next pass is ``policy.pass_interval`` requests away, where the provider caches: each
+    pass rewrites the prompt from the oldest thing it changes, and a schedule bounded by
+    what the user's words and the newest turns leave (an agent growing by a few percent
+    of the window a request) compresses every few requests. Only growth that large binds:
+    a chat of tens of tokens a request already has that room after any pass (a loop
+    guard's step). 0: no cache, unknown growth, or the room is there."""
+    if economy is None or not economy.rules.caches or policy.pass_interval <= 0 or economy.growth <= 0:
+        return 0
+    wanted = math.ceil(policy.pass_interval * economy.growth)
+    return max(0, wanted - (budget.trigger_at - budget.used))
+
+
 def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy,
            economy: Economy | None = None) -> Decision:
     """Whether automatic compression should run now."""

@@ -64,9 +64,9 @@ from ctxd.engine.pipeline import (
     summary_rejection,
     truncation_checkpoint,
 )
-from ctxd.engine.policy import MIN_TARGET, CompressionPolicy
+from ctxd.engine.policy import LEVEL_CAP, MIN_TARGET, CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
-from ctxd.engine.trigger import decide
+from ctxd.engine.trigger import decide, room_to_make
 from ctxd.engine.trigger import low_water as low_water_mark
 from ctxd.engine.workset import apply_working_set, missing, plan_working_set, plan_yield, working_changes
 from ctxd.protocol.compression import (
@@ -539,16 +539,28 @@ async def _make_room(svc: Service, state: SessionState, ctx: ActiveContext, run:
     step down to the low-water mark, but never less than one loop guard's: summaries are
     where older turns live, and shortening them further costs more than the passes it
     saves; docs/decisions.md. Where the provider caches, still the quality-first mark:
-    ``policy.room_fraction``.)"""
+    ``policy.room_fraction``, and room for ``policy.pass_interval`` requests of the
+    session's growth, the summaries kept to the merged level's cap at least.)"""
     cache = svc.cache
     policy = cache.policy(state)
     budget = cache.budget(state)
     share = min(budget.trigger_fraction - policy.min_growth_fraction, policy.room_fraction)
-    if share <= 0 or ctx.used <= math.floor(share * budget.available):
-        return
-    # Every token the checkpoints give back raises available by one, the goal by ``share``.
-    need = math.ceil(ctx.used / share) - budget.available
-    await _shrink_checkpoints(svc, state, ctx, run, need=need)
+    need = 0
+    if share > 0 and ctx.used > math.floor(share * budget.available):
+        # Every token the checkpoints give back raises available by one, the goal by ``share``.
+        need = math.ceil(ctx.used / share) - budget.available
+    interval = room_to_make(policy, budget, billing.economy(svc, state))
+    summaries = [c for c in ctx.checkpoints if c.kind == "summary"]
+    if interval > need and len(summaries) > 1:
+        # The newest summary stays as it is (its files and errors listed in full: a merged
+        # one lists the newest few); the older ones are merged down to the merged cap.
+        older = sum(c.tokens for c in summaries) - max(summaries, key=lambda c: c.seq_to).tokens
+        room = min(interval, older - math.floor(LEVEL_CAP["ultra"] * budget.max_prompt_tokens))
+        if room > need:
+            await _shrink_checkpoints(svc, state, ctx, run, need=room, keep_newest=True)
+            return
+    if need > 0:
+        await _shrink_checkpoints(svc, state, ctx, run, need=need)
 
 
 async def _summarize_selection(svc: Service, state: SessionState, ctx: ActiveContext, selection: Selection,
@@ -870,14 +882,17 @@ async def _apply_excerpts(svc: Service, state: SessionState, ctx: ActiveContext,
 
 
 async def _shrink_checkpoints(svc: Service, state: SessionState, ctx: ActiveContext, run: _Pass,
-                             need: int | None = None) -> None:
+                             need: int | None = None, keep_newest: bool = False) -> None:
     """Make room from the checkpoints before touching the user's words: every summary
-    checkpoint merged into one, re-summarized down by what the prompt is over (or by
-    ``need`` tokens)."""
+    checkpoint (but the newest, with ``keep_newest``) merged into one, re-summarized down
+    by what the prompt is over (or by ``need`` tokens)."""
     cache = svc.cache
     budget = cache.budget(state)
     over = ctx.prompt_tokens - budget.max_prompt_tokens if need is None else need
     summaries = [c for c in ctx.checkpoints if c.kind == "summary"]
+    if keep_newest and summaries:
+        newest = max(summaries, key=lambda c: c.seq_to)
+        summaries = [c for c in summaries if c is not newest]
     if over <= 0 or not summaries:
         return
     total = sum(c.tokens for c in summaries)

@@ -26,7 +26,8 @@ def _agent_turns(i: int) -> list[dict[str, Any]]:
 
 
 async def _run(svc: Service, session_id: str, model: str, provider: str | None) -> list[dict[str, Any]]:
-    fields: dict[str, Any] = {"model": model, "contextWindow": 8192}
+    # (five newest messages kept in both: what is compared is how deep a fold goes)
+    fields: dict[str, Any] = {"model": model, "contextWindow": 8192, "settings": {"keepRecent": 5}}
     if provider:
         fields["provider"] = provider
     await sessions.create_session(svc, params("session/create", sessionId=session_id, **fields))
