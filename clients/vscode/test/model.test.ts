@@ -63,13 +63,38 @@ describe("status bar", () => {
       budgetNote: "the window is 48,000 tokens of claude-sonnet-4-5's 200,000: 3 compression passes so far",
     };
     const view = statusView({ connection: "connected", session: { sessionId: "s" }, budget: budget({}), bill });
-    assert.match(view.tooltip, /billed 102k input tokens \(\$0\.3048\) over 31 requests, 0\.55× direct/);
+    assert.match(view.tooltip, /estimated: billed 102k input tokens \(\$0\.3048\) over 31 requests, 0\.55× direct/);
     assert.match(view.tooltip, /read 512k from anthropic's cache, wrote 40k, uncached 12/);
     assert.match(view.tooltip, /3 compressions billed 21k again/);
     assert.match(view.tooltip, /48,000 tokens of claude-sonnet-4-5's 200,000/);
     const none = statusView({ connection: "connected", session: { sessionId: "s" }, budget: budget({}),
       bill: { ...bill, requests: 0 } });
     assert.doesNotMatch(none.tooltip, /billed/);
+    // No request the provider reported yet: nothing claims to be the provider's.
+    assert.doesNotMatch(view.tooltip, /provider reported/);
+  });
+
+  it("shows what the provider reported beside ctxd's estimate of the same requests", () => {
+    const bill = {
+      provider: "anthropic", cache: "breakpoints", requests: 31, measured: 29,
+      ctxd: { uncached: 12, cacheWrite: 40312, cacheRead: 512044, billed: 101_606.4, usd: 0.3048 },
+      direct: { uncached: 0, cacheWrite: 52100, cacheRead: 1204503, billed: 185_575.3, usd: 0.5567 },
+      ratio: 0.5475, passes: 0, passCost: 0, lastRequest: null,
+      reported: { uncached: 2210, cacheWrite: 61000, cacheRead: 431000, billed: 121_560.5, usd: 0.3647 },
+      reportedEstimate: 95_100.2,
+    };
+    const lines = statusView({ connection: "connected", session: { sessionId: "s" }, budget: budget({}), bill })
+      .tooltip.split("\n");
+    const estimated = lines.findIndex((l) => l.startsWith("estimated: billed 102k input tokens"));
+    const reported = lines.findIndex((l) => l.startsWith("provider reported "));
+    assert.ok(estimated >= 0 && reported > estimated, lines.join("\n"));
+    assert.equal(lines[reported], "provider reported 29 requests: billed 122k ($0.3647) (ctxd estimated 95k)");
+    assert.equal(lines[reported + 1], "  read 431k from anthropic's cache, wrote 61k, uncached 2.2k");
+    // Small figures are exact; a provider that reported no cache reads says so.
+    const small = statusView({ connection: "connected", session: { sessionId: "s" }, budget: budget({}), bill: {
+      ...bill, requests: 2, measured: 1, reported: { uncached: 476, billed: 476 }, reportedEstimate: 470.4 } });
+    assert.ok(small.tooltip.includes("\nprovider reported 1 requests: billed 476 (ctxd estimated 470)\n" +
+      "  read 0 from anthropic's cache, wrote 0, uncached 476\n"), small.tooltip);
   });
 
   it("formats token counts briefly", () => {

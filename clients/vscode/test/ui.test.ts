@@ -141,6 +141,39 @@ describe("UI against ctxd", () => {
     active.follow(undefined);
   });
 
+  it("status bar: the bill as ctxd estimated it, then what the provider reported beside", async () => {
+    const s = await session({ title: "billed", model: "gpt-4o", contextWindow: 128_000 },
+      [{ role: "user", content: "List the files of the parser, then explain what each one does." }, ...agentTurns(6)]);
+    active.pick(s.sessionId);
+    // A request the provider reports nothing of (no usage on the reply): ctxd's estimate only.
+    await client.prompt(s.sessionId, "openai");
+    await client.push(s.sessionId, [{ role: "assistant", content: "Here they are." },
+      { role: "user", content: "Now the tests." }]);
+    await status.refresh();
+    let stats = await client.stats(s.sessionId);
+    assert.equal(stats.bill?.measured ?? 0, 0, JSON.stringify(stats.bill));
+    let tooltip = status.view().tooltip;
+    assert.match(tooltip, new RegExp(`\nestimated: billed ${formatTokens(Math.round(stats.bill?.ctxd?.billed ?? 0))} input tokens .* over 1 requests`));
+    assert.doesNotMatch(tooltip, /provider reported/);
+
+    // The next reply carries the provider's usage: it is shown beside ctxd's estimate of that request.
+    await client.prompt(s.sessionId, "openai");
+    await client.push(s.sessionId, [{ role: "assistant", content: "The tests pass.",
+      usage: { inputTokens: 1500, cachedInputTokens: 1024, outputTokens: 5 } }]);
+    await status.refresh();
+    stats = await client.stats(s.sessionId);
+    const bill = stats.bill;
+    assert.ok(bill && bill.measured === 1 && bill.reported && bill.reportedEstimate, JSON.stringify(bill));
+    assert.equal(bill.reported.uncached, 476);
+    tooltip = status.view().tooltip;
+    assert.match(tooltip, /\nestimated: billed .* over 2 requests/);
+    const line = `provider reported 1 requests: billed ${formatTokens(Math.round(bill.reported.billed ?? 0))}`;
+    assert.ok(tooltip.includes(`\n${line}`), tooltip);
+    assert.ok(tooltip.includes(`(ctxd estimated ${formatTokens(Math.round(bill.reportedEstimate))})\n` +
+      "  read 1k from openai's cache, wrote 0, uncached 476"), tooltip);
+    active.follow(undefined);
+  });
+
   it("session picker: the status bar shows the session picked", async () => {
     const s = await session({ title: "picked one" }, [{ role: "user", content: "pick me" }]);
     pickWhere((i) => i.value === s.sessionId);

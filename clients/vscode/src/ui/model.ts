@@ -4,8 +4,8 @@
  * `ctxd:` URIs. No `vscode` import: tested directly.
  */
 import {
-  Budget, Checkpoint, CtxdNotification, ExpandResult, HistoryEntry, Message, Prompt, SearchHit, SessionBill,
-  SessionInfo, SnapshotInfo,
+  Budget, Checkpoint, CtxdNotification, ExpandResult, HistoryEntry, InputBill, Message, Prompt, SearchHit,
+  SessionBill, SessionInfo, SnapshotInfo,
 } from "../protocol/types";
 
 export function formatTokens(n: number): string {
@@ -95,7 +95,17 @@ function dollars(usd: number | null | undefined): string {
   return usd === null || usd === undefined ? "" : usd < 1 ? ` ($${usd.toFixed(4)})` : ` ($${usd.toFixed(2)})`;
 }
 
-/** What the session's requests were billed (input tokens, in uncached-token units), against going direct. */
+function cacheSplit(b: InputBill, provider: string): string {
+  return `  read ${formatTokens(b.cacheRead ?? 0)} from ${provider}'s cache, wrote ${formatTokens(b.cacheWrite ?? 0)}, ` +
+    `uncached ${formatTokens(b.uncached ?? 0)}`;
+}
+
+/**
+ * What the session's requests were billed (input tokens, in uncached-token units), against
+ * going direct. Both sides are ctxd's estimates (one rule, so that they compare), and say so;
+ * once the provider reported some requests, what it billed for them goes beside ctxd's
+ * estimate of the same requests: how far the provider cached what ctxd expected.
+ */
 export function billLines(bill: SessionBill | null | undefined): string[] {
   if (!bill || !bill.requests) {
     return [];
@@ -103,13 +113,20 @@ export function billLines(bill: SessionBill | null | undefined): string[] {
   // (the wire omits zero fields)
   const c = bill.ctxd ?? {};
   const lines = [
-    `billed ${formatTokens(Math.round(c.billed ?? 0))} input tokens${dollars(c.usd)} over ${bill.requests} requests` +
+    `estimated: billed ${formatTokens(Math.round(c.billed ?? 0))} input tokens${dollars(c.usd)} over ${bill.requests} requests` +
       (bill.ratio !== null && bill.ratio !== undefined ? `, ${bill.ratio.toFixed(2)}× direct` : ""),
-    `  read ${formatTokens(c.cacheRead ?? 0)} from ${bill.provider}'s cache, wrote ${formatTokens(c.cacheWrite ?? 0)}, ` +
-      `uncached ${formatTokens(c.uncached ?? 0)}`,
+    cacheSplit(c, bill.provider),
   ];
   if (bill.passes) {
     lines.push(`  ${bill.passes} compressions billed ${formatTokens(Math.round(bill.passCost ?? 0))} again`);
+  }
+  if (bill.measured && bill.reported) {
+    const r = bill.reported;
+    lines.push(
+      `provider reported ${bill.measured} requests: billed ${formatTokens(Math.round(r.billed ?? 0))}${dollars(r.usd)} ` +
+        `(ctxd estimated ${formatTokens(Math.round(bill.reportedEstimate ?? 0))})`,
+      cacheSplit(r, bill.provider),
+    );
   }
   if (bill.budgetNote) {
     lines.push(`  ${bill.budgetNote}`);
