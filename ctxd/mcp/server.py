@@ -51,6 +51,10 @@ MaxTokens = Annotated[int | None, Field(
     description="Cap on this result's size in tokens (default set by the server, usually 4000).")]
 Offset = Annotated[int, Field(ge=0, description="Items to skip: the offset a previous page's footer gave.")]
 Seq = Annotated[int, Field(ge=1, description="A message's sequence number in its session (1 = first message).")]
+PromptFormat = Annotated[Literal["openai", "anthropic", "ollama"] | None, Field(
+    description="Count the prompt as that provider's shape sends it: 'openai' and 'ollama' send no thinking, "
+                "'anthropic' sends the signed thinking blocks. Default: the context's own count, signed thinking "
+                "included (so the prompt fits any shape).")]
 
 log = logging.getLogger("ctxd.mcp")
 
@@ -132,15 +136,18 @@ def build_server(link: DaemonLink, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> M
                            next_hint=lambda nxt: f"list_sessions(offset={nxt}, limit={limit})")
 
     @server.tool()
-    async def session_stats(session_id: SessionId = None, max_tokens: MaxTokens = None) -> str:
+    async def session_stats(session_id: SessionId = None, format: PromptFormat = None,
+                            max_tokens: MaxTokens = None) -> str:
         """The session's size and budget: messages and tokens in history, tokens in the
         prompt now, the window, reserved output, what is available, when compression
-        triggers, checkpoints, pins, reliability, and the goal with its locked decisions."""
+        triggers, checkpoints, pins, reliability, and the goal with its locked decisions.
+        With format: the prompt's tokens and the budget's free room as that provider's
+        prompt counts them (OpenAI and Ollama send no thinking, Anthropic the signed blocks)."""
         s = await session(session_id)
         info = await link.session_request(s, "session/get", {})
-        stats = await link.session_request(s, "context/stats", {})
+        stats = await link.session_request(s, "context/stats", {} if format is None else {"format": format})
         goal = await link.session_request(s, "goal/get", {})
-        return render.fit(_stats_text(s, info, stats, goal), cap(max_tokens))
+        return render.fit(_stats_text(s, info, stats, goal, format), cap(max_tokens))
 
     # --- history ----------------------------------------------------------------------
 
@@ -453,7 +460,8 @@ def _snapshot_line(x: dict[str, Any]) -> str:
             f"{x.get('checkpointCount', 0)} checkpoints")
 
 
-def _stats_text(s: Resolved, info: dict[str, Any], stats: dict[str, Any], goal: dict[str, Any]) -> str:
+def _stats_text(s: Resolved, info: dict[str, Any], stats: dict[str, Any], goal: dict[str, Any],
+                fmt: str | None = None) -> str:
     b = stats.get("budget") or {}
     rel = stats.get("reliability") or {}
     title = f" {info['title']!r}" if info.get("title") else ""
@@ -462,7 +470,8 @@ def _stats_text(s: Resolved, info: dict[str, Any], stats: dict[str, Any], goal: 
         + (" (estimated)" if stats.get("tokensEstimated") else ""),
         f"history: {stats.get('messageCount', 0):,} messages, {stats.get('tokenCount', 0):,} tokens "
         f"(last #{info.get('lastSeq', 0)}); every message stays searchable",
-        f"prompt now: {stats.get('contextTokens', 0):,} tokens (conversation {b.get('used', 0):,})",
+        f"prompt now{f' ({fmt} format)' if fmt else ''}: {stats.get('contextTokens', 0):,} tokens "
+        f"(conversation {b.get('used', 0):,})",
         f"budget: window {b.get('contextWindow', 0):,}, usable {b.get('usable', 0):,}, reserved output "
         f"{b.get('reservedOutput', 0):,}, max prompt {b.get('maxPromptTokens', 0):,}; "
         f"system {b.get('systemTokens', 0):,}, "
