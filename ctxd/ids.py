@@ -92,15 +92,32 @@ def match_ids(given: str, ids: list[str]) -> list[str]:
     return matches
 
 
+def _root_part(given: str) -> str:
+    """What of ``given`` a generated id's root must start with (its ``~N`` left out)."""
+    match = _FORK.match(given)
+    return match.group(1) if match is not None else split_fork(given)[0]
+
+
+_SHOWN_TAIL = re.compile(r"-[0-9a-f]{6,}$")
+
+
+def may_be_short_form(given: str, minimum: int = 8) -> bool:
+    """Whether :func:`short_form_of` can find anything for ``given`` among any ids: it is
+    at least a shortest shown prefix of a UUID (its characters, ``minimum`` of them at
+    least) or of ``<name>-<hash>`` (the name and 6 characters of the hash). When not,
+    no listing of the sessions is needed to know that ``given`` names itself."""
+    root_part = _root_part(given)
+    if len(root_part) >= min(minimum, 36) and all(c in "0123456789abcdef-" for c in root_part):
+        return True
+    return _SHOWN_TAIL.search(root_part) is not None
+
+
 def short_form_of(given: str, ids: list[str], minimum: int = 8) -> list[str]:
     """The ids ``given`` may mean as a short form shown for a generated id (``ctxd-cli
     sessions list``): :func:`match_ids` among the generated ids (and their forks) that
     ``given`` is at least a shortest shown prefix of. An id a client chose is never a
     short form, nor is a prefix shorter than any shown one (``p`` names no session)."""
-    root_part = split_fork(given)[0]
-    match = _FORK.match(given)
-    if match is not None:
-        root_part = match.group(1)
+    root_part = _root_part(given)
     candidates = []
     for sid in ids:
         root = split_fork(sid)[0]

@@ -23,7 +23,7 @@ from typing import Any
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
 from ctxd.engine import calibration
 from ctxd.formats import Api, chain_part, to_ctxd
-from ctxd.ids import short_form_of
+from ctxd.ids import may_be_short_form, short_form_of
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy.apis import AlignMemo, Split
 from ctxd.proxy.convert import chain_hash
@@ -469,8 +469,15 @@ class Sessions:
     async def _named(self, given: str) -> str:
         """The session an ``X-Ctxd-Session`` name means: itself when it exists or is new;
         the session it is the shown short form of (``ctxd-cli sessions list`` shows
-        generated ids shortened), never a new session of that short id."""
-        if given in self._aliases or given in self._tracked or await self._get(given) is not None:
+        generated ids shortened), never a new session of that short id. A name that
+        cannot be a short form (``bench-1``, most a client chooses) names itself: no
+        daemon round trip (a new session's first request listed every proxy session)."""
+        if given in self._aliases or given in self._tracked:
+            return given
+        root, sep, suffix = given.rpartition("~")
+        if not may_be_short_form(given) and not (sep and suffix.isdigit() and may_be_short_form(root)):
+            return given
+        if await self._get(given) is not None:
             return given
         listed = await self.link.request(given, "session/list", {"tag": "proxy"})
         ids = [info["sessionId"] for info in listed.get("sessions") or []]
@@ -481,7 +488,6 @@ class Sessions:
         if len(found) > 1:
             raise Refused(400, f"ctxd proxy: X-Ctxd-Session {given!r} names several sessions "
                                f"({', '.join(found[:5])}): give more of the id")
-        root, sep, suffix = given.rpartition("~")
         if sep and suffix.isdigit() and short_form_of(root, ids):
             raise Refused(404, f"ctxd proxy: X-Ctxd-Session {given!r}: that conversation has no fork ~{suffix}")
         return given

@@ -256,3 +256,58 @@ async def test_the_users_typed_text_reaches_the_upstream_whole(proxy, upstream, 
     for n, request in enumerate(sent):
         text = "\n".join(m.get("content") or "" for m in request.json["messages"])
         assert all(u in text for u in users[:n // 2 + 1]), f"request {n}: a user message was not sent whole"
+
+
+async def test_a_new_sessions_first_request_is_three_daemon_round_trips(tmp_path) -> None:
+    """A new session's first request asks the daemon whether it exists, creates it with
+    everything it holds (the key's fingerprint, the settings, the samples learned for the
+    client and model) and gets its prompt with the push: no listing of every session for
+    a name a client chose, no update after the create. In process, the daemon too."""
+    from ctxd.config import load_config
+    from ctxd.embed import open_here
+    from ctxd.proxy.apis import split
+    from ctxd.proxy.inproc import PortLink
+    from ctxd.proxy.sessions import META, Sessions
+
+    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
+                                                     "socket": str(tmp_path / "run" / "ctxd.sock")}})
+    link = PortLink(await open_here(config))
+    sessions_ = Sessions(link)
+    asked: list[str] = []
+    request = link.request
+
+    async def counted(session_id: str, method: str, params: Any) -> Any:
+        asked.append(method)
+        return await request(session_id, method, params)
+
+    link.request = counted  # type: ignore[method-assign]
+
+    async def first(name: str | None, text: str) -> Any:
+        body = {"model": MODEL, "messages": [{"role": "system", "content": "Agent."}, {"role": "user", "content": text}]}
+        conv = sessions_.read("openai", body, split("openai", body), session=name, window=32000, output=2000,
+                              credential="key-a", user_agent="bench/1.0")
+        asked.clear()
+        tracked, chain, _ = await sessions_.turn(conv, "openai")
+        made = list(asked)
+        await sessions_.push_reply(tracked, chain, conv, [{"role": "assistant", "content": "Done."}],
+                                   {"inputTokens": 900, "outputTokens": 3})
+        await sessions_.drain()
+        return tracked, made
+
+    try:
+        for n in range(12):
+            await first(f"task-{n}", f"Task {n}.")
+            await first(None, f"Derived {n}.")
+        tracked, made = await first("bench-ttfb-1", "One more.")
+        assert made == ["session/get", "session/create", "context/prompt"]
+        _, made = await first(None, "And a derived one.")
+        assert made == ["session/get", "session/create", "context/prompt"]
+        info = await request(tracked.id, "session/get", {"sessionId": tracked.id})
+        assert info["metadata"][META]["credential"] == "key-a"
+        assert info["settings"]["outputTokens"] == 2000 and info["settings"]["outputFloor"] == 4000
+        assert info["messageCount"] == 2 and info["systemPrompt"] == "Agent."
+        stats = await request(tracked.id, "context/stats", {"sessionId": tracked.id})
+        assert len(stats["usageDrift"]["samples"]) > 1  # the client's earlier sessions' pairs came along
+    finally:
+        await sessions_.drain()
+        await link.close()
