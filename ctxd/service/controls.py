@@ -204,16 +204,22 @@ async def supersede(svc: Service, session_id: str, keys: list[str]) -> list[int]
     return seqs
 
 
-async def keep_current(svc: Service, session_id: str, keys: list[str]) -> list[int]:
+async def keep_current(svc: Service, session_id: str, keys: list[str],
+                       known: dict[str, tuple[int, int]] | None = None) -> list[int]:
     """Pin the stored messages with these idempotency keys as the client's current working
     context (``context/prompt`` ``current``), in the order named while the pins take at
     most ``PIN_SHARE`` of the prompt; unpin those an earlier call pinned that these keys no
-    longer name (the user's own pins are left alone). The seqs pinned as current now."""
+    longer name (the user's own pins are left alone). The seqs pinned as current now.
+    ``known``: key -> (seq, tokens) of messages the caller just pushed (its push result),
+    not read again (a new session's first prompt names only those)."""
     state = await svc.cache.get(session_id)
     async with svc.cache.changing(state):
         async with state.lock:
-            found = await svc.db.read(message_store.find_keys, state.id, list(dict.fromkeys(keys)),
-                                      state.row.last_seq)
+            known = known or {}
+            found = {k: known[k] for k in keys if k in known}
+            missing = [k for k in dict.fromkeys(keys) if k not in found]
+            if missing:
+                found.update(await svc.db.read(message_store.find_keys, state.id, missing, state.row.last_seq))
             ctx = await svc.cache.context(state)
             cstate = ctx.state
             # In the order named (the client's priority), each once.

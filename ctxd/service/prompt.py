@@ -133,10 +133,13 @@ async def prompt_for_wire(svc: Service, params: PromptParams) -> PromptResult:
 async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, PromptResult]:
     if params.supersede:  # the client's older copies of what it sends anew
         await controls.supersede(svc, params.session_id, params.supersede)
+    pushed: dict[str, tuple[int, int]] = {}
     if params.push:  # one round trip for a turn: the push, then the prompt that includes it
-        await ingest.push(svc, SessionPushParams(session_id=params.session_id, messages=params.push))
+        result = await ingest.push(svc, SessionPushParams(session_id=params.session_id, messages=params.push))
+        pushed = {m.idempotency_key: (r.seq, r.tokens) for m, r in zip(params.push, result.messages)
+                  if m.idempotency_key is not None}
     if params.current is not None:  # what the client shows the model now (this push's included)
-        await controls.keep_current(svc, params.session_id, params.current)
+        await controls.keep_current(svc, params.session_id, params.current, known=pushed)
     state = await svc.cache.get(params.session_id)
     if not state.compress_lock.locked():  # (a pass of this daemon is mid-way: memory is ahead, not behind)
         await svc.cache.catch_up(state)  # shared storage: another daemon may have changed it

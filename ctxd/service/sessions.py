@@ -80,6 +80,11 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
     fields.text(params.model, "model", MAX_NAME_CHARS)
     fields.text(params.provider, "provider", MAX_NAME_CHARS)
     _check_described(svc, params)
+    if not svc.db.shared and svc.cache.holds(session_id):
+        # Known without counting its system prompt (a proxy tries the create first); the
+        # insert checks the rest (and on shared storage, another daemon may have deleted it).
+        raise CtxdError(ErrorCode.SessionExists, f"session {session_id!r} already exists",
+                        {"field": "sessionId", "sessionId": session_id})
     counter = TokenCounter.for_model(params.model)
     system_tokens = counter.count_system(params.system_prompt or "")
     now = now_iso()
@@ -102,7 +107,7 @@ async def create_session(svc: Service, params: SessionCreateParams) -> SessionIn
     state = svc.cache.adopt_new(row)
     await svc.db.write(_insert_session, row, svc.db.dialect == "sqlite" and row.id not in svc.importing)
     svc.cache.register(state)
-    await svc.cache.context(state)
+    svc.cache.context_of_new(state)
     removed = await enforce_retention(svc, exclude={state.id})
     info = session_info(svc, state)
     if removed:

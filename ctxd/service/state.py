@@ -26,6 +26,7 @@ from ctxd.engine.goals import render_goal
 from ctxd.engine.policy import CompressionPolicy
 from ctxd.engine.render import IncrementalRenderer, Pairing, Rendered
 from ctxd.models import model_facts
+from ctxd.protocol.compression import Checkpoint
 from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import session_not_found
 from ctxd.protocol.goal import Goal
@@ -356,6 +357,11 @@ class SessionCache:
     def cached(self) -> int:
         return len(self._states)
 
+    def holds(self, session_id: str) -> bool:
+        """Whether a session of this id is cached (so stored): known without a read."""
+        state = self._states.get(session_id)
+        return state is not None and not state.deleted
+
     def states(self) -> list[SessionState]:
         return list(self._states.values())
 
@@ -449,9 +455,20 @@ class SessionCache:
             recent = [m for m in recent if not cstate.is_out(m.seq)]
         if state.ctx is not None:  # loaded by another request meanwhile
             return state.ctx
+        return self._install(state, checkpoints, kept, recent)
+
+    def context_of_new(self, state: SessionState) -> ActiveContext:
+        """The active context of a session this daemon has just inserted: empty, as its
+        storage is (``session/create``), so built without reading it (two storage reads
+        on a new session's path)."""
+        assert state.row.last_seq == 0 and state.ctx is None
+        return self._install(state, [], [], [])
+
+    def _install(self, state: SessionState, checkpoints: list[Checkpoint], kept: list[StoredMessage],
+                 recent: list[StoredMessage]) -> ActiveContext:
         ctx = ActiveContext(
             system_prompt=state.row.system_prompt,
-            state=msgspec.structs.replace(cstate),
+            state=msgspec.structs.replace(state.cstate),
             checkpoints=checkpoints,
             kept=[Entry.of(m.seq, m.message, m.tokens) for m in kept],
             recent=[Entry.of(m.seq, m.message, m.tokens) for m in recent],
