@@ -361,7 +361,12 @@ class Sessions:
             return tracked
         raise RuntimeError(f"session {base_id}: too many forks")
 
-    async def _create(self, conv: Conversation, session_id: str, meta: dict[str, Any]) -> Tracked:
+    async def _create(self, conv: Conversation, session_id: str, meta: dict[str, Any], *,
+                      resolve: bool = False) -> Tracked:
+        """A new session of the conversation, made with everything it holds in one
+        ``session/create`` (the key's fingerprint, settings, learned samples). If it
+        exists already (a crash, another proxy, or ``resolve``: not looked up before),
+        the stored one: ``resolve``, the session it continues (:meth:`resolve`)."""
         provider = "openai" if conv.api == "responses" else conv.api
         params: dict[str, Any] = {"sessionId": session_id, "provider": provider, "tags": ["proxy"],
                                   "metadata": {META: dict(meta, api=conv.api, credential=conv.credential,
@@ -391,6 +396,11 @@ class Sessions:
         except RpcError as exc:
             if exc.code != ErrorCode.SessionExists:
                 raise
+            if resolve:
+                found = await self.resolve(session_id)
+                if found is None:  # (deleted meanwhile)
+                    raise
+                return found
             info = await self._get(session_id)
             if info is None:
                 raise
@@ -519,11 +529,17 @@ class Sessions:
             self._forget_idle()
         base = await self._named(conv.base_id) if conv.explicit else conv.base_id
         async with self.lock(base):
-            tracked = await self.resolve(base)
-            if tracked is None and not conv.explicit:
-                tracked = self._owned(conv, base)
-            if tracked is None:
-                tracked = await self._create(conv, base, {})
+            if base not in self._aliases and base not in self._tracked and \
+                    (conv.explicit or self._owner(conv) is None):
+                # Not known here: most often a new session, so it is created without asking
+                # first (one daemon round trip less); if it exists, the stored one is read.
+                tracked = await self._create(conv, base, {}, resolve=True)
+            else:
+                tracked = await self.resolve(base)
+                if tracked is None and not conv.explicit:
+                    tracked = self._owned(conv, base)
+                if tracked is None:
+                    tracked = await self._create(conv, base, {})
             await self._admit(conv, tracked)
             if tracked.id in self._tracked:  # (most recently used last)
                 self._tracked[tracked.id] = self._tracked.pop(tracked.id)
@@ -572,18 +588,24 @@ class Sessions:
             self._owners[newest] = tracked.id
 
     def _owned(self, conv: Conversation, base: str) -> Tracked | None:
-        """The session a request whose derived id is new continues all the same: one whose
-        newest anchor it carries and whose history it continues (the first user message,
-        part of the derived id, is the client's own context in some agents: aider's
-        repository map, which changes with the code). Then the derived id names it."""
+        """The session a request whose derived id is new continues all the same
+        (:meth:`_owner`). Then the derived id names it."""
+        tracked = self._owner(conv)
+        if tracked is not None:
+            log.info("session %s: continued by a request whose derived id is %s", tracked.id, base)
+            self._aliases[base] = tracked.id
+        return tracked
+
+    def _owner(self, conv: Conversation) -> Tracked | None:
+        """A session whose newest anchor the request carries and whose history it
+        continues (the first user message, part of the derived id, is the client's own
+        context in some agents: aider's repository map, which changes with the code)."""
         for ident in reversed(conv.idents):
             session_id = self._owners.get(ident.key)
             tracked = self._tracked.get(session_id) if session_id is not None else None
             if tracked is None or not tracked.id.startswith(f"proxy-{conv.api}-") or \
                     tracked.credential not in (None, conv.credential) or match(tracked.entries, conv.idents) is None:
                 continue
-            log.info("session %s: continued by a request whose derived id is %s", tracked.id, base)
-            self._aliases[base] = tracked.id
             return tracked
         return None
 

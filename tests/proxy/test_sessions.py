@@ -258,20 +258,23 @@ async def test_the_users_typed_text_reaches_the_upstream_whole(proxy, upstream, 
         assert all(u in text for u in users[:n // 2 + 1]), f"request {n}: a user message was not sent whole"
 
 
-async def test_a_new_sessions_first_request_is_three_daemon_round_trips(tmp_path) -> None:
-    """A new session's first request asks the daemon whether it exists, creates it with
-    everything it holds (the key's fingerprint, the settings, the samples learned for the
-    client and model) and gets its prompt with the push: no listing of every session for
-    a name a client chose, no update after the create. In process, the daemon too."""
+async def test_a_new_sessions_first_request_is_two_daemon_round_trips(tmp_path) -> None:
+    """A new session's first request creates it with everything it holds (the key's
+    fingerprint, the settings, the samples learned for the client and model) without
+    asking first whether it exists, and gets its prompt with the push: no listing of every
+    session for a name a client chose, no update after the create, and in storage no read,
+    three writes (the session, the push, the pins of what the client shows). A session
+    this proxy does not know (a restart) is read when the create finds it. In process."""
     from ctxd.config import load_config
     from ctxd.embed import open_here
     from ctxd.proxy.apis import split
     from ctxd.proxy.inproc import PortLink
-    from ctxd.proxy.sessions import META, Sessions
+    from ctxd.proxy.sessions import META, Refused, Sessions
 
     config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
                                                      "socket": str(tmp_path / "run" / "ctxd.sock")}})
-    link = PortLink(await open_here(config))
+    here = await open_here(config)
+    link = PortLink(here)
     sessions_ = Sessions(link)
     asked: list[str] = []
     request = link.request
@@ -281,33 +284,62 @@ async def test_a_new_sessions_first_request_is_three_daemon_round_trips(tmp_path
         return await request(session_id, method, params)
 
     link.request = counted  # type: ignore[method-assign]
+    db = here.daemon.service.db  # type: ignore[attr-defined]
+    read, write = db.read, db.write
 
-    async def first(name: str | None, text: str) -> Any:
-        body = {"model": MODEL, "messages": [{"role": "system", "content": "Agent."}, {"role": "user", "content": text}]}
-        conv = sessions_.read("openai", body, split("openai", body), session=name, window=32000, output=2000,
-                              credential="key-a", user_agent="bench/1.0")
+    async def counted_read(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append("read")
+        return await read(fn, *args, **kwargs)
+
+    async def counted_write(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append("write")
+        return await write(fn, *args, **kwargs)
+
+    db.read, db.write = counted_read, counted_write
+
+    async def first(proxy: Sessions, name: str | None, text: str, key: str = "key-a", *more: str) -> Any:
+        messages = [{"role": "system", "content": "Agent."}, {"role": "user", "content": text}]
+        for said in more:
+            messages += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": said}]
+        body = {"model": MODEL, "messages": messages}
+        conv = proxy.read("openai", body, split("openai", body), session=name, window=32000, output=2000,
+                          credential=key, user_agent="bench/1.0")
         asked.clear()
-        tracked, chain, _ = await sessions_.turn(conv, "openai")
+        tracked, chain, _ = await proxy.turn(conv, "openai")
         made = list(asked)
-        await sessions_.push_reply(tracked, chain, conv, [{"role": "assistant", "content": "Done."}],
-                                   {"inputTokens": 900, "outputTokens": 3})
-        await sessions_.drain()
+        await proxy.push_reply(tracked, chain, conv, [{"role": "assistant", "content": "Done."}],
+                               {"inputTokens": 900, "outputTokens": 3})
+        await proxy.drain()
         return tracked, made
 
     try:
         for n in range(12):
-            await first(f"task-{n}", f"Task {n}.")
-            await first(None, f"Derived {n}.")
-        tracked, made = await first("bench-ttfb-1", "One more.")
-        assert made == ["session/get", "session/create", "context/prompt"]
-        _, made = await first(None, "And a derived one.")
-        assert made == ["session/get", "session/create", "context/prompt"]
+            await first(sessions_, f"task-{n}", f"Task {n}.")
+            await first(sessions_, None, f"Derived {n}.")
+        new = ["session/create", "write", "context/prompt", "write", "write"]
+        tracked, made = await first(sessions_, "bench-ttfb-1", "One more.")
+        assert made == new
+        _, made = await first(sessions_, None, "And a derived one.")
+        assert made == new
         info = await request(tracked.id, "session/get", {"sessionId": tracked.id})
         assert info["metadata"][META]["credential"] == "key-a"
         assert info["settings"]["outputTokens"] == 2000 and info["settings"]["outputFloor"] == 4000
         assert info["messageCount"] == 2 and info["systemPrompt"] == "Agent."
         stats = await request(tracked.id, "context/stats", {"sessionId": tracked.id})
         assert len(stats["usageDrift"]["samples"]) > 1  # the client's earlier sessions' pairs came along
+        assert stats["pinned"] == [1]  # the client's first message, pinned as what it shows
+
+        # A restarted proxy: the session it does not know is found by its create.
+        again = Sessions(link)
+        with pytest.raises(Refused) as refused:
+            await first(again, "bench-ttfb-1", "One more.", "key-b", "Next.")
+        assert refused.value.status == 403
+        # (the samples of its client and model looked up first, once per profile)
+        assert [m for m in asked if "/" in m] == ["session/list", "context/stats", "session/create", "session/get",
+                                                  "session/history"]
+        await first(again, "bench-ttfb-1", "One more.", "key-a", "Next.")
+        info = await request(tracked.id, "session/get", {"sessionId": tracked.id})
+        assert info["messageCount"] == 4 and info["metadata"][META]["credential"] == "key-a"
     finally:
         await sessions_.drain()
         await link.close()
