@@ -529,10 +529,11 @@ class Sessions:
             self._forget_idle()
         base = await self._named(conv.base_id) if conv.explicit else conv.base_id
         async with self.lock(base):
-            if base not in self._aliases and base not in self._tracked and \
+            if base == conv.base_id and base not in self._aliases and base not in self._tracked and \
                     (conv.explicit or self._owner(conv) is None):
                 # Not known here: most often a new session, so it is created without asking
                 # first (one daemon round trip less); if it exists, the stored one is read.
+                # (A short form ``_named`` found names a stored session: read at once.)
                 tracked = await self._create(conv, base, {}, resolve=True)
             else:
                 tracked = await self.resolve(base)
