@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MODEL_INFO_SECONDS = 60.0
+"""How long the backend's answer about a model (an unknown model included) is reused: a
+new session's ``session/create`` waited for an HTTP look-up each time (Ollama reads the
+model's file for ``/api/show``), and agents open sessions in bursts; a changed
+``num_ctx`` is seen within a minute."""
+
 
 class Summarizers:
     def __init__(self, config: Config) -> None:
@@ -48,6 +54,8 @@ class Summarizers:
         self._chains: dict[tuple[str, str], SummarizerChain] = {}
         self._info_down: tuple[float, str] | None = None
         """When a model look-up last failed and why: look-ups are skipped for the cool-down."""
+        self._info: dict[str, tuple[float, ModelInfo | None]] = {}
+        """Per model: when the backend answered, and what (None: it does not know the model)."""
 
     @property
     def name(self) -> str:
@@ -76,7 +84,8 @@ class Summarizers:
         return chain
 
     async def model_info(self, model: str) -> ModelInfo | None:
-        """What the backend says about a session's model (None when it cannot be asked).
+        """What the backend says about a session's model (None when it cannot be asked),
+        the same answer for :data:`MODEL_INFO_SECONDS`.
 
         ``session/create`` waits for this, so it is bounded: one answer within
         ``model_info_timeout_seconds`` (retries included), and after a timeout or a failure
@@ -84,6 +93,9 @@ class Summarizers:
         otherwise cost every create the whole timeout)."""
         if self.backend is None or not self.config.query_model_info:
             return None
+        known = self._info.get(model)
+        if known is not None and time.monotonic() - known[0] < MODEL_INFO_SECONDS:
+            return known[1]
         cfg = self.config
         down = self._info_down
         if down is not None:
@@ -101,17 +113,25 @@ class Summarizers:
             if exc.kind not in ("unreachable", "timeout") and (exc.status or 0) < 500:
                 # About this model or this answer (unknown model, odd JSON): not a dead backend.
                 log.info("model info for %s unavailable: %s", model, exc)
+                self._remember(model, None)
                 return None
             why = str(exc)
         except Exception as exc:  # a bug here must not stop session creation
             log.exception("model info for %s failed", model)
             why = f"{type(exc).__name__}: {exc}"
         else:
+            self._remember(model, info)
             return info
         self._info_down = (time.monotonic(), why)
         log.warning("model info for %s unavailable (%s); the window comes from the configuration or the built-in "
                     "table, and the backend is not asked again for %gs", model, why, cfg.cooldown_seconds)
         return None
+
+    def _remember(self, model: str, info: ModelInfo | None) -> None:
+        now = time.monotonic()
+        if len(self._info) >= 256:  # (models come and go: the stale ones leave)
+            self._info = {m: k for m, k in self._info.items() if now - k[0] < MODEL_INFO_SECONDS}
+        self._info[model] = (now, info)
 
     async def aclose(self) -> None:
         if self.backend is not None:

@@ -120,3 +120,22 @@ async def test_an_unknown_model_is_no_reason_for_a_cooldown(server: FakeLLMServe
         assert info is not None and info.context_length == server.context_length
     finally:
         await subject.aclose()
+
+
+async def test_a_models_answer_is_reused_for_a_while(server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new session waited for a look-up of its model: the backend's answer (an
+    unknown model's too) is reused for ``MODEL_INFO_SECONDS``, then asked again."""
+    from ctxd.service import summarizers as module
+
+    subject = summarizers(server)
+    try:
+        for _ in range(3):
+            info = await subject.model_info(MODEL)
+            assert info is not None and info.context_length == server.context_length
+            assert await subject.model_info("not-there") is None
+        assert len(server.lookups()) == 2  # one per model
+        monkeypatch.setattr(module, "MODEL_INFO_SECONDS", 0.0)
+        assert (await subject.model_info(MODEL)) == info
+        assert len(server.lookups()) == 3
+    finally:
+        await subject.aclose()
