@@ -529,6 +529,7 @@ class Sessions:
             self._forget_idle()
         base = await self._named(conv.base_id) if conv.explicit else conv.base_id
         async with self.lock(base):
+            tracked: Tracked | None
             if base == conv.base_id and base not in self._aliases and base not in self._tracked and \
                     (conv.explicit or self._owner(conv) is None):
                 # Not known here: most often a new session, so it is created without asking
