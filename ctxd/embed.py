@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ctxd.config import Config
 from ctxd.proxy.inproc import NotHere
@@ -32,6 +33,9 @@ class EmbeddedDaemon:
     @property
     def port(self) -> LocalPort:
         return self._port
+
+    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None]:
+        return self.daemon.hub.watch(watcher)
 
     async def wait_stopped(self) -> None:
         await self.daemon.stopped()

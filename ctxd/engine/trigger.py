@@ -95,6 +95,23 @@ def room_to_make(policy: CompressionPolicy, budget: Budget, economy: Economy | N
     return max(0, wanted - (budget.trigger_at - budget.used))
 
 
+def append_room(budget: Budget, policy: CompressionPolicy, *, caches: bool) -> int:
+    """Tokens (ctxd's count) the conversation can grow by, in pushes, while :func:`decide`
+    cannot start a pass and the prompt still fits: the trigger, an early pass where the
+    provider caches (none below ``policy.room_fraction`` of available) and the prompt's
+    room all allow it. Until then the next prompt is this one with the new messages
+    appended, which lets a client that sends the conversation itself send its next
+    request before ctxd answers (``ctxd proxy``). The loop guard only delays passes: it
+    is not counted. Pins taken from the growth (``current``) lower available by what
+    they hold and the trigger by less, so the same bound holds for them."""
+    room = budget.max_prompt_tokens - budget.prompt_tokens
+    if policy.auto:
+        room = min(room, budget.trigger_at - budget.used)
+        if caches:
+            room = min(room, math.floor(policy.room_fraction * budget.available) - 1 - budget.used)
+    return max(0, room)
+
+
 def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy,
            economy: Economy | None = None) -> Decision:
     """Whether automatic compression should run now."""

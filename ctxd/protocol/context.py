@@ -173,6 +173,14 @@ class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=Tr
     checkpoint_count: int
     bill: RequestBill | None = None
     """What this request is expected to cost, through ctxd and direct (see ``RequestBill``)."""
+    append_room: int = 0
+    """Tokens (ctxd's count) the conversation can grow by in pushes while the next prompt is
+    this one with the pushed messages appended: no compression pass can start before (the
+    trigger, an early pass where the provider caches) and the prompt still fits. 0 while a
+    pass is running or due. Messages of ``b`` UTF-8 bytes count at most ``b`` tokens (and
+    their framing less than its JSON), so a client can tell from its messages' sizes,
+    before it asks, that its next prompt will be what it holds (``ctxd proxy`` then sends
+    the request upstream while ctxd stores it)."""
 
 
 class OpenAIPrompt(_PromptBase, tag="openai"):

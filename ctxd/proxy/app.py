@@ -186,45 +186,71 @@ class Proxy:
         if read is None:
             return await self.passthrough(request, api, body=raw)
         body, parts, conv = read
+        streaming = apis.is_streaming(api, body)
+        whole: Literal["always", "unless-ok"] = "unless-ok" if streaming else "always"
+        # A request whose prompt will be the client's own (Sessions.early) goes upstream
+        # now, in the client's bytes; its turn (push and prompt) runs while the upstream
+        # answers, and the answer waits for it (the messages are stored before it is).
+        ahead: asyncio.Task[httpx.Response | Response] | None = None
+        if self.sessions.early(conv, api, body):
+            ahead = asyncio.get_running_loop().create_task(
+                self._exchange(api, self._chat_request(request, api, raw), whole=whole, client=request))
         try:
             tracked, chain_then, prompt = await self.sessions.turn(conv, api)
-        except Refused as exc:
-            return JSONResponse(apis.error_body(api, exc.status, exc.message), status_code=exc.status)
-        except RpcError as exc:
-            return self._ctxd_error(api, exc)
-        except (DaemonUnavailable, OSError) as exc:
+        except (Refused, RpcError, DaemonUnavailable, OSError) as exc:
+            if ahead is not None:
+                return await self._unkept(api, ahead, exc)
+            if isinstance(exc, Refused):
+                return JSONResponse(apis.error_body(api, exc.status, exc.message), status_code=exc.status)
+            if isinstance(exc, RpcError):
+                return self._ctxd_error(api, exc)
             return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
                                 status_code=503)
+        except BaseException:
+            if ahead is not None:
+                ahead.cancel()
+            raise
         out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None  # (what the next request builds on is conv.align.current)
         ours = bill_headers(tracked.id, prompt)
         room = apis.reply_room(prompt, body) if conv.output is not None else None
-        if room is not None and conv.output is not None and room < conv.output:
+        limited = room is not None and conv.output is not None and room < conv.output
+        if limited and ahead is None:
             # Prompt + max_tokens over the window is refused by the providers (Anthropic,
             # OpenAI): the reply gets what the window leaves, at least the reserve the
             # prompt was built beside (less when it was lent to the newest turn, never
             # below settings.outputFloor).
+            assert room is not None
             apis.limit_reply(api, out, room)
             ours[REPLY_LIMIT_HEADER] = f"{max(1, room)}; asked={conv.output}"
             log.info("session %s: max_tokens %d -> %d (what the window leaves beside the prompt; reserved %s)",
                      tracked.id, conv.output, max(1, room), (prompt.get("budget") or {}).get("reservedOutput"))
         # A body ctxd left as the client sent it (nothing compressed, nothing added) goes
         # upstream in the client's own bytes, not encoded again.
-        content = raw if apis.unchanged(api, body, out) else dumps(out)
-        upstream = self.upstream_request("POST", self.chat_url(api, request.url.path),
-                                         headers=self.forward_headers(request, json_body=True),
-                                         params=request.query_params or None, content=content)
-        streaming = apis.is_streaming(api, body)
+        as_sent = not limited and apis.unchanged(api, body, out)
+        self.sessions.verbatim(tracked, conv, api, prompt, as_sent=as_sent)
         started = time.perf_counter()
-        response = await self._exchange(api, upstream, whole="unless-ok" if streaming else "always", client=request)
+        if ahead is None:
+            upstream = self._chat_request(request, api, raw if as_sent else dumps(out))
+            response = await self._exchange(api, upstream, whole=whole, client=request)
+        else:
+            if not as_sent:
+                # (Not expected: appendRoom bounds what the request appended. It went as
+                # the client would have sent it direct, within the window.)
+                self.sessions.early_differed += 1
+                log.warning("session %s: the request went upstream before its turn as the client sent it, "
+                            "but ctxd's prompt for it is not the client's (%s tokens)", tracked.id,
+                            f"{prompt.get('tokens', 0):,}")
+            response = await ahead
         # One line per proxied request (-v): which session, what the client sent, what went
         # upstream, and the upstream's answer (its figures made only when it is written).
         if log.isEnabledFor(logging.INFO):
-            log.info("%s %s: session %s, %d messages from the client, %d sent (%s tokens): %s %d in %.2f s%s",
+            log.info("%s %s: session %s, %d messages from the client, %d sent (%s tokens): %s %d in %.2f s%s%s",
                      request.method, request.url.path, tracked.id, len(parts.conversation),
                      len(out.get("input" if api == "responses" else "messages") or []),
                      f"{prompt.get('tokens', 0):,}", "upstream" if not isinstance(response, Response) else "answered",
-                     response.status_code, time.perf_counter() - started, ", streamed" if streaming else "")
+                     response.status_code, time.perf_counter() - started, ", streamed" if streaming else "",
+                     ", sent before its turn" if ahead is not None else "")
         if isinstance(response, Response):
             return response
         if not streaming or response.status_code != 200:
@@ -240,6 +266,37 @@ class Proxy:
         return StreamingResponse(self._relay(api, conv, tracked, chain_then, response),
                                  status_code=response.status_code,
                                  headers={**self.back_headers(response, decoded=True), **ours})
+
+    def _chat_request(self, request: Request, api: Api, content: bytes) -> httpx.Request:
+        return self.upstream_request("POST", self.chat_url(api, request.url.path),
+                                     headers=self.forward_headers(request, json_body=True),
+                                     params=request.query_params or None, content=content)
+
+    async def _unkept(self, api: Api, ahead: asyncio.Task[httpx.Response | Response], exc: Exception) -> Response:
+        """The answer to a request sent before its turn whose turn then failed: the client
+        gets the upstream's answer (it was asked already: refusing it now would have the
+        client ask, and pay, again), without ctxd's headers; nothing of it is stored, and
+        the client's next request, which carries it, pushes it."""
+        log.warning("a request sent upstream before its turn is answered, but its turn failed (%s: %s): "
+                    "its messages are stored with the client's next request", type(exc).__name__, exc)
+        response = await ahead
+        if isinstance(response, Response):
+            return response
+        if response.is_stream_consumed or response.is_closed:
+            return Response(response.content, status_code=response.status_code,
+                            headers=self.back_headers(response, decoded=True))
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.aiter_bytes():
+                    yield chunk
+            except httpx.HTTPError as exc:
+                log.warning("the upstream stream broke: %s", type(exc).__name__)
+            finally:
+                await response.aclose()
+
+        return StreamingResponse(relay(), status_code=response.status_code,
+                                 headers=self.back_headers(response, decoded=True))
 
     def _read(self, request: Request, api: Api, raw: bytes) -> tuple[dict[str, Any], Any, Conversation] | None:
         """The request's body, its parts and the conversation it belongs to; None for a body

@@ -52,6 +52,10 @@ class DaemonHere(Protocol):
     @property
     def port(self) -> ServicePort: ...
 
+    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None]:
+        """Call ``watcher(session_id, notification)`` for every notification the daemon
+        emits, as it does; returns what stops it."""
+
     async def wait_stopped(self) -> None:
         """Until the daemon is asked to stop (``daemon/stop`` from a socket client)."""
 
@@ -85,6 +89,11 @@ class PortLink:
 
     async def start(self) -> None:
         return None
+
+    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None]:
+        """The daemon's notifications as they are emitted (``Sessions`` learns that a
+        session changed besides its pushes: a goal set, a pass, a pin)."""
+        return self.here.watch(watcher)
 
     async def request(self, session_id: str, method: str, params: Any) -> Any:
         """``method`` as the daemon runs it for a socket client, its result as the client

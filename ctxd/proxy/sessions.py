@@ -20,12 +20,15 @@ from itertools import compress
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ctxd.client import Client, DaemonUnavailable, RpcError, connect_or_start
 from ctxd.engine import calibration
 from ctxd.formats import Api, chain_part, to_ctxd
 from ctxd.ids import may_be_short_form, short_form_of
 from ctxd.protocol.errors import ErrorCode
-from ctxd.proxy.apis import AlignMemo, Split
+from ctxd.protocol.notifications import SessionUpdated
+from ctxd.proxy.apis import AlignMemo, Split, reply_room
 from ctxd.proxy.convert import chain_hash
 from ctxd.proxy.identity import Ident, Plan, Stored, ident_of, match, stored_sides
 
@@ -132,6 +135,21 @@ def reply_floor(configured: int, window: int | None) -> int:
 
 
 @dataclass
+class Verbatim:
+    """A session whose last prompt was the client's conversation as sent (the proxy
+    forwarded the client's bytes), and how far it may grow so that the next prompt is
+    too: the prompt's ``appendRoom`` and figures, the API, window and entries then
+    (:meth:`Sessions.early`)."""
+
+    fmt: Api
+    window: int | None
+    entries: int  # len(Tracked.entries) after that turn's push
+    room: int
+    tokens: int
+    budget: dict[str, Any]
+
+
+@dataclass
 class Tracked:
     """A session the proxy pushes to: its id, the hash chain of what it pushed (a reply in
     flight included), its system prompt and reply reserve (``settings.outputTokens``), the
@@ -148,6 +166,8 @@ class Tracked:
     current: list[str] | None = None  # the keys last named the client's current context (None: not yet)
     floor: int | None = None  # ``settings.outputFloor`` as last sent
     longest_reply: int = 0  # the longest reply's output tokens seen (usage)
+    verbatim: Verbatim | None = None  # the last prompt was the client's own (Sessions.early)
+    changes: int = 0  # the daemon's notifications of other changes than pushes (Sessions.changed)
 
 
 @dataclass
@@ -173,6 +193,7 @@ class Conversation:
     plan: Plan | None = None  # what this request did to its session (identity.match)
     shapes: list[str | None] = field(default_factory=list)  # per item: the stored copy's shape
     anchors: list[bool] = field(default_factory=list)  # per item: an anchor (identity.py)
+    changes: int = -1  # Tracked.changes when its prompt was asked for (Sessions.verbatim)
 
 
 def _output_of(info: dict[str, Any]) -> int | None:
@@ -291,6 +312,22 @@ class Sessions:
         self._owners: dict[str, str] = {}  # a derived session's newest anchor (identity) -> its id
         self._newest: dict[str, str] = {}  # the reverse
         self._looked_up: set[str] = set()
+        self.sent_early = 0  # requests sent upstream before their turn (early), and those of them
+        self.early_differed = 0  # whose prompt turned out not to be the client's
+        # Early sending needs to hear at once of every change to a session besides pushes
+        # (a goal set or a pass, by any client): a daemon in this process tells.
+        watch = getattr(link, "watch", None)
+        self._unwatch = watch(self.changed) if callable(watch) else None
+
+    def changed(self, session_id: str, notification: Any) -> None:
+        """A notification of the daemon: any change to a session but a push ends what
+        :meth:`early` may assume of it (the next prompt is the last one, appended to)."""
+        if isinstance(notification, SessionUpdated) and notification.reason == "push":
+            return
+        tracked = self._tracked.get(session_id)
+        if tracked is not None:
+            tracked.verbatim = None
+            tracked.changes += 1
 
     def read(self, api: Api, body: dict[str, Any], parts: Split, *, session: str | None,
              window: int | None, output: int | None = None, credential: str = "",
@@ -520,6 +557,65 @@ class Sessions:
 
     # --- what a request does -----------------------------------------------------------
 
+    def early(self, conv: Conversation, fmt: Api, body: dict[str, Any]) -> bool:
+        """Whether the request may go upstream as the client sent it before its turn (push
+        and prompt) runs, the turn then running while the upstream answers: its session's
+        last prompt was the client's own conversation, this request only appends to it
+        (nothing superseded, no fork, the same system prompt, reply limit, window and
+        key), and what it appends cannot start a pass, outgrow the prompt's room or make
+        the reply's limit lower: a message of ``b`` UTF-8 bytes is at most ``b`` tokens
+        (each token is a byte at least; its framing is less than its JSON), which the
+        session's ``appendRoom`` bounds. Decided in memory only: a session the proxy does
+        not hold, or one another request is using, takes the usual path. The turn that
+        follows says again whether the prompt is the client's (``early_differed``
+        counts those that were not; the request was sent as the client would have sent
+        it direct, within the window)."""
+        if self._unwatch is None or \
+                (conv.explicit and conv.base_id not in self._aliases and conv.base_id not in self._tracked):
+            return False
+        tracked = self._tracked.get(self._aliases.get(conv.base_id, conv.base_id))
+        if tracked is None:
+            return False
+        seen = tracked.verbatim
+        if seen is None or seen.fmt != fmt or seen.window != conv.window or seen.room <= 0:
+            return False
+        if tracked.credential is None or tracked.credential != conv.credential:
+            return False
+        base = self._locks.get(conv.base_id)
+        if tracked.lock.locked() or (base is not None and base.locked()):
+            return False
+        if conv.parts.system_text and conv.parts.system_text != (tracked.system or ""):
+            return False
+        if (conv.output is not None and conv.output != tracked.output) or \
+                self.floor_for(tracked, conv.window) != tracked.floor:
+            return False
+        plan = match(tracked.entries, conv.idents)
+        if plan is None or not plan.extends or plan.superseded:
+            return False
+        grown = [j for j, i in plan.matched.items() if i >= seen.entries] + plan.new
+        bound = sum(len(msgspec.json.encode(conv.items[j][0])) for j in grown)  # (what is pushed, as counted)
+        if bound > seen.room:
+            return False
+        if conv.output is not None:
+            room = reply_room({"budget": seen.budget, "tokens": seen.tokens + bound}, body)
+            if room is not None and room < conv.output:
+                return False
+        tracked.verbatim = None  # (this request's turn says it again)
+        self.sent_early += 1
+        return True
+
+    def verbatim(self, tracked: Tracked, conv: Conversation, fmt: Api, prompt: dict[str, Any], *,
+                 as_sent: bool) -> None:
+        """After a turn: whether its prompt was the client's conversation as sent, and how
+        much room the session has to stay so (:meth:`early`)."""
+        room = prompt.get("appendRoom")
+        budget = prompt.get("budget")
+        if as_sent and isinstance(room, int) and room > 0 and isinstance(budget, dict) \
+                and isinstance(prompt.get("tokens"), int) and tracked.changes == conv.changes:
+            tracked.verbatim = Verbatim(fmt, conv.window, len(tracked.entries), room, prompt["tokens"], budget)
+        else:
+            tracked.verbatim = None
+
     async def turn(self, conv: Conversation, fmt: Api) -> tuple[Tracked, list[str], dict[str, Any]]:
         """Make the session hold the client's conversation (push what it lacks, or fork)
         and get its prompt: the session, its chain then (what the reply extends) and the
@@ -726,6 +822,7 @@ class Sessions:
             tracked.chain += [e.key for _, e in batch]
             tracked.entries += [e for _, e in batch]
         last = [m for m, _ in stamped]
+        conv.changes = tracked.changes  # (a change told while the prompt is made: not the client's)
         try:
             prompt = await self.prompt(tracked, fmt, push=last, supersede=supersede,
                                        current=current if send_current else None)

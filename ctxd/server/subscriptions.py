@@ -8,6 +8,7 @@ dropped by its writer, not waited for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -28,6 +29,14 @@ class Hub:
     def __init__(self) -> None:
         self.connections: set[Connection] = set()
         self._listeners: dict[str, set[Connection]] = {}
+        self._watchers: list[Callable[[str, Any], None]] = []
+
+    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None]:
+        """Have ``watcher(session_id, notification)`` called for every notification, in
+        this process, as it is emitted (a proxy in the daemon's process learns at once
+        that a session changed); returns what stops it. A watcher must not block or raise."""
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher) if watcher in self._watchers else None
 
     def add(self, conn: Connection) -> None:
         self.connections.add(conn)
@@ -59,6 +68,8 @@ class Hub:
 
     def emit(self, session_id: str, notification: Any) -> None:
         method = notification_method(notification)
+        for watcher in self._watchers:
+            watcher(session_id, notification)
         targets = self.listeners(session_id)
         if not targets:
             return

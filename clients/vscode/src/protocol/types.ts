@@ -41,6 +41,7 @@ export interface AnthropicPrompt {
   compressionCount: number;
   checkpointCount: number;
   bill?: RequestBill | null;
+  appendRoom?: number;
 }
 
 export interface AnthropicText {
@@ -633,6 +634,7 @@ export interface OllamaPrompt {
   compressionCount: number;
   checkpointCount: number;
   bill?: RequestBill | null;
+  appendRoom?: number;
 }
 
 export interface OllamaToolCall {
@@ -676,6 +678,7 @@ export interface OpenAIPrompt {
   compressionCount: number;
   checkpointCount: number;
   bill?: RequestBill | null;
+  appendRoom?: number;
 }
 
 /**

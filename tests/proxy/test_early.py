@@ -1,0 +1,114 @@
+"""A request whose prompt will be the client's own conversation goes upstream before its
+turn (push and prompt), which runs while the upstream answers (``Sessions.early``): the
+upstream gets the client's bytes, the session gets every message, and anything that makes
+ctxd's prompt differ (a goal set by another client, a compression) is never sent ahead."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.proxy.conftest import ctxd_client, history
+from tests.proxy.upstream import MODEL
+
+AHEAD = "sent before its turn"
+DIFFERED = "is not the client's"
+
+
+@pytest.fixture
+def proxy_mode() -> str:
+    """Sending ahead needs the daemon's notifications as they happen: in the proxy's process."""
+    return "in-process"
+
+
+def _headers(session: str, window: int) -> dict[str, str]:
+    return {"authorization": "Bearer sk-test", "x-ctxd-session": session, "x-ctxd-context-window": str(window),
+            "content-type": "application/json"}
+
+
+def _bytes(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, indent=1).encode()
+
+
+async def test_a_growing_conversation_goes_ahead_and_every_message_is_stored(proxy, upstream, ctxd_daemon) -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    sent: list[bytes] = []
+    async with httpx.AsyncClient(timeout=30) as http:
+        for turn in range(8):
+            messages.append({"role": "user", "content": f"Turn {turn}: what changed in module {turn}?"})
+            sent.append(_bytes({"model": MODEL, "messages": messages}))
+            answer = await http.post(proxy.url + "/v1/chat/completions", content=sent[-1],
+                                     headers=_headers("ahead", 200000))
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-ctxd-session"] == "ahead"
+            assert "billed=" in answer.headers["x-ctxd-bill"]
+            messages.append(answer.json()["choices"][0]["message"])
+        # A streamed turn goes ahead too, and its reply is stored.
+        messages.append({"role": "user", "content": "Stream the summary."})
+        sent.append(_bytes({"model": MODEL, "messages": messages, "stream": True}))
+        async with http.stream("POST", proxy.url + "/v1/chat/completions", content=sent[-1],
+                               headers=_headers("ahead", 200000)) as streamed:
+            assert streamed.status_code == 200
+            assert streamed.headers["x-ctxd-session"] == "ahead"
+            assert b"[DONE]" in b"".join([chunk async for chunk in streamed.aiter_bytes()])
+    assert [r.body for r in upstream.chats("/v1/chat/completions")] == sent
+    log = proxy.log()
+    # All but the first two: a new session, then one whose reply floor its first reply set.
+    assert log.count(AHEAD) >= 7, log
+    assert DIFFERED not in log
+    stored = await history(ctxd_daemon, "ahead")
+    assert [m["role"] for m in stored] == ["user", "assistant"] * 9
+    assert [m["content"] for m in stored if m["role"] == "user"] == \
+        [m["content"] for m in messages if m["role"] == "user"]
+
+
+async def test_a_goal_set_by_another_client_is_in_the_next_request(proxy, upstream, ctxd_daemon) -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    async with httpx.AsyncClient(timeout=30) as http:
+        async def turn(text: str) -> dict[str, Any]:
+            messages.append({"role": "user", "content": text})
+            answer = await http.post(proxy.url + "/v1/chat/completions", headers=_headers("goal", 200000),
+                                     content=_bytes({"model": MODEL, "messages": messages}))
+            assert answer.status_code == 200, answer.text
+            messages.append(answer.json()["choices"][0]["message"])
+            return upstream.chats("/v1/chat/completions")[-1].json
+
+        for i in range(4):
+            await turn(f"Step {i}.")
+        ahead = proxy.log().count(AHEAD)
+        assert ahead >= 1
+        client = await ctxd_client(ctxd_daemon)
+        try:
+            await client.request("goal/set", {"sessionId": "goal", "description": "Keep every test green."})
+        finally:
+            await client.close()
+        got = await turn("Step 4.")
+        assert "Keep every test green." in got["messages"][1]["content"]
+    assert proxy.log().count(AHEAD) == ahead  # (not ahead: the goal made ctxd's prompt another)
+    assert DIFFERED not in proxy.log()
+
+
+async def test_compression_is_never_sent_ahead(proxy, upstream, ctxd_daemon) -> None:
+    """At a small window the conversation crosses the trigger: requests go ahead while
+    they cannot reach it, never one whose prompt ctxd compresses."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful engineer."}]
+    async with httpx.AsyncClient(timeout=30) as http:
+        for turn in range(40):
+            filler = " ".join(f"module{turn}-{k} passed its checks" for k in range(12))
+            messages.append({"role": "user", "content": f"Turn {turn}: {filler}."})
+            body = {"model": MODEL, "messages": messages}
+            answer = await http.post(proxy.url + "/v1/chat/completions", content=_bytes(body),
+                                     headers=_headers("small", 4096))
+            assert answer.status_code == 200, answer.text
+            messages.append(answer.json()["choices"][0]["message"])
+    received = upstream.chats("/v1/chat/completions")
+    compressed = [r for r, m in zip(received, range(len(received))) if len(r.json["messages"]) < 2 * m + 2]
+    log = proxy.log()
+    assert compressed, "the conversation never went past the trigger"
+    assert log.count(AHEAD) >= 5, log
+    assert DIFFERED not in log
+    # What went ahead is the client's own bytes; what was compressed is ctxd's prompt.
+    assert all(b"passed its checks" in r.body for r in received)
