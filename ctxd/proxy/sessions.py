@@ -194,6 +194,7 @@ class Conversation:
     shapes: list[str | None] = field(default_factory=list)  # per item: the stored copy's shape
     anchors: list[bool] = field(default_factory=list)  # per item: an anchor (identity.py)
     changes: int = -1  # Tracked.changes when its prompt was asked for (Sessions.verbatim)
+    early: tuple[int, Stored | None, Plan] | None = None  # Sessions.early's plan, and the entries it saw
 
 
 def _output_of(info: dict[str, Any]) -> int | None:
@@ -601,6 +602,7 @@ class Sessions:
             if room is not None and room < conv.output:
                 return False
         tracked.verbatim = None  # (this request's turn says it again)
+        conv.early = (len(tracked.entries), tracked.entries[-1] if tracked.entries else None, plan)
         self.sent_early += 1
         return True
 
@@ -643,7 +645,7 @@ class Sessions:
                 self._tracked[tracked.id] = self._tracked.pop(tracked.id)
             async with tracked.lock:
                 await self._settle(tracked)
-                plan = match(tracked.entries, conv.idents)
+                plan = self._planned(conv, tracked)
                 if plan is not None and plan.extends:
                     return tracked, *await self._push_and_prompt(conv, tracked, fmt, plan)
             # An earlier branch the request extends exactly is preferred to one it only
@@ -671,6 +673,15 @@ class Sessions:
                             anchors={e.ident for e in tracked.entries if e.anchor})
                 async with fork.lock:
                     return fork, *await self._push_and_prompt(conv, fork, fmt, plan)
+
+    @staticmethod
+    def _planned(conv: Conversation, tracked: Tracked) -> Plan | None:
+        """:func:`match`, or the plan :meth:`early` made of the same entries."""
+        seen, conv.early = conv.early, None
+        entries = tracked.entries
+        if seen is not None and seen[0] == len(entries) and seen[1] is (entries[-1] if entries else None):
+            return seen[2]
+        return match(entries, conv.idents)
 
     def _note_newest(self, tracked: Tracked) -> None:
         """Remember a derived session's newest anchor (its last reply, as a rule), which a
@@ -810,9 +821,11 @@ class Sessions:
         # the newest anchor included: the newest tool result is never cut for the rest),
         # then the prefix, newest first. A plain extension (Claude Code, Codex) names its
         # prefix alone, which does not change from turn to turn (nothing to write then).
+        # (keys are in the client's order for a plain extension: matched, then new)
+        order = list(reversed(keys)) if plan.extends else sorted(keys, reverse=True)
         tail = [] if plan.extends else \
-            [j for j in sorted(keys, reverse=True) if j >= max(newest, 0) and (j == newest or not conv.anchors[j])]
-        head = [j for j in sorted(keys, reverse=True) if j < first and not conv.anchors[j] and j not in tail]
+            [j for j in order if j >= max(newest, 0) and (j == newest or not conv.anchors[j])]
+        head = [j for j in order if j < first and not conv.anchors[j] and j not in tail]
         current = [f"ctxd-proxy:{keys[j]}" for j in tail + head]
         send_current = current != (tracked.current or []) or (tracked.current is None and current)
         while len(stamped) > PUSH_BATCH:  # a long history the session lacks: all but the last batch
