@@ -31,7 +31,7 @@ def interpreter(spec: str) -> Path:
         if not python.exists():
             raise RuntimeError(f"--litellm {spec}: no such interpreter")
         return python
-    python = AUTO_VENV / "bin" / "python"
+    python = (AUTO_VENV / "bin" / "python").absolute()  # (LiteLLM runs in a directory of its own)
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(AUTO_VENV)], check=True)
     check = subprocess.run([str(python), "-c", "import litellm.proxy.proxy_server"], capture_output=True)
