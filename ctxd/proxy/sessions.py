@@ -122,6 +122,22 @@ class Pending:
     task: asyncio.Task[Any]
     before: list[str]
     entries: int = 0  # len(Tracked.entries) before it
+    risky: bool = True  # it may change the prompt besides appending (goal markers, a tool call)
+
+
+def may_derive(message: dict[str, Any]) -> bool:
+    """Whether pushing ``message`` may change a session's prompt besides appending it: an
+    assistant message with a tool call (a configured watermark tool moves the watermark)
+    or a bracket in its text (goal markers, ``[GOAL] ...``). Over-inclusive by design."""
+    if message.get("role") != "assistant":
+        return False
+    if message.get("toolCalls"):
+        return True
+    content = message.get("content")
+    if isinstance(content, str):
+        return "[" in content
+    return any(not isinstance(block, dict) or block.get("type") != "text" or "[" in str(block.get("text", ""))
+               for block in content or ())
 
 
 def reply_floor(configured: int, window: int | None) -> int:
@@ -563,7 +579,9 @@ class Sessions:
         and prompt) runs, the turn then running while the upstream answers: its session's
         last prompt was the client's own conversation, this request only appends to it
         (nothing superseded, no fork, the same system prompt, reply limit, window and
-        key), and what it appends cannot start a pass, outgrow the prompt's room or make
+        key; no assistant message of its own, whose goal markers or watermark call the push
+        would apply; the previous reply's push answered if the reply may have either), and
+        what it appends cannot start a pass, outgrow the prompt's room or make
         the reply's limit lower: a message of ``b`` UTF-8 bytes is at most ``b`` tokens
         (each token is a byte at least; its framing is less than its JSON), which the
         session's ``appendRoom`` bounds. Decided in memory only: a session the proxy does
@@ -585,6 +603,8 @@ class Sessions:
         base = self._locks.get(conv.base_id)
         if tracked.lock.locked() or (base is not None and base.locked()):
             return False
+        if tracked.pending is not None and tracked.pending.risky and not tracked.pending.task.done():
+            return False  # (a reply that may set a goal or a watermark: told once its push is stored)
         if conv.parts.system_text and conv.parts.system_text != (tracked.system or ""):
             return False
         if (conv.output is not None and conv.output != tracked.output) or \
@@ -593,6 +613,8 @@ class Sessions:
         plan = match(tracked.entries, conv.idents)
         if plan is None or not plan.extends or plan.superseded:
             return False
+        if any(may_derive(conv.items[j][0]) for j in plan.new):
+            return False  # (its goal markers or watermark call would change the prompt in the turn)
         grown = [j for j, i in plan.matched.items() if i >= seen.entries] + plan.new
         bound = sum(len(msgspec.json.encode(conv.items[j][0])) for j in grown)  # (what is pushed, as counted)
         if bound > seen.room:
@@ -927,7 +949,7 @@ class Sessions:
             tracked.chain = chain
             before = len(tracked.entries)
             tracked.entries += entries
-            tracked.pending = Pending(task, list(chain_then), before)
+            tracked.pending = Pending(task, list(chain_then), before, any(map(may_derive, stamped)))
             self._note_newest(tracked)
             self._pushing.add(task)
             task.add_done_callback(lambda done: self._pushed(tracked, done))

@@ -657,6 +657,8 @@ async def _adopt_derived(svc: Service, state: SessionState, derived: _Derived) -
     encoded = state.encoded_state()
     await svc.db.write(session_store.save_context, state.id, context_state=encoded,
                        context_tokens=state.row.context_tokens)
+    if derived.goal is not False:  # (the goal block in the system part changed: subscribers are told)
+        notify.updated(svc, state, "goal")
     if derived.watermark is not None:
         after = ctx.prompt_tokens
         svc.events.emit(state.id, CompressedNotification(

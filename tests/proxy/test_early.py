@@ -112,3 +112,30 @@ async def test_compression_is_never_sent_ahead(proxy, upstream, ctxd_daemon) -> 
     assert DIFFERED not in log
     # What went ahead is the client's own bytes; what was compressed is ctxd's prompt.
     assert all(b"passed its checks" in r.body for r in received)
+
+
+async def test_a_goal_the_reply_sets_is_in_the_next_request(proxy, upstream, ctxd_daemon) -> None:
+    """A reply with a goal marker changes the prompt once its push is stored (a goal block):
+    the client's next request is not sent ahead of that, whether it comes while the push
+    is on its way or after it was stored."""
+    for session, wait in (("marker-soon", False), ("marker-later", True)):
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+        async with httpx.AsyncClient(timeout=30) as http:
+            for i in range(4):
+                upstream.padding = "\n[GOAL] Ship the parser." if i == 2 else ""
+                messages.append({"role": "user", "content": f"Step {i}."})
+                answer = await http.post(proxy.url + "/v1/chat/completions", headers=_headers(session, 200000),
+                                         content=_bytes({"model": MODEL, "messages": messages}))
+                assert answer.status_code == 200, answer.text
+                messages.append(answer.json()["choices"][0]["message"])
+                if i == 2 and wait:
+                    assert len(await history(ctxd_daemon, session)) == 6  # (the reply's push is stored)
+        last = upstream.chats("/v1/chat/completions")[-1].json
+        assert "Ship the parser." in last["messages"][1]["content"]  # ctxd's goal block, after the system prompt
+        client = await ctxd_client(ctxd_daemon)
+        try:
+            got = await client.request("goal/get", {"sessionId": session})
+        finally:
+            await client.close()
+        assert got["goal"]["description"] == "Ship the parser."
+    assert DIFFERED not in proxy.log()
