@@ -34,7 +34,10 @@ class EmbeddedDaemon:
     def port(self) -> LocalPort:
         return self._port
 
-    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None]:
+    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None] | None:
+        service = self.daemon.service
+        if service is None or service.db.shared:
+            return None  # (other daemons' changes come later, through the store, or not at all)
         return self.daemon.hub.watch(watcher)
 
     async def wait_stopped(self) -> None:

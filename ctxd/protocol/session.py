@@ -132,6 +132,9 @@ class PushResult(msgspec.Struct, rename="camel"):
     context_tokens: int
     tokens_estimated: bool
     budget: Budget
+    append_room: int = 0
+    """As ``context/prompt``'s: how far the conversation can grow in pushes with no pass able
+    to start and the prompt still fitting (0 while a pass is running or due)."""
 
 
 class SubscribeParams(msgspec.Struct, rename="camel"):

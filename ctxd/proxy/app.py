@@ -197,18 +197,21 @@ class Proxy:
                 self._exchange(api, self._chat_request(request, api, raw), whole=whole, client=request))
         try:
             tracked, chain_then, prompt = await self.sessions.turn(conv, api)
-        except (Refused, RpcError, DaemonUnavailable, OSError) as exc:
+        except BaseException as exc:
+            # The client gets what it would have got had the request waited for its turn
+            # (an error that says what ctxd could not do): its messages are not stored, so
+            # the upstream's answer, asked already, is not handed on (docs/decisions.md).
             if ahead is not None:
-                return await self._unkept(api, ahead, exc)
+                log.warning("a request sent upstream before its turn: the turn failed (%s), so the client "
+                            "gets that error, not the upstream's answer", type(exc).__name__)
+                await _dropped(ahead)
             if isinstance(exc, Refused):
                 return JSONResponse(apis.error_body(api, exc.status, exc.message), status_code=exc.status)
             if isinstance(exc, RpcError):
                 return self._ctxd_error(api, exc)
-            return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
-                                status_code=503)
-        except BaseException:
-            if ahead is not None:
-                ahead.cancel()
+            if isinstance(exc, (DaemonUnavailable, OSError)):
+                return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
+                                    status_code=503)
             raise
         out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None  # (what the next request builds on is conv.align.current)
@@ -236,8 +239,10 @@ class Proxy:
         else:
             if not as_sent:
                 # (Not expected: appendRoom bounds what the request appended. It went as
-                # the client would have sent it direct, within the window.)
-                self.sessions.early_differed += 1
+                # the client would have sent it direct, within the window; ctxd's figures,
+                # which are of another prompt, are neither sent nor paired with its usage.)
+                ours = {SESSION_HEADER: tracked.id}
+                conv.prompt_tokens = None
                 log.warning("session %s: the request went upstream before its turn as the client sent it, "
                             "but ctxd's prompt for it is not the client's (%s tokens)", tracked.id,
                             f"{prompt.get('tokens', 0):,}")
@@ -271,32 +276,6 @@ class Proxy:
         return self.upstream_request("POST", self.chat_url(api, request.url.path),
                                      headers=self.forward_headers(request, json_body=True),
                                      params=request.query_params or None, content=content)
-
-    async def _unkept(self, api: Api, ahead: asyncio.Task[httpx.Response | Response], exc: Exception) -> Response:
-        """The answer to a request sent before its turn whose turn then failed: the client
-        gets the upstream's answer (it was asked already: refusing it now would have the
-        client ask, and pay, again), without ctxd's headers; nothing of it is stored, and
-        the client's next request, which carries it, pushes it."""
-        log.warning("a request sent upstream before its turn is answered, but its turn failed (%s: %s): "
-                    "its messages are stored with the client's next request", type(exc).__name__, exc)
-        response = await ahead
-        if isinstance(response, Response):
-            return response
-        if response.is_stream_consumed or response.is_closed:
-            return Response(response.content, status_code=response.status_code,
-                            headers=self.back_headers(response, decoded=True))
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in response.aiter_bytes():
-                    yield chunk
-            except httpx.HTTPError as exc:
-                log.warning("the upstream stream broke: %s", type(exc).__name__)
-            finally:
-                await response.aclose()
-
-        return StreamingResponse(relay(), status_code=response.status_code,
-                                 headers=self.back_headers(response, decoded=True))
 
     def _read(self, request: Request, api: Api, raw: bytes) -> tuple[dict[str, Any], Any, Conversation] | None:
         """The request's body, its parts and the conversation it belongs to; None for a body
@@ -568,6 +547,19 @@ class Proxy:
 
         return StreamingResponse(relay(), status_code=response.status_code,
                                  headers=self.back_headers(response, decoded=False))
+
+
+async def _dropped(ahead: asyncio.Task[httpx.Response | Response]) -> None:
+    """A request sent ahead whose answer the client will not get: cancelled if it has not
+    come yet (its connection closed), else closed."""
+    if not ahead.done():
+        ahead.cancel()
+    try:
+        response = await ahead
+    except (asyncio.CancelledError, Exception):
+        return
+    if isinstance(response, httpx.Response):
+        await response.aclose()
 
 
 def order_of(conv: Conversation) -> apis.Order | None:

@@ -52,9 +52,10 @@ class DaemonHere(Protocol):
     @property
     def port(self) -> ServicePort: ...
 
-    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None]:
+    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None] | None:
         """Call ``watcher(session_id, notification)`` for every notification the daemon
-        emits, as it does; returns what stops it."""
+        emits, as it does; returns what stops it. None: the daemon cannot tell every change
+        as it happens (its storage is shared with other daemons)."""
 
     async def wait_stopped(self) -> None:
         """Until the daemon is asked to stop (``daemon/stop`` from a socket client)."""
@@ -90,9 +91,9 @@ class PortLink:
     async def start(self) -> None:
         return None
 
-    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None]:
+    def watch(self, watcher: Callable[[str, Any], None]) -> Callable[[], None] | None:
         """The daemon's notifications as they are emitted (``Sessions`` learns that a
-        session changed besides its pushes: a goal set, a pass, a pin)."""
+        session changed besides its pushes: a goal set, a pass, a pin), or None."""
         return self.here.watch(watcher)
 
     async def request(self, session_id: str, method: str, params: Any) -> Any:

@@ -183,7 +183,9 @@ class Tracked:
     floor: int | None = None  # ``settings.outputFloor`` as last sent
     longest_reply: int = 0  # the longest reply's output tokens seen (usage)
     verbatim: Verbatim | None = None  # the last prompt was the client's own (Sessions.early)
-    changes: int = 0  # the daemon's notifications of other changes than pushes (Sessions.changed)
+    changes: int = 0  # the daemon's notifications of other changes than its own pushes (Sessions.changed)
+    last_seq: int | None = None  # the session's newest seq as the proxy last learned it (None: unknown)
+    expect: list[int] = field(default_factory=list)  # last_seq values its own pushes in flight will leave
 
 
 @dataclass
@@ -211,6 +213,11 @@ class Conversation:
     anchors: list[bool] = field(default_factory=list)  # per item: an anchor (identity.py)
     changes: int = -1  # Tracked.changes when its prompt was asked for (Sessions.verbatim)
     early: tuple[int, Stored | None, Plan] | None = None  # Sessions.early's plan, and the entries it saw
+
+
+def _seq_of(info: dict[str, Any]) -> int | None:
+    seq = info.get("lastSeq")
+    return seq if isinstance(seq, int) else None
 
 
 def _output_of(info: dict[str, Any]) -> int | None:
@@ -329,22 +336,26 @@ class Sessions:
         self._owners: dict[str, str] = {}  # a derived session's newest anchor (identity) -> its id
         self._newest: dict[str, str] = {}  # the reverse
         self._looked_up: set[str] = set()
-        self.sent_early = 0  # requests sent upstream before their turn (early), and those of them
-        self.early_differed = 0  # whose prompt turned out not to be the client's
-        # Early sending needs to hear at once of every change to a session besides pushes
-        # (a goal set or a pass, by any client): a daemon in this process tells.
+        # Early sending needs to hear at once of every change to a session but its own pushes
+        # (a goal set, a pass, another client's push): a daemon in this process tells, unless
+        # its storage is shared with other daemons (whose changes it hears of later).
         watch = getattr(link, "watch", None)
-        self._unwatch = watch(self.changed) if callable(watch) else None
+        self._watching = callable(watch) and watch(self.changed) is not None
 
     def changed(self, session_id: str, notification: Any) -> None:
-        """A notification of the daemon: any change to a session but a push ends what
-        :meth:`early` may assume of it (the next prompt is the last one, appended to)."""
-        if isinstance(notification, SessionUpdated) and notification.reason == "push":
-            return
+        """A notification of the daemon: any change to a session but the proxy's own pushes
+        (told by the ``lastSeq`` they leave) ends what :meth:`early` may assume of it (the
+        next prompt is the last one, appended to)."""
         tracked = self._tracked.get(session_id)
-        if tracked is not None:
-            tracked.verbatim = None
-            tracked.changes += 1
+        if tracked is None:
+            return
+        if isinstance(notification, SessionUpdated) and notification.reason == "push" \
+                and notification.last_seq in tracked.expect:
+            tracked.expect.remove(notification.last_seq)
+            tracked.last_seq = notification.last_seq
+            return
+        tracked.verbatim = None
+        tracked.changes += 1
 
     def read(self, api: Api, body: dict[str, Any], parts: Split, *, session: str | None,
              window: int | None, output: int | None = None, credential: str = "",
@@ -390,7 +401,7 @@ class Sessions:
         chain = [e.key for e in entries]
         own = (info.get("metadata") or {}).get(META)
         credential = own.get("credential") if isinstance(own, dict) else None
-        return Tracked(session_id, chain, info.get("systemPrompt"), _output_of(info),
+        return Tracked(session_id, chain, info.get("systemPrompt"), _output_of(info), last_seq=_seq_of(info),
                        credential=credential if isinstance(credential, str) else None, entries=entries,
                        floor=_floor_of(info), longest_reply=longest)
 
@@ -461,7 +472,8 @@ class Sessions:
             tracked = await self._load(info)
             self._tracked[session_id] = tracked
             return tracked
-        tracked = Tracked(session_id, [], info.get("systemPrompt"), _output_of(info), credential=conv.credential,
+        tracked = Tracked(session_id, [], info.get("systemPrompt"), _output_of(info), last_seq=_seq_of(info),
+                          credential=conv.credential,
                           floor=_floor_of(info))
         self._tracked[session_id] = tracked
         return tracked
@@ -586,10 +598,10 @@ class Sessions:
         (each token is a byte at least; its framing is less than its JSON), which the
         session's ``appendRoom`` bounds. Decided in memory only: a session the proxy does
         not hold, or one another request is using, takes the usual path. The turn that
-        follows says again whether the prompt is the client's (``early_differed``
-        counts those that were not; the request was sent as the client would have sent
-        it direct, within the window)."""
-        if self._unwatch is None or \
+        follows says again whether the prompt is the client's (a warning is logged for
+        one that was not; it went as the client would have sent it direct, within the
+        window)."""
+        if not self._watching or \
                 (conv.explicit and conv.base_id not in self._aliases and conv.base_id not in self._tracked):
             return False
         tracked = self._tracked.get(self._aliases.get(conv.base_id, conv.base_id))
@@ -600,13 +612,13 @@ class Sessions:
             return False
         if tracked.credential is None or tracked.credential != conv.credential:
             return False
-        base = self._locks.get(conv.base_id)
-        if tracked.lock.locked() or (base is not None and base.locked()):
+        if tracked.lock.locked() or any(lock is not None and lock.locked() for lock in (
+                self._locks.get(conv.base_id), self._locks.get(tracked.id.split("~", 1)[0]))):
             return False
         if tracked.pending is not None and tracked.pending.risky and not tracked.pending.task.done():
             return False  # (a reply that may set a goal or a watermark: told once its push is stored)
-        if conv.parts.system_text and conv.parts.system_text != (tracked.system or ""):
-            return False
+        if (conv.parts.system_text or "") != (tracked.system or ""):
+            return False  # (a dropped system prompt too: the session's stays in ctxd's prompt)
         if (conv.output is not None and conv.output != tracked.output) or \
                 self.floor_for(tracked, conv.window) != tracked.floor:
             return False
@@ -625,7 +637,6 @@ class Sessions:
                 return False
         tracked.verbatim = None  # (this request's turn says it again)
         conv.early = (len(tracked.entries), tracked.entries[-1] if tracked.entries else None, plan)
-        self.sent_early += 1
         return True
 
     def verbatim(self, tracked: Tracked, conv: Conversation, fmt: Api, prompt: dict[str, Any], *,
@@ -857,6 +868,8 @@ class Sessions:
             tracked.chain += [e.key for _, e in batch]
             tracked.entries += [e for _, e in batch]
         last = [m for m, _ in stamped]
+        if last and tracked.last_seq is not None:
+            tracked.expect.append(tracked.last_seq + len(last))
         conv.changes = tracked.changes  # (a change told while the prompt is made: not the client's)
         try:
             prompt = await self.prompt(tracked, fmt, push=last, supersede=supersede,
@@ -874,6 +887,9 @@ class Sessions:
         tracked.entries += [e for _, e in stamped]
         tracked.current = current
         self._note_newest(tracked)
+        seq = prompt.get("lastSeq")
+        tracked.last_seq = seq if isinstance(seq, int) else None
+        tracked.expect.clear()
         conv.prompt_tokens = prompt.get("tokens")
         conv.prompt_window = (prompt.get("budget") or {}).get("contextWindow") or 0
         return list(tracked.chain), prompt
@@ -944,6 +960,8 @@ class Sessions:
                 chain.append(chain_hash(chain[-1] if chain else "", [ident.key]))
                 entries.append(Stored(chain[-1], ident.key, True, ident.shape))  # a reply: an anchor
                 stamped.append(self._stamped(converted, entries[-1], usage if n == len(items) - 1 else None))
+            if tracked.last_seq is not None:
+                tracked.expect.append(tracked.last_seq + len(stamped))
             task = asyncio.get_running_loop().create_task(
                 self.link.request(tracked.id, "session/push", {"sessionId": tracked.id, "messages": stamped}))
             tracked.chain = chain
@@ -958,9 +976,22 @@ class Sessions:
     def _pushed(self, tracked: Tracked, task: asyncio.Task[Any]) -> None:
         """A reply's push is answered: log a failure (the next request repairs the chain)."""
         self._pushing.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("session %s: pushing the reply failed: %s; the client's copy is pushed with its "
-                        "next request", tracked.id, task.exception())
+        if task.cancelled() or task.exception() is not None:
+            tracked.verbatim = None
+            if not task.cancelled():
+                log.warning("session %s: pushing the reply failed: %s; the client's copy is pushed with its "
+                            "next request", tracked.id, task.exception())
+            return
+        seen, result = tracked.verbatim, task.result()
+        if seen is not None:
+            # The reply's usage may have moved the budget (the provider's ratio, the reply
+            # reserve): the room is the push's, from where the conversation now ends.
+            room, budget = result.get("appendRoom"), result.get("budget")
+            if isinstance(room, int) and isinstance(budget, dict) and isinstance(budget.get("promptTokens"), int):
+                tracked.verbatim = Verbatim(seen.fmt, seen.window, len(tracked.entries), room,
+                                            budget["promptTokens"], budget)
+            else:
+                tracked.verbatim = None
 
     async def _settle(self, tracked: Tracked) -> None:
         """Wait for the reply push still in flight, if any; if it failed, the chain is

@@ -66,7 +66,7 @@ from ctxd.engine.pipeline import (
 )
 from ctxd.engine.policy import LEVEL_CAP, MIN_TARGET, CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
-from ctxd.engine.trigger import decide, room_to_make
+from ctxd.engine.trigger import append_room, decide, room_to_make
 from ctxd.engine.trigger import low_water as low_water_mark
 from ctxd.engine.workset import apply_working_set, missing, plan_working_set, plan_yield, working_changes
 from ctxd.protocol.compression import (
@@ -141,6 +141,14 @@ class _Stages:
         self.svc.events.emit(self.state.id, CompressingNotification(
             session_id=self.state.id, stage=stage, percentage=percentage, message=message))  # type: ignore[arg-type]
         self.progress.report(percentage, message)
+
+
+def append_room_of(svc: Service, state: SessionState, budget: Budget) -> int:
+    """``appendRoom`` of a prompt or push result (``engine/trigger.append_room``); 0 while a
+    pass runs or is due."""
+    if state.compression_task is not None:
+        return 0
+    return append_room(budget, svc.cache.policy(state), caches=svc.cache.rules(state).caches)
 
 
 def schedule(svc: Service, state: SessionState) -> None:

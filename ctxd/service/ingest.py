@@ -514,6 +514,7 @@ async def push(svc: Service, params: SessionPushParams) -> PushResult:
         session_id=state.id, messages=outcome.results, message_count=row.message_count,
         token_count=row.token_count, context_tokens=row.context_tokens,
         tokens_estimated=state.counter.estimated, budget=budget,
+        append_room=compression.append_room_of(svc, state, budget),
     )
 
 

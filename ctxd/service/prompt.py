@@ -15,7 +15,6 @@ import msgspec
 
 from ctxd.engine.context import ActiveContext
 from ctxd.engine.render import IncrementalRenderer, Rendered
-from ctxd.engine.trigger import append_room
 from ctxd.formats.anthropic import cache_breakpoints
 from ctxd.protocol.context import (
     AnthropicPrompt,
@@ -154,8 +153,7 @@ async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, Pro
         tokens = budget.prompt_tokens
         bill = billing.on_prompt(svc, state, ctx, tokens, _shape(ctx))
     state.last_prompt_tokens = tokens
-    room = 0 if state.compression_task is not None else \
-        append_room(budget, svc.cache.policy(state), caches=svc.cache.rules(state).caches)
+    room = compression.append_room_of(svc, state, budget)
     common: dict[str, Any] = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,
                   last_seq=row.last_seq, message_count=row.message_count, budget=budget,
                   reliability=session_reliability(state, budget),

@@ -139,3 +139,67 @@ async def test_a_goal_the_reply_sets_is_in_the_next_request(proxy, upstream, ctx
             await client.close()
         assert got["goal"]["description"] == "Ship the parser."
     assert DIFFERED not in proxy.log()
+
+
+async def _turns(http: httpx.AsyncClient, url: str, session: str, messages: list[dict[str, Any]],
+                 texts: list[str]) -> None:
+    for text in texts:
+        messages.append({"role": "user", "content": text})
+        answer = await http.post(url + "/v1/chat/completions", headers=_headers(session, 200000),
+                                 content=_bytes({"model": MODEL, "messages": messages}))
+        assert answer.status_code == 200, answer.text
+        messages.append(answer.json()["choices"][0]["message"])
+
+
+async def test_another_clients_push_is_in_the_next_request(proxy, upstream, ctxd_daemon) -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    async with httpx.AsyncClient(timeout=30) as http:
+        await _turns(http, proxy.url, "foreign", messages, [f"Step {i}." for i in range(4)])
+        ahead = proxy.log().count(AHEAD)
+        assert ahead >= 1
+        client = await ctxd_client(ctxd_daemon)
+        try:
+            await client.request("session/push", {"sessionId": "foreign", "messages": [
+                {"role": "user", "content": "A note from the editor: the parser is in src/parse.py."}]})
+        finally:
+            await client.close()
+        await _turns(http, proxy.url, "foreign", messages, ["Step 4."])
+    sent = upstream.chats("/v1/chat/completions")[-1].json["messages"]
+    assert any("A note from the editor" in str(m.get("content")) for m in sent)
+    assert proxy.log().count(AHEAD) == ahead
+    assert DIFFERED not in proxy.log()
+
+
+async def test_a_dropped_system_prompt_is_not_sent_ahead(proxy, upstream, ctxd_daemon) -> None:
+    """ctxd keeps the session's system prompt when a request has none: its prompt is then
+    not the client's."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    async with httpx.AsyncClient(timeout=30) as http:
+        await _turns(http, proxy.url, "no-system", messages, [f"Step {i}." for i in range(4)])
+        ahead = proxy.log().count(AHEAD)
+        await _turns(http, proxy.url, "no-system", messages[1:], ["Step 4."])
+    assert upstream.chats("/v1/chat/completions")[-1].json["messages"][0] == messages[0]
+    assert proxy.log().count(AHEAD) == ahead
+    assert DIFFERED not in proxy.log()
+
+
+async def test_a_turn_that_fails_after_sending_answers_its_error(start_proxy, upstream, ctxd_daemon) -> None:
+    """A message the daemon refuses (over ``limits.max_message_bytes``) in a request sent
+    ahead: the client gets the error it gets otherwise, not the answer; nothing is stored."""
+    proxy = start_proxy("--set", "limits.max_message_bytes=2000")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    async with httpx.AsyncClient(timeout=30) as http:
+        await _turns(http, proxy.url, "refused", messages, [f"Step {i}." for i in range(4)])
+        ahead = proxy.log().count(AHEAD)
+        assert ahead >= 1
+        messages.append({"role": "user", "content": "x" * 3000})
+        for stream in (False, True):
+            answer = await http.post(proxy.url + "/v1/chat/completions", headers=_headers("refused", 200000),
+                                     content=_bytes({"model": MODEL, "messages": messages, "stream": stream}))
+            assert answer.status_code >= 400, answer.text
+            assert "2000" in answer.text  # (the limit it passed)
+    # The first went ahead; the second waited for its turn (refused, it was not sent).
+    assert "gets that error, not the upstream's answer" in proxy.log()
+    assert sum(r.json["messages"][-1]["content"] == "x" * 3000 for r in upstream.chats("/v1/chat/completions")) == 1
+    stored = await history(ctxd_daemon, "refused")
+    assert len(stored) == 8 and all(m["content"] != "x" * 3000 for m in stored)

@@ -805,6 +805,7 @@ export interface PushResult {
   contextTokens: number;
   tokensEstimated: boolean;
   budget: Budget;
+  appendRoom?: number;
 }
 
 /**
