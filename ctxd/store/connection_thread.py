@@ -30,7 +30,9 @@ T = TypeVar("T")
 C = TypeVar("C", bound=Closable)
 """The connection's type: ``sqlite3.Connection``, or ``dialect.PgConn``."""
 
-_Item = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any] | None"]
+_Done = Callable[[bool, Any], object]
+_Item = tuple[Callable[..., Any], tuple[Any, ...],
+              "asyncio.Future[Any] | tuple[asyncio.AbstractEventLoop, _Done] | None"]
 
 
 class ThreadClosed(Exception):
@@ -78,6 +80,14 @@ class ConnectionThread(Generic[C]):
             raise ThreadClosed(f"{self.name}: the connection is closed")
         return await self._submit(self._with_conn, (fn, args))
 
+    def send(self, fn: Callable[..., Any], args: tuple[Any, ...], done: _Done) -> None:
+        """Queue ``fn(conn, *args)`` like :meth:`call`, and have the running event loop call
+        ``done(ok, result_or_exception)`` once it ran: no future and no task between the
+        thread and its caller (the database writer's hot path, ``Database._dispatch``)."""
+        if self._conn is None or self._stopped:
+            raise ThreadClosed(f"{self.name}: the connection is closed")
+        self._queue.put((self._with_conn, (fn, args), (asyncio.get_running_loop(), done)))
+
     def _with_conn(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = self._conn
         if conn is None:
@@ -117,6 +127,10 @@ class ConnectionThread(Generic[C]):
             if future is None:
                 continue
             try:
-                future.get_loop().call_soon_threadsafe(_resolve, future, *outcome)
+                if isinstance(future, tuple):
+                    loop, done = future
+                    loop.call_soon_threadsafe(done, *outcome)
+                else:
+                    future.get_loop().call_soon_threadsafe(_resolve, future, *outcome)
             except RuntimeError:  # the event loop is closed: nobody is waiting any more
                 pass

@@ -29,6 +29,7 @@ import logging
 import os
 import sqlite3
 import stat
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -129,8 +130,7 @@ class Database:
         # (sqlite3 connections here; PostgresDatabase's are dialect.PgConn)
         self._writer: ConnectionThread[Any] | None = None
         self._reader: ConnectionThread[Any] | None = None
-        self._queue: asyncio.Queue[_Job | None] = asyncio.Queue()
-        self._writer_task: asyncio.Task[None] | None = None
+        self._init_writer()
         self.commits = 0
         self.jobs = 0
 
@@ -161,7 +161,7 @@ class Database:
         except OSError as exc:
             await self.close()
             raise StoreOpenError(f"{self.path}: {exc}") from None
-        self._writer_task = asyncio.create_task(self._writer_loop(), name="ctxd-writer")
+        self._start_writer()
         self._checkpoint_due = asyncio.Event()
         self._checkpoint_task = asyncio.create_task(self._checkpoint_loop(self._checkpoint_due),
                                                     name="ctxd-checkpoint")
@@ -301,10 +301,14 @@ class Database:
                 raise
 
     async def close(self) -> None:
-        if self._writer_task is not None:
-            self._queue.put_nowait(None)
-            await self._writer_task
-            self._writer_task = None
+        if self._accepting:  # what was queued before commits first; later writes are refused
+            self._accepting = False
+            if self._busy or self._pending:
+                self._drained = asyncio.get_running_loop().create_future()
+                if not self._busy and not self._soon:
+                    self._dispatch()
+                await self._drained
+            self._drained = None
         if self._checkpoint_task is not None:
             self._checkpoint_task.cancel()  # (a checkpoint already started still finishes on its thread)
             try:
@@ -358,12 +362,17 @@ class Database:
         something was stored; any other cancellation propagates, so a background task
         stopped by cancelling it does stop (instead of carrying on past the cancel).
         """
-        if self._writer_task is None:
+        if not self._accepting:
             raise CtxdError(ErrorCode.StorageError, "database is closed")
         if kwargs:
             fn = partial(fn, **kwargs)
         job = _Job(fn, args, asyncio.get_running_loop().create_future())
-        self._queue.put_nowait(job)
+        self._pending.append(job)
+        if not self._busy and not self._soon:
+            # At the end of this loop pass, not now: the writes issued together (a gather,
+            # several clients' requests read in one pass) share one transaction.
+            self._soon = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
         try:
             return await asyncio.shield(job.future)
         except asyncio.CancelledError as cancel:
@@ -383,56 +392,71 @@ class Database:
         ``service/ingest.py``)."""
         return await self.write(fn, *args)
 
-    async def _writer_loop(self) -> None:
-        try:
-            await self._write_batches()
-        finally:
-            # Whatever is still queued will never run: fail it rather than leave callers waiting.
-            while not self._queue.empty():
-                job = self._queue.get_nowait()
-                if job is not None and not job.future.done():
-                    job.future.set_exception(CtxdError(ErrorCode.StorageError, "the database was closed"))
+    def _init_writer(self) -> None:
+        """The writer's queue and state (before :meth:`open`)."""
+        self._pending: deque[_Job] = deque()
+        self._accepting = False
+        """Writes are taken (from :meth:`_start_writer` until :meth:`close`)."""
+        self._busy = False
+        """A group is on the writer thread: jobs arriving now wait for the next one."""
+        self._soon = False
+        """:meth:`_dispatch` is scheduled (the writer was idle when a job came)."""
+        self._drained: asyncio.Future[None] | None = None
 
-    async def _write_batches(self) -> None:
-        assert self._writer is not None
-        conn = self._writer
-        while True:
-            job = await self._queue.get()
-            if job is None:
-                return
-            batch = [job]
-            stop = False
-            while len(batch) < MAX_GROUP and not self._queue.empty():
-                nxt = self._queue.get_nowait()
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            batch = [j for j in batch if not j.cancelled]
+    def _start_writer(self) -> None:
+        self._accepting = True
+
+    def _dispatch(self) -> None:
+        """Hand the waiting jobs (up to ``MAX_GROUP``) to the idle writer thread as one
+        transaction. Called by :meth:`write` when the writer is idle, so a lone job goes to
+        the thread in the same loop pass (with the other jobs of that pass), and when a group
+        has committed: whatever queued meanwhile shares the next commit (group commit). No
+        task in between: a job costs one callback, one hop to the thread and one back (a
+        writer task's wake-ups cost more loop passes, futures and a task per group)."""
+        self._soon = False
+        pending = self._pending
+        while pending and not self._busy:
+            batch = []
+            while pending and len(batch) < MAX_GROUP:
+                job = pending.popleft()
+                if not job.cancelled:
+                    batch.append(job)
+            if not batch:
+                continue
             for j in batch:
                 j.started = True
-            if batch:
-                try:
-                    outcomes = await asyncio.shield(conn.call(self._run_group, batch))
-                except asyncio.CancelledError:
-                    for j in batch:
-                        if not j.future.done():
-                            j.future.set_exception(CtxdError(ErrorCode.StorageError, "the database was closed"))
-                    raise
-                except Exception as exc:  # the connection itself failed
-                    outcomes = [(False, exc)] * len(batch)
-                else:
-                    if self._checkpoint_due is not None:
-                        self._checkpoint_due.set()
-                for j, (ok, value) in zip(batch, outcomes):
-                    if j.future.done():
-                        continue
-                    if ok:
-                        j.future.set_result(value)
-                    else:
-                        j.future.set_exception(_as_ctxd_error(value))
-            if stop:
-                return
+            assert self._writer is not None
+            try:
+                self._writer.send(self._run_group, (batch,), partial(self._finished, batch))
+            except ThreadClosed as exc:  # the connection itself is gone
+                self._settle(batch, [(False, exc)] * len(batch))
+                continue
+            self._busy = True
+        if not self._busy and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def _finished(self, batch: list[_Job], ok: bool, value: Any) -> None:
+        """A group's outcome, back on the event loop: the next group starts, then every job
+        of this one is answered (after its COMMIT returned)."""
+        self._busy = False
+        if ok:
+            if self._checkpoint_due is not None:
+                self._checkpoint_due.set()
+            outcomes = value
+        else:  # the connection itself failed
+            outcomes = [(False, value)] * len(batch)
+        self._dispatch()
+        self._settle(batch, outcomes)
+
+    @staticmethod
+    def _settle(batch: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
+        for j, (ok, value) in zip(batch, outcomes):
+            if j.future.done():
+                continue
+            if ok:
+                j.future.set_result(value)
+            else:
+                j.future.set_exception(_as_ctxd_error(value))
 
     def _run_group(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = []

@@ -116,8 +116,7 @@ class PostgresDatabase(Database):
         self.pool_size = pool_size
         self._writer = None
         self._reader = None
-        self._queue: asyncio.Queue[_Job | None] = asyncio.Queue()
-        self._writer_task: asyncio.Task[None] | None = None
+        self._init_writer()
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._apart: ConnectionThread[PgConn] | None = None
         """A second writer connection, for :meth:`write_apart` (opened when first needed)."""
@@ -160,7 +159,7 @@ class PostgresDatabase(Database):
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             await self.close()
             raise StoreOpenError(f"{self.describe()}: cannot use the PostgreSQL database: {exc}") from None
-        self._writer_task = asyncio.create_task(self._writer_loop(), name="ctxd-writer")
+        self._start_writer()
 
     def _connect_with(self, kwargs: dict[str, Any]) -> PgConn:
         return PgConn(self._writer_conn(kwargs))
@@ -345,7 +344,7 @@ class PostgresDatabase(Database):
         daemons'). One such job at a time; the same retries, errors and cancellation as
         :meth:`write` (once started, it commits; a request cancelled by its client still
         gets its result)."""
-        if self._writer_task is None:
+        if not self._accepting:
             raise CtxdError(ErrorCode.StorageError, "database is closed")
         job = _Job(fn, args, asyncio.get_running_loop().create_future())
         async with self._apart_lock:
