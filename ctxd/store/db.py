@@ -32,7 +32,7 @@ import stat
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
@@ -81,7 +81,11 @@ class _Job:
     future: asyncio.Future[Any]
     started: bool = False
     cancelled: bool = False
-    result: Any = field(default=None)
+    outcome: tuple[bool, Any] | None = None
+    """(ok, result or exception) once its transaction ended, whether or not its caller
+    still waits on :attr:`future`."""
+    after: asyncio.Future[None] | None = None
+    """Set when the job ends, for a caller cancelled while the job ran (:meth:`Database.write`)."""
 
 
 def check_data_dir(directory: Path) -> None:
@@ -122,6 +126,12 @@ class Database:
     _checkpoint_due: asyncio.Event | None = None
     _checkpoint_task: asyncio.Task[None] | None = None
     checkpoints = 0
+    # The writer's queue (:meth:`_init_writer`).
+    _pending: deque[_Job]
+    _accepting: bool
+    _busy: bool
+    _soon: bool
+    _drained: asyncio.Future[None] | None
 
     def __init__(self, path: Path, *, durability: str = "normal", busy_timeout_ms: int = 5000):
         self.path = Path(path)
@@ -366,20 +376,29 @@ class Database:
             raise CtxdError(ErrorCode.StorageError, "database is closed")
         if kwargs:
             fn = partial(fn, **kwargs)
-        job = _Job(fn, args, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, args, loop.create_future())
         self._pending.append(job)
         if not self._busy and not self._soon:
             # At the end of this loop pass, not now: the writes issued together (a gather,
             # several clients' requests read in one pass) share one transaction.
             self._soon = True
-            asyncio.get_running_loop().call_soon(self._dispatch)
+            loop.call_soon(self._dispatch)
         try:
-            return await asyncio.shield(job.future)
+            # (Not shielded: a cancellation cancels this future, and the job's outcome is
+            # still kept on the job. A shield cost a future and a loop pass per write.)
+            return await job.future
         except asyncio.CancelledError as cancel:
             if not job.started:
                 job.cancelled = True
                 raise
-            result = await job.future
+            if job.outcome is None:  # still running: its commit first
+                job.after = loop.create_future()
+                await job.after
+            assert job.outcome is not None
+            ok, result = job.outcome
+            if not ok:
+                raise result from None
             if cancel.args[:1] != (REQUEST_CANCELLED,):
                 raise
             task = asyncio.current_task()
@@ -394,14 +413,14 @@ class Database:
 
     def _init_writer(self) -> None:
         """The writer's queue and state (before :meth:`open`)."""
-        self._pending: deque[_Job] = deque()
+        self._pending = deque()
         self._accepting = False
         """Writes are taken (from :meth:`_start_writer` until :meth:`close`)."""
         self._busy = False
         """A group is on the writer thread: jobs arriving now wait for the next one."""
         self._soon = False
         """:meth:`_dispatch` is scheduled (the writer was idle when a job came)."""
-        self._drained: asyncio.Future[None] | None = None
+        self._drained = None
 
     def _start_writer(self) -> None:
         self._accepting = True
@@ -416,7 +435,7 @@ class Database:
         self._soon = False
         pending = self._pending
         while pending and not self._busy:
-            batch = []
+            batch: list[_Job] = []
             while pending and len(batch) < MAX_GROUP:
                 job = pending.popleft()
                 if not job.cancelled:
@@ -451,12 +470,16 @@ class Database:
     @staticmethod
     def _settle(batch: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
         for j, (ok, value) in zip(batch, outcomes):
-            if j.future.done():
-                continue
-            if ok:
-                j.future.set_result(value)
-            else:
-                j.future.set_exception(_as_ctxd_error(value))
+            if not ok:
+                value = _as_ctxd_error(value)
+            j.outcome = (ok, value)
+            if not j.future.done():
+                if ok:
+                    j.future.set_result(value)
+                else:
+                    j.future.set_exception(value)
+            if j.after is not None and not j.after.done():
+                j.after.set_result(None)
 
     def _run_group(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = []

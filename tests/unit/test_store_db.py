@@ -10,6 +10,7 @@ import sqlite3
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -178,6 +179,42 @@ async def test_any_other_cancellation_after_the_write_started_waits_for_the_comm
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await db.read(_keys) == ["stored"]
+
+
+async def test_a_write_cancelled_while_it_ran_and_failed_raises_its_error(db: Database) -> None:
+    """The job's outcome outlives its caller's cancelled future: a failure is reported,
+    not swallowed into the cancellation."""
+    gate = _Gate()
+
+    def failing(conn: sqlite3.Connection) -> None:
+        gate.job(conn, "doomed")
+        raise ValueError("refused")
+
+    task = asyncio.create_task(db.write(failing))
+    await gate.wait_entered()
+    task.cancel(msg=REQUEST_CANCELLED)
+    await asyncio.sleep(0)
+    gate.release.set()
+    with pytest.raises(ValueError, match="refused"):
+        await task
+    assert await db.read(_keys) == []
+
+
+async def test_a_write_cancelled_after_its_commit_was_answered_still_gets_the_result(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled in the loop pass its result arrived in, before the caller resumed."""
+    tasks: list[asyncio.Task[str]] = []
+    settle = db._settle
+
+    def settle_then_cancel(batch: Any, outcomes: Any) -> None:
+        settle(batch, outcomes)
+        for task in tasks:
+            task.cancel(msg=REQUEST_CANCELLED)
+
+    monkeypatch.setattr(db, "_settle", settle_then_cancel)
+    tasks.append(asyncio.create_task(db.write(_insert, "done")))
+    assert await tasks[0] == "done"
+    assert await db.read(_keys) == ["done"]
 
 
 async def test_commits_reach_the_database_file_through_the_checkpointer(tmp_path: Path) -> None:
