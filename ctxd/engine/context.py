@@ -21,6 +21,7 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 
 import msgspec
 
@@ -635,7 +636,7 @@ class ActiveContext:
 
     def _opener(self, count: Callable[[str], int]) -> int:
         """:attr:`opener`: the first message sent after the system part is the assistant's."""
-        for item in self._behind() + self.recent:
+        for item in chain(self._behind(), self.recent):  # (not a copy of the history per push)
             if isinstance(item, Checkpoint):
                 return 0  # (sent as a user message of ctxd's)
             if item.view is None or item.role == "system":
