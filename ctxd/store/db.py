@@ -1,11 +1,14 @@
 """The database: one SQLite file per data directory, WAL mode, one writer path.
 
-Every write in the daemon goes through :meth:`Database.write`, which queues it for a
-single writer task. The writer takes whatever jobs are waiting, runs them in one
-transaction (each inside its own SAVEPOINT, so one failing job never takes the
+Every write in the daemon goes through :meth:`Database.write`, which queues it for the
+single writer (the writer connection's thread). The writer takes whatever jobs are
+waiting, runs them in one transaction (each inside its own SAVEPOINT, so one failing job never takes the
 others down) and commits once: concurrent clients never see "database is locked",
 and under load many pushes share one commit (group commit). A job's caller is
-answered only after the COMMIT returned, which is what "acknowledged" means.
+answered only after the COMMIT returned, which is what "acknowledged" means. No task
+drives it: a job that finds the writer idle is sent at the end of its loop pass, and a
+group's outcome, back on the loop as one callback, answers its jobs and sends the next
+group (``_dispatch``): a push's write costs one hop to the thread and one back.
 
 Jobs and reads are plain synchronous functions of a ``sqlite3.Connection``;
 ``store/sessions.py`` and ``store/messages.py`` hold them. Each connection lives on a
