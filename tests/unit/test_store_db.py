@@ -298,3 +298,28 @@ async def test_a_connection_thread_runs_calls_in_order_and_closes(tmp_path: Path
     await thread.close()
     with pytest.raises(ThreadClosed):
         await thread.call(lambda c: None)
+
+
+async def test_a_connection_thread_sends_a_call_and_calls_back_on_the_loop(tmp_path: Path) -> None:
+    """``send`` (the writer's path): the call runs on the connection's thread, in order with
+    ``call``, and its outcome comes back on the event loop's thread."""
+    thread = ConnectionThread("test-sqlite")
+    await thread.open(lambda: sqlite3.connect(tmp_path / "x.db", isolation_level=None))
+    loop = asyncio.get_running_loop()
+    got: list[tuple[bool, Any, str]] = []
+    done = loop.create_future()
+
+    def back(ok: bool, value: Any) -> None:
+        got.append((ok, value, threading.current_thread().name))
+        if len(got) == 2:
+            done.set_result(None)
+
+    thread.send(lambda c: (threading.current_thread().name, c.execute("SELECT 7").fetchone()[0]), (), back)
+    thread.send(lambda c: c.execute("SELECT * FROM missing"), (), back)
+    await asyncio.wait_for(done, 10)
+    me = threading.current_thread().name
+    assert got[0] == (True, ("test-sqlite", 7), me)
+    assert got[1][0] is False and isinstance(got[1][1], sqlite3.OperationalError) and got[1][2] == me
+    await thread.close()
+    with pytest.raises(ThreadClosed):
+        thread.send(lambda c: None, (), back)
