@@ -131,6 +131,20 @@ def decide(state: CompressionState, budget: Budget, policy: CompressionPolicy,
     return Decision(True, "over the trigger" if fits else "the prompt no longer fits")
 
 
+def weighs_economy(state: CompressionState, budget: Budget, policy: CompressionPolicy) -> bool:
+    """Whether :func:`decide` looks at an :class:`Economy` here: below the trigger, with
+    automatic compression on, a loop guard's step past the last pass and past the
+    quality-first mark. Elsewhere it decides the same without one, so a push (every
+    request's path, ``compression.schedule``) gathers none."""
+    if budget.used > budget.trigger_at or budget.prompt_tokens > budget.max_prompt_tokens or not policy.auto:
+        return False
+    step = math.ceil(policy.min_growth_fraction * budget.available)
+    last = state.last_after_used
+    # (the conditions on which :func:`_early` answers before it reads the economy)
+    return not ((last is not None and budget.used < last + step)
+                or budget.used < math.floor(policy.room_fraction * budget.available))
+
+
 def _early(state: CompressionState, budget: Budget, policy: CompressionPolicy, economy: Economy) -> Decision:
     """Below the trigger, for a provider that caches: a pass when it pays, never before the
     loop guard's step (from the last pass, and above where this pass would leave it), and

@@ -66,7 +66,7 @@ from ctxd.engine.pipeline import (
 )
 from ctxd.engine.policy import LEVEL_CAP, MIN_TARGET, CompressionPolicy
 from ctxd.engine.prune import apply_prune, plan_prune
-from ctxd.engine.trigger import append_room, decide, room_to_make
+from ctxd.engine.trigger import append_room, decide, room_to_make, weighs_economy
 from ctxd.engine.trigger import low_water as low_water_mark
 from ctxd.engine.workset import apply_working_set, missing, plan_working_set, plan_yield, working_changes
 from ctxd.protocol.compression import (
@@ -157,7 +157,8 @@ def schedule(svc: Service, state: SessionState) -> None:
         return
     budget = svc.cache.budget(state)
     policy = svc.cache.policy(state)
-    decision = decide(state.cstate, budget, policy, billing.economy(svc, state))
+    economy = billing.economy(svc, state) if weighs_economy(state.cstate, budget, policy) else None
+    decision = decide(state.cstate, budget, policy, economy)
     if decision.compress:
         state.skip_reason = None
         task = asyncio.get_running_loop().create_task(_background(svc, state), name=f"compress-{state.id}")

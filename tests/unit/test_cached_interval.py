@@ -16,8 +16,9 @@ import msgspec
 from ctxd.config import Config
 from ctxd.engine.billing import CacheRules
 from ctxd.engine.budget import compute_budget
+from ctxd.engine.context import CompressionState
 from ctxd.engine.policy import LEVEL_CAP, CompressionPolicy
-from ctxd.engine.trigger import Economy, room_to_make
+from ctxd.engine.trigger import Economy, decide, room_to_make, weighs_economy
 from ctxd.service import ingest, prompt, sessions
 from ctxd.service.core import Service
 from ctxd.service.events import CollectingEvents
@@ -96,3 +97,22 @@ async def test_a_fast_growing_cached_session_passes_seldom(service_config: Confi
     for r in shrunk:
         parts = r["detail"]["parts"]
         assert parts["checkpoints"] >= floor - 16, parts
+
+
+def test_a_push_gathers_no_economy_where_the_decision_would_not_read_it() -> None:
+    """``compression.schedule`` skips ``billing.economy`` where ``weighs_economy`` says so:
+    there, the decision with a cold cache's economy (which, when read, can make a pass run)
+    is the one without any."""
+    cold = Economy(rules=CACHES, growth=250.0, cold=True)
+    decided = 0
+    for policy in (CompressionPolicy(), CompressionPolicy(auto=False), CompressionPolicy(room_fraction=0.2)):
+        for last in (None, 1000, 3000):
+            state = CompressionState(last_after_used=last)
+            for used in range(0, 7000, 125):
+                budget = _budget(used)
+                with_it, without = decide(state, budget, policy, cold), decide(state, budget, policy, None)
+                if weighs_economy(state, budget, policy):
+                    decided += with_it != without  # (read, and it can decide)
+                else:
+                    assert with_it == without, (policy, last, used)
+    assert decided > 0
