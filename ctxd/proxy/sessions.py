@@ -122,13 +122,13 @@ class Pending:
     task: asyncio.Task[Any]
     before: list[str]
     entries: int = 0  # len(Tracked.entries) before it
-    risky: bool = True  # it may change the prompt besides appending (goal markers, a tool call)
 
 
 def may_derive(message: dict[str, Any]) -> bool:
     """Whether pushing ``message`` may change a session's prompt besides appending it: an
     assistant message with a tool call (a configured watermark tool moves the watermark)
-    or a bracket in its text (goal markers, ``[GOAL] ...``). Over-inclusive by design."""
+    or a bracket in its text (goal markers, ``[GOAL] ...``), or any block but text.
+    Over-inclusive by design."""
     if message.get("role") != "assistant":
         return False
     if message.get("toolCalls"):
@@ -592,8 +592,8 @@ class Sessions:
         last prompt was the client's own conversation, this request only appends to it
         (nothing superseded, no fork, the same system prompt, reply limit, window and
         key; no assistant message of its own, whose goal markers or watermark call the push
-        would apply; the previous reply's push answered if the reply may have either), and
-        what it appends cannot start a pass, outgrow the prompt's room or make
+        would apply; the previous reply's push stored, whose markers and usage may move the
+        prompt or its budget), and what it appends cannot start a pass, outgrow the prompt's room or make
         the reply's limit lower: a message of ``b`` UTF-8 bytes is at most ``b`` tokens
         (each token is a byte at least; its framing is less than its JSON), which the
         session's ``appendRoom`` bounds. Decided in memory only: a session the proxy does
@@ -615,8 +615,10 @@ class Sessions:
         if tracked.lock.locked() or any(lock is not None and lock.locked() for lock in (
                 self._locks.get(conv.base_id), self._locks.get(tracked.id.split("~", 1)[0]))):
             return False
-        if tracked.pending is not None and tracked.pending.risky and not tracked.pending.task.done():
-            return False  # (a reply that may set a goal or a watermark: told once its push is stored)
+        if tracked.pending is not None and not tracked.pending.task.done():
+            # (The reply's push may change the prompt besides appending: its goal markers,
+            # a watermark call, the provider's count its usage teaches; told once stored.)
+            return False
         if (conv.parts.system_text or "") != (tracked.system or ""):
             return False  # (a dropped system prompt too: the session's stays in ctxd's prompt)
         if (conv.output is not None and conv.output != tracked.output) or \
@@ -967,7 +969,7 @@ class Sessions:
             tracked.chain = chain
             before = len(tracked.entries)
             tracked.entries += entries
-            tracked.pending = Pending(task, list(chain_then), before, any(map(may_derive, stamped)))
+            tracked.pending = Pending(task, list(chain_then), before)
             self._note_newest(tracked)
             self._pushing.add(task)
             task.add_done_callback(lambda done: self._pushed(tracked, done))

@@ -5,6 +5,7 @@ ctxd's prompt differ (a goal set by another client, a compression) is never sent
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -33,6 +34,21 @@ def _bytes(body: dict[str, Any]) -> bytes:
     return json.dumps(body, indent=1).encode()
 
 
+async def _stored(daemon: Any, session: str, count: int) -> None:
+    """Until the session holds ``count`` messages: the reply's push, which the proxy does not
+    wait for, is stored (a request goes ahead only once it is, as an agent's next request,
+    made after running a tool, finds it)."""
+    client = await ctxd_client(daemon)
+    try:
+        for _ in range(1000):
+            if (await client.request("session/get", {"sessionId": session}))["messageCount"] >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{session}: {count} messages never stored")
+    finally:
+        await client.close()
+
+
 async def test_a_growing_conversation_goes_ahead_and_every_message_is_stored(proxy, upstream, ctxd_daemon) -> None:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
     sent: list[bytes] = []
@@ -46,6 +62,7 @@ async def test_a_growing_conversation_goes_ahead_and_every_message_is_stored(pro
             assert answer.headers["x-ctxd-session"] == "ahead"
             assert "billed=" in answer.headers["x-ctxd-bill"]
             messages.append(answer.json()["choices"][0]["message"])
+            await _stored(ctxd_daemon, "ahead", 2 * turn + 2)
         # A streamed turn goes ahead too, and its reply is stored.
         messages.append({"role": "user", "content": "Stream the summary."})
         sent.append(_bytes({"model": MODEL, "messages": messages, "stream": True}))
@@ -74,6 +91,7 @@ async def test_a_goal_set_by_another_client_is_in_the_next_request(proxy, upstre
                                      content=_bytes({"model": MODEL, "messages": messages}))
             assert answer.status_code == 200, answer.text
             messages.append(answer.json()["choices"][0]["message"])
+            await _stored(ctxd_daemon, "goal", len(messages) - 1)
             return upstream.chats("/v1/chat/completions")[-1].json
 
         for i in range(4):
@@ -104,6 +122,7 @@ async def test_compression_is_never_sent_ahead(proxy, upstream, ctxd_daemon) -> 
                                      headers=_headers("small", 4096))
             assert answer.status_code == 200, answer.text
             messages.append(answer.json()["choices"][0]["message"])
+            await _stored(ctxd_daemon, "small", 2 * turn + 2)
     received = upstream.chats("/v1/chat/completions")
     compressed = [r for r, m in zip(received, range(len(received))) if len(r.json["messages"]) < 2 * m + 2]
     log = proxy.log()
@@ -141,20 +160,24 @@ async def test_a_goal_the_reply_sets_is_in_the_next_request(proxy, upstream, ctx
     assert DIFFERED not in proxy.log()
 
 
-async def _turns(http: httpx.AsyncClient, url: str, session: str, messages: list[dict[str, Any]],
-                 texts: list[str]) -> None:
+async def _turns(http: httpx.AsyncClient, url: str, daemon: Any, session: str, messages: list[dict[str, Any]],
+                 texts: list[str], stored: int) -> int:
+    """Turns of ``texts``, each after the reply before it was stored; the messages stored then."""
     for text in texts:
         messages.append({"role": "user", "content": text})
         answer = await http.post(url + "/v1/chat/completions", headers=_headers(session, 200000),
                                  content=_bytes({"model": MODEL, "messages": messages}))
         assert answer.status_code == 200, answer.text
         messages.append(answer.json()["choices"][0]["message"])
+        stored += 2
+        await _stored(daemon, session, stored)
+    return stored
 
 
 async def test_another_clients_push_is_in_the_next_request(proxy, upstream, ctxd_daemon) -> None:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
     async with httpx.AsyncClient(timeout=30) as http:
-        await _turns(http, proxy.url, "foreign", messages, [f"Step {i}." for i in range(4)])
+        stored = await _turns(http, proxy.url, ctxd_daemon, "foreign", messages, [f"Step {i}." for i in range(4)], 0)
         ahead = proxy.log().count(AHEAD)
         assert ahead >= 1
         client = await ctxd_client(ctxd_daemon)
@@ -163,7 +186,7 @@ async def test_another_clients_push_is_in_the_next_request(proxy, upstream, ctxd
                 {"role": "user", "content": "A note from the editor: the parser is in src/parse.py."}]})
         finally:
             await client.close()
-        await _turns(http, proxy.url, "foreign", messages, ["Step 4."])
+        await _turns(http, proxy.url, ctxd_daemon, "foreign", messages, ["Step 4."], stored + 1)
     sent = upstream.chats("/v1/chat/completions")[-1].json["messages"]
     assert any("A note from the editor" in str(m.get("content")) for m in sent)
     assert proxy.log().count(AHEAD) == ahead
@@ -175,9 +198,9 @@ async def test_a_dropped_system_prompt_is_not_sent_ahead(proxy, upstream, ctxd_d
     not the client's."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
     async with httpx.AsyncClient(timeout=30) as http:
-        await _turns(http, proxy.url, "no-system", messages, [f"Step {i}." for i in range(4)])
+        stored = await _turns(http, proxy.url, ctxd_daemon, "no-system", messages, [f"Step {i}." for i in range(4)], 0)
         ahead = proxy.log().count(AHEAD)
-        await _turns(http, proxy.url, "no-system", messages[1:], ["Step 4."])
+        await _turns(http, proxy.url, ctxd_daemon, "no-system", messages[1:], ["Step 4."], stored)
     assert upstream.chats("/v1/chat/completions")[-1].json["messages"][0] == messages[0]
     assert proxy.log().count(AHEAD) == ahead
     assert DIFFERED not in proxy.log()
@@ -189,7 +212,7 @@ async def test_a_turn_that_fails_after_sending_answers_its_error(start_proxy, up
     proxy = start_proxy("--set", "limits.max_message_bytes=2000")
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
     async with httpx.AsyncClient(timeout=30) as http:
-        await _turns(http, proxy.url, "refused", messages, [f"Step {i}." for i in range(4)])
+        await _turns(http, proxy.url, ctxd_daemon, "refused", messages, [f"Step {i}." for i in range(4)], 0)
         ahead = proxy.log().count(AHEAD)
         assert ahead >= 1
         messages.append({"role": "user", "content": "x" * 3000})

@@ -249,6 +249,8 @@ async def test_each_prompt_is_what_the_socket_answers(base_dir) -> None:
                 params = {"sessionId": "s", **shape, **({"push": push} if n == 0 else {})}
                 ours = await link.request("s", "context/prompt", params)
                 theirs = await client.request("context/prompt", {"sessionId": "s", **shape})
+                # (appendRoom is 0 while a pass runs: one the push started may end between the two)
+                ours.pop("appendRoom"), theirs.pop("appendRoom")
                 assert ours == theirs, (turn, shape)
             if turn == 10:
                 await client.request("context/compress", {"sessionId": "s"})
