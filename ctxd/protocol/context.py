@@ -77,6 +77,15 @@ class PromptParams(msgspec.Struct, rename="camel"):
     compression does, in the order named while the pins take at most half the prompt;
     those a previous ``current`` named and this one does not are unpinned. Absent: no
     change."""
+    preview: bool = False
+    """A look at the prompt, not one that will be sent (an editor's prompt preview): it is
+    not billed (no ``bill``, and the next push's usage accrues no request for it), not
+    counted as handed out (``context/stats``' ``promptCache``), and its count is not paired
+    with the next reply's usage (calibration pairs a report with the prompt that was
+    sent). Otherwise the result is the same prompt, budget and ``appendRoom`` (a session
+    that must be compressed to fit is compressed, as for any prompt). It changes nothing
+    else, so it does not combine with ``push``, ``supersede`` or ``current``
+    (InvalidParams naming the field)."""
 
 
 class ContextStatsParams(msgspec.Struct, rename="camel"):
@@ -172,7 +181,8 @@ class _PromptBase(msgspec.Struct, rename="camel", tag_field="format", kw_only=Tr
     compression_count: int
     checkpoint_count: int
     bill: RequestBill | None = None
-    """What this request is expected to cost, through ctxd and direct (see ``RequestBill``)."""
+    """What this request is expected to cost, through ctxd and direct (see ``RequestBill``);
+    null for a ``preview`` (no request is sent)."""
     append_room: int = 0
     """Tokens (ctxd's count) the conversation can grow by in pushes while the next prompt is
     this one with the pushed messages appended: no compression pass can start before (the

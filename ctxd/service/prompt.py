@@ -4,7 +4,9 @@ A prompt that would not fit is never handed out: the session is compressed first
 (when automatic compression is on), and if it still cannot fit the request fails with
 ContextOverflow and the figures. What was rendered is kept per format: asked again
 with no change, the prompt is a lookup; after a push only the new messages are
-rendered (``engine.render.IncrementalRenderer``).
+rendered (``engine.render.IncrementalRenderer``). A ``preview`` (an editor showing the
+prompt) is the same prompt, but is not billed, counted as handed out or paired with the
+next reply's usage: only a prompt that is sent is.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ctxd.protocol.context import (
     PromptParams,
     PromptResult,
 )
+from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.session import SessionPushParams
 from ctxd.service import billing, compression, controls, ingest
 from ctxd.service.core import Service
@@ -130,7 +133,19 @@ async def prompt_for_wire(svc: Service, params: PromptParams) -> PromptResult:
     return msgspec.structs.replace(result, messages=raws) if raws is not result.messages else result
 
 
+def _refuse_changes_in_preview(params: PromptParams) -> None:
+    """A preview only looks: the fields that change the session before the prompt have no
+    place in it (a client sending both means one of them by mistake)."""
+    for name, value in (("push", params.push), ("supersede", params.supersede), ("current", params.current)):
+        if value is not None:
+            raise CtxdError(ErrorCode.InvalidParams,
+                            f"Invalid params: context/prompt with preview takes no {name} (a preview only "
+                            f"looks at the prompt; send {name} without preview)", {"field": name})
+
+
 async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, PromptResult]:
+    if params.preview:
+        _refuse_changes_in_preview(params)
     if params.supersede:  # the client's older copies of what it sends anew
         await controls.supersede(svc, params.session_id, params.supersede)
     pushed: dict[str, tuple[int, int]] = {}
@@ -147,12 +162,15 @@ async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, Pro
     async with state.lock:
         ctx = await svc.cache.context(state)
         out = rendered(state, ctx, params.format)
-        _count_prefix(state, ctx, params.format)
         budget = in_shape(svc.cache.budget(state), out, ctx.opener)
         row = state.row
         tokens = budget.prompt_tokens
-        bill = billing.on_prompt(svc, state, ctx, tokens, _shape(ctx))
-    state.last_prompt_tokens = tokens
+        bill = None
+        if not params.preview:  # (a preview is never sent: nothing to bill, count or pair with a reply)
+            _count_prefix(state, ctx, params.format)
+            bill = billing.on_prompt(svc, state, ctx, tokens, _shape(ctx))
+    if not params.preview:
+        state.last_prompt_tokens = tokens
     room = compression.append_room_of(svc, state, budget)
     common: dict[str, Any] = dict(session_id=row.id, tokens=tokens, tokens_estimated=state.counter.estimated,
                   last_seq=row.last_seq, message_count=row.message_count, budget=budget,

@@ -10,6 +10,7 @@ import pytest
 
 from ctxd.config import Config
 from ctxd.protocol.context import InputBill
+from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.service import controls, ingest, prompt, sessions, stats
 from ctxd.service.core import Service
 from ctxd.service.events import CollectingEvents
@@ -203,3 +204,63 @@ async def test_asking_twice_for_the_same_prompt_prices_it_the_same(service: Serv
     assert first.bill is not None and again.bill is not None
     assert again.bill.direct.cache_write + again.bill.direct.cache_read + again.bill.direct.uncached == \
         first.bill.direct.cache_write + first.bill.direct.cache_read + first.bill.direct.uncached
+
+
+async def test_a_preview_is_not_billed_counted_or_paired_with_the_next_reply(service: Service) -> None:
+    """An editor showing the prompt sends nothing: the reply pushed after it (to a request the
+    client made from a later state) must leave the bill, the prompts handed out and the
+    calibration samples as they would be without the look; a prompt that was handed out
+    changes all three."""
+    alone, looked, prompted = "bill-alone", "bill-looked", "bill-prompted"
+    question = {"role": "user", "content": "question 1: " + " ".join(f"q1x{k}" for k in range(30))}
+    follow_up = {"role": "user", "content": "and also: " + " ".join(f"f1x{k}" for k in range(200))}
+    for sid in (alone, looked, prompted):
+        await _create(service, sid)
+        await ingest.push(service, params("session/push", sessionId=sid, messages=[
+            {"role": "user", "content": "question 0: " + " ".join(f"q0x{k}" for k in range(30))}]))
+        await prompt.prompt(service, params("context/prompt", sessionId=sid, format="anthropic"))
+        await ingest.push(service, params("session/push", sessionId=sid, messages=[
+            {"role": "assistant", "content": "answer 0", "usage": {"inputTokens": 9, "cacheWriteTokens": 3_000,
+                                                                   "outputTokens": 4}}]))
+        await ingest.push(service, params("session/push", sessionId=sid, messages=[question]))
+    await settle(service)
+    preview = await prompt.prompt(service, params("context/prompt", sessionId=looked, format="anthropic",
+                                                  preview=True))
+    sent = await prompt.prompt(service, params("context/prompt", sessionId=prompted, format="anthropic"))
+    # The same prompt, budget and room; only the bill of a request that is sent.
+    assert preview.bill is None and sent.bill is not None
+    assert msgspec.structs.replace(preview, session_id=prompted) == msgspec.structs.replace(sent, bill=None)
+    # The user adds to the question, the client sends its own request and pushes the reply,
+    # whose provider count is that of the prompt looked at (so it would pair with it).
+    reply = {"role": "assistant", "content": "answer 1",
+             "usage": {"inputTokens": sent.tokens, "cacheReadTokens": 0, "outputTokens": 4}}
+    for sid in (alone, looked, prompted):
+        await ingest.push(service, params("session/push", sessionId=sid, messages=[follow_up]))
+        await ingest.push(service, params("session/push", sessionId=sid, messages=[reply]))
+    without, with_preview, with_prompt = [await stats.stats(service, sid) for sid in (alone, looked, prompted)]
+    assert without.bill is not None and without.bill.requests == 1
+    assert with_preview.bill == without.bill
+    assert with_preview.usage_drift == without.usage_drift
+    assert with_preview.prompt_cache == without.prompt_cache
+    # A prompt handed out is a request: billed, counted, its count paired with the reply.
+    assert with_prompt.bill is not None and with_prompt.bill.requests == 2
+    assert with_prompt.prompt_cache.prompts == without.prompt_cache.prompts + 1
+    assert (sent.tokens, sent.tokens) in with_prompt.usage_drift.samples
+    assert with_prompt.usage_drift.samples != without.usage_drift.samples
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("push", [{"role": "user", "content": "hello"}]), ("supersede", ["k1"]), ("current", [])])
+async def test_a_preview_that_would_change_the_session_is_refused(service: Service, field: str,
+                                                                  value: object) -> None:
+    await _create(service)
+    await ingest.push(service, params("session/push", sessionId=SID, messages=[
+        {"role": "user", "content": "first", "idempotencyKey": "k1"}]))
+    with pytest.raises(CtxdError) as info:
+        await prompt.prompt(service, params("context/prompt", sessionId=SID, preview=True, **{field: value}))
+    assert info.value.code == ErrorCode.InvalidParams and info.value.data == {"field": field}
+    assert f"preview takes no {field}" in info.value.message
+    after = await stats.stats(service, SID)  # nothing changed: the message is stored and still sent
+    assert after.message_count == 1 and after.prompt_cache.prompts == 0
+    sent = await prompt.prompt(service, params("context/prompt", sessionId=SID, format="ollama"))
+    assert [m.content for m in sent.messages if m.role != "system"] == ["first"]

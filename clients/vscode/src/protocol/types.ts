@@ -795,6 +795,7 @@ export interface PromptParams {
   push?: Message[] | null;
   supersede?: string[] | null;
   current?: string[] | null;
+  preview?: boolean;
 }
 
 export interface PushResult {
