@@ -379,6 +379,29 @@ describe("UI against ctxd", () => {
     active.follow(undefined);
   });
 
+  it("previews the prompt as a look: ctxd neither bills nor counts it as a request", async () => {
+    const s = await session({ title: "look", provider: "anthropic", model: "claude-sonnet-4-5", systemPrompt: "Be brief." },
+      [{ role: "user", content: "one" }]);
+    active.pick(s.sessionId);
+    pickWhere((i) => i.value === "anthropic");
+    await vscode.commands.executeCommand("ctxd.showPrompt");
+    const doc = ui.called("showTextDocument")[0].args[0] as vscode.FakeDocument;
+    assert.equal((JSON.parse(doc.getText()) as { messages: unknown[] }).messages.length, 1);
+    // The client sends its own request and pushes the reply with the provider's usage.
+    const usage = { inputTokens: 40, outputTokens: 2 };
+    await client.push(s.sessionId, [{ role: "assistant", content: "two", usage }]);
+    const looked = await client.stats(s.sessionId);
+    assert.equal(looked.bill?.requests, 0, JSON.stringify(looked.bill));
+    assert.equal(looked.promptCache?.prompts, 0);
+    // A prompt taken to send is a request: the reply after it is billed.
+    await client.prompt(s.sessionId, "anthropic");
+    await client.push(s.sessionId, [{ role: "user", content: "three" }, { role: "assistant", content: "four", usage }]);
+    const sent = await client.stats(s.sessionId);
+    assert.equal(sent.bill?.requests, 1, JSON.stringify(sent.bill));
+    assert.equal(sent.promptCache?.prompts, 1);
+    active.follow(undefined);
+  });
+
   it("shows notifications as messages, as configured", async () => {
     const n: CtxdNotification = { method: "snapshot/error", params: { sessionId: "s", operation: "create", reason: "disk full" } };
     await showNotification(n, { compression: false, overflow: true, reliability: true, threshold: false }, "T");

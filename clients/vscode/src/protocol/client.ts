@@ -241,8 +241,12 @@ export class CtxdClient implements Disposable {
 
   // --- context ----------------------------------------------------------------------------
 
-  prompt(sessionId: string, format: PromptFormat = "openai"): Promise<Prompt> {
-    return this.request("context/prompt", { sessionId, format });
+  /**
+   * The prompt to send next. `preview`: only to show it (ctxd does not bill it, count it
+   * as handed out or pair the next reply's usage with it).
+   */
+  prompt(sessionId: string, format: PromptFormat = "openai", options: { preview?: boolean } = {}): Promise<Prompt> {
+    return this.request("context/prompt", options.preview ? { sessionId, format, preview: true } : { sessionId, format });
   }
   /** ``format``: the figures of that provider's prompt (as ``prompt`` counts them). */
   stats(sessionId: string, format?: PromptFormat): Promise<ContextStatsResult> {

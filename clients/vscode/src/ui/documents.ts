@@ -58,7 +58,8 @@ export class CtxdDocuments implements vscode.TextDocumentContentProvider, vscode
       }
       case "prompt":
         this.prompts.set(uri.toString(), uri);
-        return renderPrompt(await client.prompt(doc.sessionId, doc.format));
+        // A look, not a request: the session's bill and calibration stay as they are.
+        return renderPrompt(await client.prompt(doc.sessionId, doc.format, { preview: true }));
     }
   }
 
