@@ -162,7 +162,10 @@ return function(T)
     end },
 
     { ':CtxdPrompt [format] shows the prompt in a scratch buffer', function()
+      local handed_out = T.call('context/stats', { sessionId = S }).promptCache.prompts
       vim.cmd('CtxdPrompt ollama')
+      T.eq(handed_out, T.call('context/stats', { sessionId = S }).promptCache.prompts,
+        'a preview: not counted as a prompt handed out (nor billed)')
       T.eq('ctxd://nv-main/prompt.ollama', vim.api.nvim_buf_get_name(0), 'buffer name')
       T.eq('nofile', vim.bo.buftype, 'scratch')
       local text = T.buffer_text()
@@ -175,7 +178,9 @@ return function(T)
     end },
 
     { ':CtxdBill shows what the requests were billed, against going direct', function()
-      -- A request: the prompt handed out above, then the reply with the provider's usage.
+      -- A request: a prompt handed out (:CtxdPrompt's preview is none), then the reply
+      -- with the provider's usage.
+      T.call('context/prompt', { sessionId = S })
       push_sync({ { role = 'assistant', content = 'done', usage = { inputTokens = 1500, cachedInputTokens = 1024 } } })
       vim.cmd('CtxdBill')
       T.eq('ctxd://nv-main/bill', vim.api.nvim_buf_get_name(0), 'buffer name')

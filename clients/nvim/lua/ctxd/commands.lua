@@ -207,7 +207,8 @@ function M.prompt(format)
     fail(string.format('unknown format %q: openai, anthropic or ollama', format))
     return
   end
-  local p = call('context/prompt', { sessionId = id, format = format })
+  -- A look, not a request: ctxd neither bills it nor pairs the next reply's usage with it.
+  local p = call('context/prompt', { sessionId = id, format = format, preview = true })
   if not p then
     return
   end
