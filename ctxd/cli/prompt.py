@@ -28,9 +28,11 @@ def provider_body(result: dict[str, Any]) -> dict[str, Any]:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="openai", show_default=True,
               help="Provider wire shape.")
 @click.option("--summary", is_flag=True, help="Print a short table (messages, tokens, budget) instead of the JSON.")
+@click.option("--preview", is_flag=True,
+              help="Only to look: not billed as a request, nor paired with the next reply's usage.")
 @json_option
 @click.pass_context
-def prompt(ctx: click.Context, session_id: str, fmt: str, summary: bool) -> None:
+def prompt(ctx: click.Context, session_id: str, fmt: str, summary: bool, preview: bool) -> None:
     """Print the prompt to send next for SESSION.
 
     By default prints the provider request body ({"messages": [...]}, with "system"
@@ -40,10 +42,14 @@ def prompt(ctx: click.Context, session_id: str, fmt: str, summary: bool) -> None
       ctxd-cli prompt s1 | jq '. + {model: "gpt-4o"}' | curl ... -d @-
 
     --json prints the daemon's whole result (tokens, budget, lastSeq as well).
+    --preview asks for a look (the same prompt): the session's bill counts only the
+    prompts that are sent.
     """
     settings = settings_of(ctx)
-
-    result = request(settings, "context/prompt", {"sessionId": session_id, "format": fmt})
+    params: dict[str, Any] = {"sessionId": session_id, "format": fmt}
+    if preview:
+        params["preview"] = True
+    result = request(settings, "context/prompt", params)
     if settings.json:
         render.print_json(result)
         return

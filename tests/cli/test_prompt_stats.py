@@ -99,3 +99,13 @@ def test_stats_counts_a_formats_prompt_as_prompt_does(cli: Cli) -> None:
         assert shaped["budget"] == sent["budget"] and shaped["contextTokens"] == sent["tokens"], fmt
     assert cli.json("stats", "t", "--format", "openai")["contextTokens"] < plain["contextTokens"]
     assert cli.json("stats", "t", "--format", "anthropic")["contextTokens"] == plain["contextTokens"]
+
+
+def test_prompt_preview_is_not_a_request(cli: Cli) -> None:
+    """``--preview`` prints the same prompt without counting it as one handed out."""
+    _seed(cli)
+    looked = json.loads(cli("prompt", "p", "--preview").stdout)
+    assert cli.json("stats", "p")["promptCache"]["prompts"] == 0
+    sent = json.loads(cli("prompt", "p").stdout)
+    assert looked == sent
+    assert cli.json("stats", "p")["promptCache"]["prompts"] == 1
