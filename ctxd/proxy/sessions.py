@@ -589,18 +589,18 @@ class Sessions:
     def early(self, conv: Conversation, fmt: Api, body: dict[str, Any]) -> bool:
         """Whether the request may go upstream as the client sent it before its turn (push
         and prompt) runs, the turn then running while the upstream answers: its session's
-        last prompt was the client's own conversation, this request only appends to it
-        (nothing superseded, no fork, the same system prompt, reply limit, window and
-        key; no assistant message of its own, whose goal markers or watermark call the push
-        would apply; the previous reply's push stored, whose markers and usage may move the
-        prompt or its budget), and what it appends cannot start a pass, outgrow the prompt's room or make
-        the reply's limit lower: a message of ``b`` UTF-8 bytes is at most ``b`` tokens
-        (each token is a byte at least; its framing is less than its JSON), which the
-        session's ``appendRoom`` bounds. Decided in memory only: a session the proxy does
-        not hold, or one another request is using, takes the usual path. The turn that
-        follows says again whether the prompt is the client's (a warning is logged for
-        one that was not; it went as the client would have sent it direct, within the
-        window)."""
+        last prompt was the client's own conversation; this request only appends to it
+        (nothing superseded, no fork, the same system prompt, reply limit, window and key;
+        no assistant message of its own, whose goal markers or watermark call the push
+        would apply; the previous reply's push stored, whose markers and usage may move
+        the prompt or its budget); and what it appends cannot start a pass, outgrow the
+        prompt's room or make the reply's limit lower: a message of ``b`` UTF-8 bytes is at
+        most ``b`` tokens (each token is a byte at least; its framing is less than its
+        JSON), which the session's ``appendRoom`` bounds. Decided in memory only: a session
+        the proxy does not hold, or one another request is using, takes the usual path.
+        The turn that follows says again whether the prompt is the client's (a warning is
+        logged for one that was not; it went as the client would have sent it direct,
+        within the window)."""
         if not self._watching or \
                 (conv.explicit and conv.base_id not in self._aliases and conv.base_id not in self._tracked):
             return False
