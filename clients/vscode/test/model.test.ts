@@ -20,6 +20,14 @@ function budget(over: Partial<Budget>): Budget {
 const all: NotifyPrefs = { compression: true, overflow: true, reliability: true, threshold: true };
 const none: NotifyPrefs = { compression: false, overflow: false, reliability: false, threshold: false };
 
+/** A session's bill as `context/stats` gives it: 31 requests, 29 of them reported by the provider. */
+const sessionBill = {
+  provider: "anthropic", cache: "breakpoints", requests: 31, measured: 29,
+  ctxd: { uncached: 12, cacheWrite: 40312, cacheRead: 512044, billed: 101_606.4, usd: 0.3048 },
+  direct: { uncached: 0, cacheWrite: 52100, cacheRead: 1204503, billed: 185_575.3, usd: 0.5567 },
+  ratio: 0.5475, passes: 0, passCost: 0, lastRequest: null,
+};
+
 describe("status bar", () => {
   it("shows the prompt against maxPromptTokens", () => {
     const view = statusView({ connection: "connected", session: { sessionId: "s1", title: "fix the parser" }, budget: budget({}) });
@@ -56,10 +64,7 @@ describe("status bar", () => {
 
   it("shows what the session's requests were billed, against going direct", () => {
     const bill = {
-      provider: "anthropic", cache: "breakpoints", requests: 31, measured: 29,
-      ctxd: { uncached: 12, cacheWrite: 40312, cacheRead: 512044, billed: 101_606.4, usd: 0.3048 },
-      direct: { uncached: 0, cacheWrite: 52100, cacheRead: 1204503, billed: 185_575.3, usd: 0.5567 },
-      ratio: 0.5475, passes: 3, passCost: 21400, lastRequest: null,
+      ...sessionBill, passes: 3, passCost: 21400,
       budgetNote: "the window is 48,000 tokens of claude-sonnet-4-5's 200,000: 3 compression passes so far",
     };
     const view = statusView({ connection: "connected", session: { sessionId: "s" }, budget: budget({}), bill });
@@ -76,10 +81,7 @@ describe("status bar", () => {
 
   it("shows what the provider reported beside ctxd's estimate of the same requests", () => {
     const bill = {
-      provider: "anthropic", cache: "breakpoints", requests: 31, measured: 29,
-      ctxd: { uncached: 12, cacheWrite: 40312, cacheRead: 512044, billed: 101_606.4, usd: 0.3048 },
-      direct: { uncached: 0, cacheWrite: 52100, cacheRead: 1204503, billed: 185_575.3, usd: 0.5567 },
-      ratio: 0.5475, passes: 0, passCost: 0, lastRequest: null,
+      ...sessionBill,
       reported: { uncached: 2210, cacheWrite: 61000, cacheRead: 431000, billed: 121_560.5, usd: 0.3647 },
       reportedEstimate: 95_100.2,
     };
