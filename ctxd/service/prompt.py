@@ -26,7 +26,7 @@ from ctxd.protocol.context import (
     PromptParams,
     PromptResult,
 )
-from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.errors import invalid_params
 from ctxd.protocol.session import SessionPushParams
 from ctxd.service import billing, compression, controls, ingest
 from ctxd.service.core import Service
@@ -138,9 +138,8 @@ def _refuse_changes_in_preview(params: PromptParams) -> None:
     place in it (a client sending both means one of them by mistake)."""
     for name, value in (("push", params.push), ("supersede", params.supersede), ("current", params.current)):
         if value is not None:
-            raise CtxdError(ErrorCode.InvalidParams,
-                            f"Invalid params: context/prompt with preview takes no {name} (a preview only "
-                            f"looks at the prompt; send {name} without preview)", {"field": name})
+            raise invalid_params(f"Invalid params: context/prompt with preview takes no {name} (a preview only "
+                                 f"looks at the prompt; send {name} without preview)", name)
 
 
 async def _prompt(svc: Service, params: PromptParams) -> tuple[SessionState, PromptResult]:
