@@ -25,7 +25,7 @@ from ctxd.client import DaemonUnavailable, RpcError
 from ctxd.config import ProxyConfig
 from ctxd.formats import Api
 from ctxd.protocol.errors import ErrorCode
-from ctxd.proxy import apis
+from ctxd.proxy import apis, wire
 from ctxd.proxy.convert import InvalidUnicode, dumps, loads
 from ctxd.proxy.peers import refusal_body
 from ctxd.proxy.screen import BodyTooLarge
@@ -193,8 +193,16 @@ class Proxy:
         # answers, and the answer waits for it (the messages are stored before it is).
         ahead: asyncio.Task[httpx.Response | Response] | None = None
         if self.sessions.early(conv, api, body):
-            ahead = asyncio.get_running_loop().create_task(
-                self._exchange(api, self._chat_request(request, api, raw), whole=whole, client=request))
+            # The turn begins once the request has left: its CPU would otherwise run in
+            # the gaps of the exchange's first steps, before the request is written.
+            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            ahead = wire.sending(self._exchange(api, self._chat_request(request, api, raw), whole=whole,
+                                                client=request), sent)
+            try:
+                await sent
+            except BaseException:
+                await _dropped(ahead)
+                raise
         try:
             tracked, chain_then, prompt = await self.sessions.turn(conv, api)
         except BaseException as exc:

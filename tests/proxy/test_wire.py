@@ -149,6 +149,47 @@ async def test_the_upstream_transport_writes_a_request_in_one_send_and_reads_its
     assert head.startswith(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n") and body == b'{"messages": []}'
 
 
+async def test_sending_tells_when_the_request_has_left_not_when_the_answer_came() -> None:
+    """``wire.sending``: ``sent`` resolves once the request is handed to the socket (the
+    server holds its answer until then), and also when the exchange ends without sending."""
+    got = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        got.set()
+        await answer.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, wire.UpstreamTransport(limits=httpx.Limits()) as transport:
+        async def exchange(url: str) -> bytes:
+            response = await transport.handle_async_request(httpx.Request("POST", url, content=b"{}"))
+            return await response.aread()
+
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task = wire.sending(exchange(f"http://127.0.0.1:{port}/v1/messages"), sent)
+        await asyncio.wait_for(sent, 5)
+        assert not task.done()  # resolved by the write, not by the answer
+        await asyncio.wait_for(got.wait(), 5)
+        answer.set()
+        assert await task == b"ok"
+
+        # Nothing listens: the exchange fails before any write, and ``sent`` says so too.
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]
+        closed.close()
+        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        failing = wire.sending(exchange(f"http://127.0.0.1:{dead}/v1/messages"), refused)
+        await asyncio.wait_for(refused, 5)
+        with pytest.raises(httpx.ConnectError):
+            await failing
+
+
 async def test_the_upstream_transport_raises_httpx_errors() -> None:
     """httpcore's exceptions come out as httpx's, the most specific one: what the proxy
     catches to answer 502/504 and to send a request again."""
