@@ -47,7 +47,7 @@ from ctxd.service.core import Service
 from ctxd.service.state import SessionState, StaleSession, context_moved, figures_after
 from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
-from ctxd.store.dialect import pipeline_safe
+from ctxd.store.dialect import brief, pipeline_safe
 from ctxd.store.messages import NewMessage, StoredMessage
 from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionRow, SessionStats
 from ctxd.store.state import StoredState, decode_stored
@@ -458,11 +458,13 @@ PIPELINE_BYTES = 64 * 1024
 (row by row, or as arrays, a 100-message push went in at half the rate)."""
 
 
+@brief
 @pipeline_safe
 def _write_job_pipelined(conn: sqlite3.Connection, job: PushJob) -> _Outcome:
     """:func:`_write_job` for a small push: on PostgreSQL the writer runs it in pipeline
     mode, waiting for the server where it reads (the session row, the keys) and at COMMIT,
-    twice instead of seven times (``dialect.pipeline_safe``; SQLite ignores it)."""
+    twice instead of seven times (``dialect.pipeline_safe``); SQLite runs it on the event
+    loop's thread when its writer is idle (``dialect.brief``)."""
     return _write_job(conn, job)
 
 

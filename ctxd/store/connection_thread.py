@@ -88,6 +88,15 @@ class ConnectionThread(Generic[C]):
             raise ThreadClosed(f"{self.name}: the connection is closed")
         self._queue.put((self._with_conn, (fn, args), (asyncio.get_running_loop(), done)))
 
+    def run_here(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """``fn(conn, *args)`` in the calling thread, now. Only for a caller that knows the
+        thread is idle and stays so meanwhile (the database writer between its groups:
+        ``Database.write`` of a brief job); the connection must allow it
+        (``check_same_thread=False``)."""
+        if self._stopped:
+            raise ThreadClosed(f"{self.name}: the connection is closed")
+        return self._with_conn(fn, args)
+
     def _with_conn(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = self._conn
         if conn is None:

@@ -8,7 +8,10 @@ and under load many pushes share one commit (group commit). A job's caller is
 answered only after the COMMIT returned, which is what "acknowledged" means. No task
 drives it: a job that finds the writer idle is sent at the end of its loop pass, and a
 group's outcome, back on the loop as one callback, answers its jobs and sends the next
-group (``_dispatch``): a push's write costs one hop to the thread and one back.
+group (``_dispatch``): a push's write costs one hop to the thread and one back. A brief
+job (``dialect.brief``: a small push) that finds the writer idle and nothing queued runs
+on the loop's thread instead, on the writer's connection (no hop; never waiting for
+another connection's lock: then it is queued as any other).
 
 Jobs and reads are plain synchronous functions of a ``sqlite3.Connection``;
 ``store/sessions.py`` and ``store/messages.py`` hold them. Each connection lives on a
@@ -44,6 +47,7 @@ from typing import Any, TypeVar
 from ctxd.ownership import foreign, me, owner, writable_dir
 from ctxd.protocol.errors import REQUEST_CANCELLED, CtxdError, ErrorCode
 from ctxd.store.connection_thread import ConnectionThread, ThreadClosed
+from ctxd.store.dialect import is_brief
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +157,8 @@ class Database:
         self._check_files()
         try:
             self._writer = ConnectionThread("ctxd-db-writer")
-            await self._writer.open(self._connect)
+            # (The loop's thread may use the writer's connection between groups: brief jobs.)
+            await self._writer.open(partial(self._connect, check_same_thread=False))
             await self._writer.call(self._prepare_writer)
             self._reader = ConnectionThread("ctxd-db-reader")
             await self._reader.open(self._connect)
@@ -221,9 +226,9 @@ class Database:
                 except OSError:
                     pass
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, check_same_thread: bool = True) -> sqlite3.Connection:
         # Autocommit mode: the writer says BEGIN/COMMIT itself.
-        return sqlite3.connect(self.path, isolation_level=None)
+        return sqlite3.connect(self.path, isolation_level=None, check_same_thread=check_same_thread)
 
     def _prepare_writer(self, conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
@@ -379,6 +384,13 @@ class Database:
             raise CtxdError(ErrorCode.StorageError, "database is closed")
         if kwargs:
             fn = partial(fn, **kwargs)
+        if not self._busy and not self._soon and not self._pending and self._runs_here(fn):
+            outcome = self._run_here(fn, args)
+            if outcome is not None:
+                ok, value = outcome
+                if not ok:
+                    raise _as_ctxd_error(value)
+                return value
         loop = asyncio.get_running_loop()
         job = _Job(fn, args, loop.create_future())
         self._pending.append(job)
@@ -408,6 +420,45 @@ class Database:
             if task is not None:
                 task.uncancel()  # the cancellation is consumed: the request took effect
             return result
+
+    def _runs_here(self, fn: Callable[..., Any]) -> bool:
+        """Whether a job may run on the loop's thread, the writer being idle: a brief one
+        (``dialect.brief``) whose COMMIT does not wait for the disk (``durability =
+        "normal"``: in WAL mode a commit is a write to the log, no fsync)."""
+        return self.durability != "full" and is_brief(fn)
+
+    def _run_here(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any] | None:
+        """A brief job's outcome, run in its own transaction on the writer's connection in
+        this thread (the writer is idle and nothing is queued); None if another connection
+        holds the write lock (the job is then queued for the writer, which waits for it:
+        the loop never does). Once begun, it cannot be withdrawn, as a job the writer started."""
+        assert self._writer is not None
+        self._busy = True
+        try:
+            outcome = self._writer.run_here(self._brief, (_Job(fn, args, asyncio.get_running_loop().create_future(),
+                                                              started=True),))
+        except ThreadClosed as exc:
+            outcome = (False, exc)
+        finally:
+            self._busy = False
+        if outcome is not None and self._checkpoint_due is not None:
+            self._checkpoint_due.set()
+        return outcome
+
+    def _brief(self, conn: sqlite3.Connection, job: _Job) -> tuple[bool, Any] | None:
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return None
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        try:
+            return self._run_one(conn, job)
+        except BaseException:  # (an interrupt on the loop's thread: the connection left clean)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
         """One writer: the same as :meth:`write` (a large push is staged instead, see
@@ -488,23 +539,7 @@ class Database:
         outcomes: list[tuple[bool, Any]] = []
         conn.execute("BEGIN IMMEDIATE")
         if len(batch) == 1:  # alone in its transaction: no savepoint needed to isolate it
-            job = batch[0]
-            try:
-                value = job.fn(conn, *job.args)
-            except Exception as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                return [(False, exc)]
-            try:
-                conn.execute("COMMIT")
-            except Exception as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                log.error("commit failed, the job was not stored: %s", exc)
-                return [(False, exc)]
-            self.commits += 1
-            self.jobs += 1
-            return [(True, value)]
+            return [self._run_one(conn, batch[0])]
         try:
             for job in batch:
                 conn.execute("SAVEPOINT job")
@@ -526,6 +561,25 @@ class Database:
         self.commits += 1
         self.jobs += len(batch)
         return outcomes
+
+    def _run_one(self, conn: sqlite3.Connection, job: _Job) -> tuple[bool, Any]:
+        """One job alone in the transaction begun on ``conn``, committed."""
+        try:
+            value = job.fn(conn, *job.args)
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return False, exc
+        try:
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            log.error("commit failed, the job was not stored: %s", exc)
+            return False, exc
+        self.commits += 1
+        self.jobs += 1
+        return True, value
 
 
 def _as_ctxd_error(exc: BaseException) -> BaseException:

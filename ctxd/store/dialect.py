@@ -101,3 +101,18 @@ def pipeline_safe(fn: F) -> F:
 
 def is_pipeline_safe(fn: Callable[..., Any]) -> bool:
     return bool(getattr(getattr(fn, "func", fn), "ctxd_pipeline_safe", False))
+
+
+def brief(fn: F) -> F:
+    """Mark a write job that SQLite may run on the event loop's thread when the writer is
+    idle (``Database.write``): a small push, ~0.15 ms of statements and a COMMIT that
+    does not wait for the disk. Handing it to the writer's thread and back cost more
+    than that: two wake-ups, each waiting for the interpreter lock, 0.1-0.6 ms on a
+    2-core machine whose other core is busy (docs/decisions.md). PostgreSQL ignores the
+    mark (its jobs wait for the server)."""
+    fn.ctxd_brief = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_brief(fn: Callable[..., Any]) -> bool:
+    return bool(getattr(getattr(fn, "func", fn), "ctxd_brief", False))

@@ -336,6 +336,9 @@ class PostgresDatabase(Database):
 
     # --- the writer ----------------------------------------------------------------
 
+    def _runs_here(self, fn: Callable[..., Any]) -> bool:
+        return False  # (every job waits for the server: never on the loop's thread)
+
     async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in a transaction of its own on a second writer connection,
         beside the writer's: a push of 168 MB held this daemon's one writer for 8-11 s,

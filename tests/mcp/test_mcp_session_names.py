@@ -7,6 +7,7 @@ does."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from tests.mcp.conftest import McpEnv, seed_session
@@ -25,6 +26,7 @@ async def test_a_short_id_names_its_session(mcp_env: McpEnv) -> None:
             await client.request("session/create", {"sessionId": name, "title": name})
             await client.request("session/push", {"sessionId": name, "messages": [
                 {"role": "user", "content": f"hello from {name}"}]})
+            await asyncio.sleep(0.01)  # (activity is stamped to the millisecond: beta is the later)
     finally:
         await client.close()
     short = sid[:8]  # what `ctxd-cli sessions list` shows

@@ -17,6 +17,7 @@ import pytest
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.store.connection_thread import ConnectionThread, ThreadClosed
 from ctxd.store.db import REQUEST_CANCELLED, Database, StoreOpenError, schema_version
+from ctxd.store.dialect import brief
 
 
 def _make_table(conn: sqlite3.Connection) -> None:
@@ -97,6 +98,79 @@ async def test_concurrent_writes_share_commits(db: Database) -> None:
     assert db.jobs - jobs == 50
     assert db.commits - commits < 50  # grouped: many jobs, fewer transactions
     assert await db.read(_keys) == keys
+
+
+@brief
+def _insert_brief(conn: sqlite3.Connection, key: str) -> tuple[str, int]:
+    conn.execute("INSERT INTO t (k, v) VALUES (?, 0)", (key,))
+    return key, threading.get_ident()
+
+
+@brief
+def _interrupted(conn: sqlite3.Connection, key: str) -> None:
+    conn.execute("INSERT INTO t (k, v) VALUES (?, 0)", (key,))
+    raise KeyboardInterrupt
+
+
+async def test_a_brief_job_runs_on_the_loop_thread_when_the_writer_is_idle(db: Database) -> None:
+    """``dialect.brief``: no hop to the writer's thread and back when it has nothing to do;
+    committed before it is answered, as any write."""
+    commits = db.commits
+    key, thread = await db.write(_insert_brief, "a")
+    assert (key, thread) == ("a", threading.get_ident()) and db.commits == commits + 1
+    other = sqlite3.connect(db.path)
+    try:
+        assert other.execute("SELECT k FROM t").fetchall() == [("a",)]
+    finally:
+        other.close()
+    # Behind a queued write, it is queued too (in order), and runs on the writer's thread.
+    first = asyncio.ensure_future(db.write(_insert, "b"))
+    await asyncio.sleep(0)
+    key, thread = await db.write(_insert_brief, "c")
+    assert key == "c" and thread != threading.get_ident() and first.done()
+    assert await db.read(_keys) == ["a", "b", "c"]
+    # A failing brief job is rolled back and raises as a queued one does.
+    with pytest.raises(CtxdError) as info:
+        await db.write(_insert_brief, "a")
+    assert info.value.code == ErrorCode.StorageError
+    assert await db.read(_keys) == ["a", "b", "c"]
+    # Interrupted on the loop's thread mid-job: rolled back, the connection usable again.
+    with pytest.raises(KeyboardInterrupt):
+        await db.write(_interrupted, "d")
+    assert (await db.write(_insert_brief, "e"))[0] == "e"
+    assert await db.read(_keys) == ["a", "b", "c", "e"]
+
+
+async def test_a_brief_job_never_waits_for_another_connection_on_the_loop(db: Database) -> None:
+    """Another connection holds SQLite's write lock: the brief job is queued for the
+    writer (which waits for the lock) and the loop keeps running meanwhile."""
+    holder = sqlite3.connect(db.path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        write = asyncio.ensure_future(db.write(_insert_brief, "x"))
+        ticks = 0
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+            ticks += 1
+        assert ticks == 5 and not write.done()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    key, thread = await asyncio.wait_for(write, 10)
+    assert key == "x" and thread != threading.get_ident()
+    # The writer's connection waits for locks as configured again, on the loop's thread too.
+    assert await db.write(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) == db.busy_timeout_ms
+
+
+async def test_a_brief_job_waits_for_the_disk_on_the_writer_thread_when_durability_is_full(tmp_path: Path) -> None:
+    database = Database(tmp_path / "data" / "ctxd.db", durability="full")
+    await database.open()
+    try:
+        await database.write(_make_table)
+        _, thread = await database.write(_insert_brief, "a")
+        assert thread != threading.get_ident()
+    finally:
+        await database.close()
 
 
 async def test_a_failing_job_does_not_take_its_group_down(db: Database) -> None:
