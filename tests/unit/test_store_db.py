@@ -115,6 +115,7 @@ def _interrupted(conn: sqlite3.Connection, key: str) -> None:
 async def test_a_brief_job_runs_on_the_loop_thread_when_the_writer_is_idle(db: Database) -> None:
     """``dialect.brief``: no hop to the writer's thread and back when it has nothing to do;
     committed before it is answered, as any write."""
+    db.brief_gap = -1.0  # (whenever it comes: the gap's own test is below)
     commits = db.commits
     key, thread = await db.write(_insert_brief, "a")
     assert (key, thread) == ("a", threading.get_ident()) and db.commits == commits + 1
@@ -144,6 +145,7 @@ async def test_a_brief_job_runs_on_the_loop_thread_when_the_writer_is_idle(db: D
 async def test_a_brief_job_never_waits_for_another_connection_on_the_loop(db: Database) -> None:
     """Another connection holds SQLite's write lock: the brief job is queued for the
     writer (which waits for the lock) and the loop keeps running meanwhile."""
+    db.brief_gap = -1.0
     holder = sqlite3.connect(db.path, isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")
@@ -160,6 +162,23 @@ async def test_a_brief_job_never_waits_for_another_connection_on_the_loop(db: Da
     assert key == "x" and thread != threading.get_ident()
     # The writer's connection waits for locks as configured again, on the loop's thread too.
     assert await db.write(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) == db.busy_timeout_ms
+
+
+async def test_brief_jobs_close_together_are_grouped_on_the_writer_thread(db: Database) -> None:
+    """Writes coming within ``brief_gap`` of the one before go to the writer's thread,
+    which groups them (group commit); after a pause longer than the gap, a brief job runs
+    on the loop's thread again."""
+    db.brief_gap = 3600.0
+    commits = db.commits
+    done = await asyncio.gather(*(db.write(_insert_brief, f"k{i:02}") for i in range(16)))
+    assert {thread for _, thread in done} != {threading.get_ident()}
+    assert db.commits - commits < 16
+    db.brief_gap = 0.5
+    await asyncio.sleep(0.6)
+    _, thread = await db.write(_insert_brief, "later")
+    assert thread == threading.get_ident()
+    _, thread = await db.write(_insert_brief, "at once")  # (well within the gap of the one before)
+    assert thread != threading.get_ident()
 
 
 async def test_a_brief_job_waits_for_the_disk_on_the_writer_thread_when_durability_is_full(tmp_path: Path) -> None:
