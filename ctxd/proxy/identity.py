@@ -17,8 +17,9 @@ Pure functions over plain data; ``sessions.py`` does the I/O.
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,13 +54,97 @@ def ident_of(api: Api, raw: dict[str, Any], part: list[Any]) -> Ident:
 @dataclass(slots=True)
 class Stored:
     """A message the proxy pushed to a session: its idempotency hash (``key``), identity,
-    whether it is an anchor, its shape, and whether it is still in the active context."""
+    whether it is an anchor, its shape, and whether it is still in the active context
+    (turned off through :meth:`Live.retire` only, which the session's :class:`Live` must
+    know of; the other fields never change)."""
 
     key: str
     ident: str
     anchor: bool
     shape: str
     live: bool = True
+
+
+class Live:
+    """A session's live entries (``Stored.live``) in order, column by column: their indexes
+    in the session's list, identities, shapes and anchor flags; what :func:`match` and
+    :func:`stored_sides` compare a request with. Kept per session and brought up to date
+    by reading only what was appended to the list since (an agent's session grows at its
+    end: a request's work is then what it adds, not the thousands of messages before);
+    built again when the list is another one, was cut (its last entry read is not where
+    it was), or an entry stopped being live (:meth:`retire`). The columns only grow, or
+    are replaced by new lists: a :class:`Prefix` of them stays valid."""
+
+    __slots__ = ("source", "size", "last", "index", "idents", "shapes", "anchors")
+
+    def __init__(self) -> None:
+        self.source: list[Stored] | None = None  # the list read, and how far, ending with ``last``
+        self.size = 0
+        self.last: Stored | None = None
+        self.index: list[int] = []
+        self.idents: list[str] = []
+        self.shapes: list[str] = []
+        self.anchors: list[bool] = []
+
+    def of(self, stored: list[Stored]) -> Live:
+        """These columns, up to date with ``stored``."""
+        size = self.size
+        if stored is not self.source or size > len(stored) or (size and stored[size - 1] is not self.last):
+            self.source, size = stored, 0
+            self.index, self.idents, self.shapes, self.anchors = [], [], [], []
+        for i in range(size, len(stored)):
+            entry = stored[i]
+            if entry.live:
+                self.index.append(i)
+                self.idents.append(entry.ident)
+                self.shapes.append(entry.shape)
+                self.anchors.append(entry.anchor)
+        self.size = len(stored)
+        self.last = stored[-1] if stored else None
+        return self
+
+    def retire(self, stored: list[Stored], indexes: list[int]) -> None:
+        """Take entries of ``stored`` out of the active context (superseded): the columns
+        are built again when next read."""
+        for i in indexes:
+            stored[i].live = False
+        if indexes:
+            self.source = None
+
+
+class Prefix(Mapping[int, int]):
+    """``Plan.matched`` of a plain extension: the client's ``j``-th message is the ``j``-th
+    live entry, for the first ``k`` (read from the session's :class:`Live` columns as they
+    were, never copied into a dict: a long session holds thousands)."""
+
+    __slots__ = ("index", "shapes", "anchors", "k")
+
+    def __init__(self, live: Live, k: int) -> None:
+        self.index, self.shapes, self.anchors, self.k = live.index, live.shapes, live.anchors, k
+
+    def __getitem__(self, j: int) -> int:
+        if isinstance(j, int) and 0 <= j < self.k:
+            return self.index[j]
+        raise KeyError(j)
+
+    def __contains__(self, j: object) -> bool:
+        return isinstance(j, int) and 0 <= j < self.k
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.k))
+
+    def __reversed__(self) -> Iterator[int]:
+        return reversed(range(self.k))
+
+    def __len__(self) -> int:
+        return self.k
+
+    def __repr__(self) -> str:
+        return f"Prefix({dict(self)!r})"
+
+    def since(self, n: int) -> list[int]:
+        """The client positions matched to entries ``n`` and after (the indexes increase)."""
+        return list(range(bisect_left(self.index, n, 0, self.k), self.k))
 
 
 @dataclass
@@ -71,25 +156,41 @@ class Plan:
 
     new: list[int]
     superseded: list[int] = field(default_factory=list)
-    matched: dict[int, int] = field(default_factory=dict)  # client index -> entry index, in the client's order
+    # client index -> entry index, in the client's order (a plain extension's: a Prefix)
+    matched: Mapping[int, int] = field(default_factory=dict)
     extends: bool = False
     anchors: set[str] = field(default_factory=set)  # identities to store as anchors (a fork's replies)
 
+    def matched_since(self, n: int) -> list[int]:
+        """The client positions matched to entries ``n`` and after, in the client's order."""
+        matched = self.matched
+        if isinstance(matched, Prefix):
+            return matched.since(n)
+        return [j for j, i in matched.items() if i >= n]
 
-def match(stored: list[Stored], client: list[Ident]) -> Plan | None:
+
+def match(stored: list[Stored], client: list[Ident], live: Live | None = None,
+          keys: list[str] | None = None) -> Plan | None:
     """The plan of a request over its session's messages, or None when the client's
     history diverges from the session's: a live anchor it no longer sends (a reply or
     tool exchange dropped or replaced), anchors in another order, or an anchor the
-    session does not hold placed before one it does (another tool call id)."""
-    live = [i for i, s in enumerate(stored) if s.live]
-    k = len(live)
-    # (The usual request, the session's messages then new ones: two lists compared at once.)
-    if len(client) >= k and [stored[i].ident for i in live] == [c.key for c in client[:k]]:
-        return Plan(new=list(range(k, len(client))), matched=dict(enumerate(live)), extends=True)
+    session does not hold placed before one it does (another tool call id). ``live``:
+    the session's columns (:class:`Live`), kept from request to request; ``keys``: the
+    client's identities (``[c.key for c in client]``), kept so too (``Conversation.keys``)."""
+    view = (live if live is not None else Live()).of(stored)
+    k = len(view.idents)
+    if keys is None or len(keys) != len(client):
+        keys = [c.key for c in client]
+    # (The usual request, the session's messages then new ones: two lists compared at
+    # once, in C, most of their strings the same objects: the work is the new messages'.)
+    if len(client) >= k and (keys if len(keys) == k else keys[:k]) == view.idents:
+        return Plan(new=list(range(k, len(client))), matched=Prefix(view, k), extends=True)
     queues: dict[str, deque[int]] = defaultdict(deque)
-    for i in live:
+    for i in view.index:
         queues[stored[i].ident].append(i)
     plan = Plan(new=[])
+    matched: dict[int, int] = {}
+    plan.matched = matched
     last_stored = -1  # the newest stored anchor matched so far
     last_client = -1  # the client's position of it
     for j, c in enumerate(client):
@@ -102,9 +203,9 @@ def match(stored: list[Stored], client: list[Ident]) -> Plan | None:
             if i < last_stored:
                 return None
             last_stored, last_client = i, j
-        plan.matched[j] = i
-    taken = set(plan.matched.values())
-    for i in live:
+        matched[j] = i
+    taken = set(matched.values())
+    for i in view.index:
         if i not in taken:
             if stored[i].anchor:
                 return None
@@ -120,6 +221,11 @@ def stored_sides(stored: list[Stored], plan: Plan, client: list[Ident]) -> tuple
     makes it one)."""
     matched = plan.matched
     k = len(matched)
+    if isinstance(matched, Prefix):  # (a plain extension: the session's columns, no entry read)
+        rest = client[k:]
+        shapes_: list[str | None] = matched.shapes[:k]  # type: ignore[assignment]
+        shapes_ += [c.shape for c in rest]
+        return shapes_, matched.anchors[:k] + [c.ids or c.key in plan.anchors for c in rest]
     if k and next(reversed(matched)) == k - 1:
         # The client's first k messages matched (the usual request; ``matched`` is in the
         # client's order): no lookup per message (3x faster on a long conversation).

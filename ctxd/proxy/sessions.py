@@ -16,7 +16,7 @@ import logging
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, count
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from ctxd.protocol.errors import ErrorCode
 from ctxd.protocol.notifications import SessionUpdated
 from ctxd.proxy.apis import AlignMemo, Split, reply_room
 from ctxd.proxy.convert import chain_hash
-from ctxd.proxy.identity import Ident, Plan, Stored, ident_of, match, stored_sides
+from ctxd.proxy.identity import Ident, Live, Plan, Stored, ident_of, match, stored_sides
 
 log = logging.getLogger("ctxd.proxy")
 
@@ -186,6 +186,11 @@ class Tracked:
     changes: int = 0  # the daemon's notifications of other changes than its own pushes (Sessions.changed)
     last_seq: int | None = None  # the session's newest seq as the proxy last learned it (None: unknown)
     expect: list[int] = field(default_factory=list)  # last_seq values its own pushes in flight will leave
+    live: Live = field(default_factory=Live)  # ``entries``' live ones, kept up to date as it grows (identity.py)
+
+    def plan(self, conv: Conversation) -> Plan | None:
+        """:func:`identity.match` of the request over this session's entries."""
+        return match(self.entries, conv.idents, self.live, conv.keys)
 
 
 @dataclass
@@ -213,6 +218,11 @@ class Conversation:
     anchors: list[bool] = field(default_factory=list)  # per item: an anchor (identity.py)
     changes: int = -1  # Tracked.changes when its prompt was asked for (Sessions.verbatim)
     early: tuple[int, Stored | None, Plan] | None = None  # Sessions.early's plan, and the entries it saw
+    keys: list[str] = field(default_factory=list)  # idents' keys (made with them: identity.match compares them)
+
+    def __post_init__(self) -> None:
+        if len(self.keys) != len(self.idents):
+            self.keys = [ident.key for ident in self.idents]
 
 
 def _seq_of(info: dict[str, Any]) -> int | None:
@@ -270,6 +280,7 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
     model = body.get("model") if isinstance(body.get("model"), str) else None
     items: list[tuple[dict[str, Any], list[Any], dict[str, Any]]] = []
     idents: list[Ident] = []
+    keys: list[str] = []
     call_ids: dict[int, list[str]] = {}
     chain: list[str] = []
     counts = [0]
@@ -287,7 +298,7 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
             start = same
             n = previous.counts[start]
             items, chain, counts = previous.items[:n], previous.chain[:n], previous.counts[:start + 1]
-            idents = previous.idents[:n]
+            idents, keys = previous.idents[:n], previous.keys[:n]
     for position in range(start, len(client)):
         raw = client[position]
         message = to_ctxd(api, raw, call_ids=call_ids, position=offset + position)
@@ -296,10 +307,11 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
             chain.append(chain_hash(chain[-1] if chain else "", part))
             items.append((message, part, raw))
             idents.append(ident_of(api, raw, part))
+            keys.append(idents[-1].key)
         counts.append(len(items))
     base = session if session else derive_session_id(api, model, parts, credential)
     return Conversation(api, model, base, bool(session), window, parts, items, chain, idents, counts, output,
-                        align, credential, profile_of(api, user_agent, model))
+                        align, credential, profile_of(api, user_agent, model), keys=keys)
 
 
 def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Ident]]:
@@ -624,12 +636,12 @@ class Sessions:
         if (conv.output is not None and conv.output != tracked.output) or \
                 self.floor_for(tracked, conv.window) != tracked.floor:
             return False
-        plan = match(tracked.entries, conv.idents)
+        plan = tracked.plan(conv)
         if plan is None or not plan.extends or plan.superseded:
             return False
         if any(may_derive(conv.items[j][0]) for j in plan.new):
             return False  # (its goal markers or watermark call would change the prompt in the turn)
-        grown = [j for j, i in plan.matched.items() if i >= seen.entries] + plan.new
+        grown = plan.matched_since(seen.entries) + plan.new
         bound = sum(len(msgspec.json.encode(conv.items[j][0])) for j in grown)  # (what is pushed, as counted)
         if bound > seen.room:
             return False
@@ -689,13 +701,13 @@ class Sessions:
             if earlier is not None:
                 async with earlier.lock:
                     await self._settle(earlier)  # (checked again in the same hold as the push)
-                    again = match(earlier.entries, conv.idents)
+                    again = earlier.plan(conv)
                     if again is not None and (again.extends or plan is None):
                         return earlier, *await self._push_and_prompt(conv, earlier, fmt, again)
             if plan is not None:
                 async with tracked.lock:
                     await self._settle(tracked)
-                    plan = match(tracked.entries, conv.idents)
+                    plan = tracked.plan(conv)
                     if plan is not None:
                         return tracked, *await self._push_and_prompt(conv, tracked, fmt, plan)
             async with tracked.lock:
@@ -716,7 +728,7 @@ class Sessions:
         entries = tracked.entries
         if seen is not None and seen[0] == len(entries) and seen[1] is (entries[-1] if entries else None):
             return seen[2]
-        return match(entries, conv.idents)
+        return tracked.plan(conv)
 
     def _note_newest(self, tracked: Tracked) -> None:
         """Remember a derived session's newest anchor (its last reply, as a rule), which a
@@ -748,7 +760,7 @@ class Sessions:
             session_id = self._owners.get(ident.key)
             tracked = self._tracked.get(session_id) if session_id is not None else None
             if tracked is None or not tracked.id.startswith(f"proxy-{conv.api}-") or \
-                    tracked.credential not in (None, conv.credential) or match(tracked.entries, conv.idents) is None:
+                    tracked.credential not in (None, conv.credential) or tracked.plan(conv) is None:
                 continue
             return tracked
         return None
@@ -796,7 +808,7 @@ class Sessions:
                 continue
             async with earlier.lock:
                 await self._settle(earlier)
-                plan = match(earlier.entries, conv.idents)
+                plan = earlier.plan(conv)
                 if plan is not None and (plan.extends or not exactly):
                     return earlier
         return None
@@ -845,23 +857,32 @@ class Sessions:
         # (A history of no anchors, one the proxy never saw answered: its assistant
         # messages bound the two instead, so that not all of it is "current". A fork's
         # anchors are the session's it leaves: ``Plan.anchors``.)
-        anchored = list(compress(range(len(conv.anchors)), conv.anchors))
-        spoken = [] if anchored else \
-            [j for j, (message, _, _) in enumerate(conv.items) if message.get("role") == "assistant"]
-        first = anchored[0] if anchored else spoken[0] if spoken else len(conv.items)
-        newest = anchored[-1] if anchored else spoken[-1] if spoken else -1
-        keys = {j: tracked.entries[i].key for j, i in plan.matched.items()}
-        keys.update((j, entry.key) for j, (_, entry) in zip(plan.new, stamped))
-        # In the order they are pinned while they fit: the newest turn first (from the end,
-        # the newest anchor included: the newest tool result is never cut for the rest),
-        # then the prefix, newest first. A plain extension (Claude Code, Codex) names its
-        # prefix alone, which does not change from turn to turn (nothing to write then).
-        # (keys are in the client's order for a plain extension: matched, then new)
-        order = list(reversed(keys)) if plan.extends else sorted(keys, reverse=True)
-        tail = [] if plan.extends else \
-            [j for j in order if j >= max(newest, 0) and (j == newest or not conv.anchors[j])]
-        head = [j for j in order if j < first and not conv.anchors[j] and j not in tail]
-        current = [f"ctxd-proxy:{keys[j]}" for j in tail + head]
+        if plan.extends:
+            # A plain extension (Claude Code, Codex) names its prefix alone, which does not
+            # change from turn to turn (nothing to write then): the messages before the
+            # first anchor (none of them one), newest first; only they are read.
+            first = next(compress(count(), conv.anchors), None)
+            if first is None:
+                first = next((j for j, (message, _, _) in enumerate(conv.items) if message.get("role") == "assistant"),
+                             len(conv.items))
+            pushed = dict(zip(plan.new, (entry.key for _, entry in stamped)))
+            current = [f"ctxd-proxy:{pushed[j] if j in pushed else tracked.entries[plan.matched[j]].key}"
+                       for j in range(first - 1, -1, -1)]
+        else:
+            anchored = list(compress(range(len(conv.anchors)), conv.anchors))
+            spoken = [] if anchored else \
+                [j for j, (message, _, _) in enumerate(conv.items) if message.get("role") == "assistant"]
+            first = anchored[0] if anchored else spoken[0] if spoken else len(conv.items)
+            newest = anchored[-1] if anchored else spoken[-1] if spoken else -1
+            keys = {j: tracked.entries[i].key for j, i in plan.matched.items()}
+            keys.update((j, entry.key) for j, (_, entry) in zip(plan.new, stamped))
+            # In the order they are pinned while they fit: the newest turn first (from the
+            # end, the newest anchor included: the newest tool result is never cut for the
+            # rest), then the prefix, newest first.
+            order = sorted(keys, reverse=True)
+            tail = [j for j in order if j >= max(newest, 0) and (j == newest or not conv.anchors[j])]
+            head = [j for j in order if j < first and not conv.anchors[j] and j not in tail]
+            current = [f"ctxd-proxy:{keys[j]}" for j in tail + head]
         send_current = current != (tracked.current or []) or (tracked.current is None and current)
         while len(stamped) > PUSH_BATCH:  # a long history the session lacks: all but the last batch
             batch, stamped = stamped[:PUSH_BATCH], stamped[PUSH_BATCH:]
@@ -883,8 +904,7 @@ class Sessions:
                 self._tracked.pop(tracked.id, None)
                 self._earlier.pop(tracked.id, None)
             raise
-        for i in plan.superseded:
-            tracked.entries[i].live = False
+        tracked.live.retire(tracked.entries, plan.superseded)
         tracked.chain += [e.key for _, e in stamped]
         tracked.entries += [e for _, e in stamped]
         tracked.current = current
@@ -1032,10 +1052,10 @@ class Sessions:
                 raise Refused(403, f"ctxd proxy: session {tracked.id} belongs to another API key")
             async with tracked.lock:
                 await self._settle(tracked)
-            plan = match(tracked.entries, conv.idents)
+            plan = tracked.plan(conv)
             if plan is None:
                 earlier = await self._continued(conv, tracked)
                 if earlier is None:
                     return tracked, None
-                tracked, plan = earlier, match(earlier.entries, conv.idents)
+                tracked, plan = earlier, earlier.plan(conv)
         return tracked, plan
