@@ -138,7 +138,7 @@ def test_kept_columns_plan_what_a_full_reading_plans_over_random_sessions() -> N
     assert min(counts.values()) >= 20, counts
 
 
-class Watched(list):  # type: ignore[type-arg]
+class Watched(list[Any]):
     """A session's entries that record which of them are read."""
 
     def __init__(self, *args: Any) -> None:
