@@ -183,7 +183,11 @@ def match(stored: list[Stored], client: list[Ident], live: Live | None = None,
         keys = [c.key for c in client]
     # (The usual request, the session's messages then new ones: two lists compared at
     # once, in C, most of their strings the same objects: the work is the new messages'.)
-    if len(client) >= k and (keys if len(keys) == k else keys[:k]) == view.idents:
+    head = keys if len(keys) == k else keys[:k]
+    if len(client) >= k and head == view.idents:
+        # (The client's strings from now on, equal ones: its next request's are the same
+        # objects, compared by identity. A Prefix holds the other columns, never this one.)
+        view.idents = head if head is not keys else list(keys)
         return Plan(new=list(range(k, len(client))), matched=Prefix(view, k), extends=True)
     queues: dict[str, deque[int]] = defaultdict(deque)
     for i in view.index:
