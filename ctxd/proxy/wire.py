@@ -32,19 +32,29 @@ FLUSH_BYTES = 256 * 1024
 """An upstream request body is sent on once this much of it is held (a large upload is
 not held whole)."""
 
+SEND_WAIT_SECONDS = 0.005
+"""How long :func:`sending`'s ``sent`` waits for the write: a request on a kept-alive
+connection is written within a fraction of a millisecond; a new connection's handshake
+takes tens (a connect that hangs, up to its timeout)."""
+
 _SENT: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar("ctxd_upstream_sent",
                                                                                    default=None)
 
 
-def sending(coro: Any, sent: asyncio.Future[None]) -> asyncio.Task[Any]:
+def sending(coro: Any, sent: asyncio.Future[None], within: float = SEND_WAIT_SECONDS) -> asyncio.Task[Any]:
     """``coro`` (an upstream exchange) as a task that resolves ``sent`` as its request is
-    written (or once it ends, sent or not). What else runs on the loop
-    can wait for that first: the task's first steps (httpcore's pool, h11) yield several
-    times before the write, and each yield let another task's CPU go before the request."""
+    written, once it ends (sent or not), or after ``within`` seconds, whichever is first.
+    What else runs on the loop can wait for that: the task's first steps (httpcore's pool,
+    h11) yield several times before the write, and each yield let another task's CPU go
+    before the request; a connection being made (a handshake, a connect that hangs) is
+    not waited for."""
+    loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
     context.run(_SENT.set, sent)
-    task = asyncio.get_running_loop().create_task(coro, context=context)
+    task = loop.create_task(coro, context=context)
     task.add_done_callback(partial(_resolve, sent))
+    timer = loop.call_later(within, _resolve, sent)
+    sent.add_done_callback(lambda _: timer.cancel())
     return task
 
 

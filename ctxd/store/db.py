@@ -148,6 +148,8 @@ class Database:
     _drained: asyncio.Future[None] | None
     _last_write: float
     brief_gap: float
+    _checkpointing: bool
+    _restart_due: bool
 
     def __init__(self, path: Path, *, durability: str = "normal", busy_timeout_ms: int = 5000):
         self.path = Path(path)
@@ -291,14 +293,19 @@ class Database:
         while True:
             await due.wait()
             due.clear()
+            self._checkpointing = True
             try:
-                await self._checkpointer.call(self._checkpoint)
+                busy, frames, copied = await self._checkpointer.call(self._checkpoint)
             except ThreadClosed:
                 return
             except sqlite3.Error as exc:  # the WAL keeps the commits; the next one tries again
                 log.warning("checkpoint of %s failed: %s", self.path, exc)
             else:
                 self.checkpoints += 1
+                if not busy and frames > 0 and copied == frames:
+                    self._restart_due = True
+            finally:
+                self._checkpointing = False
             await asyncio.sleep(CHECKPOINT_INTERVAL_SECONDS)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
@@ -436,8 +443,11 @@ class Database:
         """Whether a job may run on the loop's thread, the writer being idle and no write
         having come just before (:data:`BRIEF_GAP_SECONDS`): a brief one
         (``dialect.brief``) whose COMMIT does not wait for the disk (``durability =
-        "normal"``: in WAL mode a commit is a write to the log, no fsync)."""
-        return self.durability != "full" and is_brief(fn)
+        "normal"``: in WAL mode a commit is a write to the log, no fsync), unless the WAL may
+        start over with it: after a checkpoint copied all of it back, the next commit
+        rewrites the log's header and syncs it (strace: 0.7-2.5 ms), which the writer's
+        thread does, not the loop (pushes seconds apart each start it over)."""
+        return self.durability != "full" and not self._checkpointing and not self._restart_due and is_brief(fn)
 
     def _run_here(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any] | None:
         """A brief job's outcome, run in its own transaction on the writer's connection in
@@ -458,18 +468,19 @@ class Database:
         return outcome
 
     def _brief(self, conn: sqlite3.Connection, job: _Job) -> tuple[bool, Any] | None:
-        conn.execute("PRAGMA busy_timeout = 0")
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
-            return None
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                return None
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             return self._run_one(conn, job)
-        except BaseException:  # (an interrupt on the loop's thread: the connection left clean)
+        except BaseException:  # (an interrupt on the loop's thread, anywhere: the connection left clean)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             raise
 
     async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
@@ -490,6 +501,10 @@ class Database:
         self._last_write = -1e9
         """When the last write came (``time.monotonic``): :data:`BRIEF_GAP_SECONDS`."""
         self.brief_gap = BRIEF_GAP_SECONDS
+        self._checkpointing = False
+        """A checkpoint is being made (:meth:`_runs_here`)."""
+        self._restart_due = False
+        """The last checkpoint copied the whole WAL back: the next commit starts it over."""
 
     def _start_writer(self) -> None:
         self._accepting = True
@@ -514,6 +529,8 @@ class Database:
             for j in batch:
                 j.started = True
             assert self._writer is not None
+            if not self._checkpointing:
+                self._restart_due = False  # (this group's commit starts the WAL over, on the thread)
             try:
                 self._writer.send(self._run_group, (batch,), partial(self._finished, batch))
             except ThreadClosed as exc:  # the connection itself is gone

@@ -226,3 +226,90 @@ async def test_a_turn_that_fails_after_sending_answers_its_error(start_proxy, up
     assert sum(r.json["messages"][-1]["content"] == "x" * 3000 for r in upstream.chats("/v1/chat/completions")) == 1
     stored = await history(ctxd_daemon, "refused")
     assert len(stored) == 8 and all(m["content"] != "x" * 3000 for m in stored)
+
+
+class _Recorder:
+    """An OpenAI-shaped upstream on a socket in a thread of its own (so that it reads a
+    request whenever the proxy's loop has written it, whatever that loop does next): it
+    answers every chat request and tells, by an event per request, that it was read."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.read: list[threading.Event] = [threading.Event() for _ in range(8)]
+        self.count = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        buffer = b""
+        while True:
+            while b"\r\n\r\n" not in buffer:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                buffer += chunk
+            head, _, buffer = buffer.partition(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            while len(buffer) < length:
+                buffer += conn.recv(65536)
+            buffer = buffer[length:]
+            self.read[self.count].set()
+            self.count += 1
+            body = json.dumps({"id": f"c{self.count}", "object": "chat.completion", "model": MODEL, "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"A{self.count}"}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}}).encode()
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+async def test_a_request_sent_ahead_is_written_before_its_turn_begins(tmp_path) -> None:
+    """In process: when the turn of a request sent ahead begins, the upstream has its
+    request already (its turn's CPU would otherwise run before the write). The turn checks
+    it blocking the loop: had the request not been written yet, it never would be."""
+    from ctxd.config import load_config
+    from ctxd.embed import open_here
+    from ctxd.proxy import wire
+    from ctxd.proxy.app import Proxy, build_app
+    from ctxd.proxy.inproc import PortLink
+    from ctxd.proxy.sessions import Sessions
+    from ctxd.proxy.windows import Windows
+
+    upstream = _Recorder()
+    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
+                                                     "socket": str(tmp_path / "run" / "ctxd.sock")},
+                                          "proxy": {"openai_base_url": upstream.url}})
+    link = PortLink(await open_here(config))
+    sessions = Sessions(link)
+    seen: list[tuple[bool, bool]] = []
+    turn = sessions.turn
+
+    async def checked_turn(conv: Any, fmt: Any) -> Any:
+        ahead = conv.early is not None
+        # (the n-th request's turn: the upstream's n-th read, n = len(seen))
+        seen.append((ahead, upstream.read[len(seen)].wait(2) if ahead else True))
+        return await turn(conv, fmt)
+
+    sessions.turn = checked_turn  # type: ignore[method-assign]
+    try:
+        async with wire.UpstreamTransport(limits=httpx.Limits()) as transport:
+            proxy = Proxy(config.proxy, sessions, transport, httpx.Timeout(30), Windows.from_config(config))
+            app = build_app(proxy)
+            messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
+                for n in range(4):
+                    messages.append({"role": "user", "content": f"Turn {n}: and now?"})
+                    answer = await http.post("/v1/chat/completions", content=_bytes({"model": MODEL,
+                                                                                   "messages": messages}),
+                                             headers=_headers("written", 200000))
+                    assert answer.status_code == 200, answer.text
+                    messages.append(answer.json()["choices"][0]["message"])
+                    await sessions.drain()  # (the reply's push stored: the next request may go ahead)
+    finally:
+        await link.close()
+    assert any(ahead for ahead, _ in seen), seen  # (the case this test is about happened)
+    assert all(written for _, written in seen), seen

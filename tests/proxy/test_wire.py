@@ -190,6 +190,23 @@ async def test_sending_tells_when_the_request_has_left_not_when_the_answer_came(
             await failing
 
 
+async def test_sending_does_not_wait_for_a_connection_being_made() -> None:
+    """An exchange that has not written its request ``within`` (a handshake, a connect that
+    hangs) resolves ``sent`` anyway: whoever waits for it goes on; the exchange goes on too."""
+    never = asyncio.Event()
+
+    async def connecting() -> str:
+        await never.wait()
+        return "answered"
+
+    sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    task = wire.sending(connecting(), sent, within=0.05)
+    await asyncio.wait_for(sent, 5)
+    assert not task.done()
+    never.set()
+    assert await task == "answered"
+
+
 async def test_the_upstream_transport_raises_httpx_errors() -> None:
     """httpcore's exceptions come out as httpx's, the most specific one: what the proxy
     catches to answer 502/504 and to send a request again."""

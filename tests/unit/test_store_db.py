@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.store import db as db_module
 from ctxd.store.connection_thread import ConnectionThread, ThreadClosed
 from ctxd.store.db import REQUEST_CANCELLED, Database, StoreOpenError, schema_version
 from ctxd.store.dialect import brief
@@ -112,16 +113,37 @@ def _interrupted(conn: sqlite3.Connection, key: str) -> None:
     raise KeyboardInterrupt
 
 
-async def test_a_brief_job_runs_on_the_loop_thread_when_the_writer_is_idle(db: Database) -> None:
+@pytest.fixture
+async def quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A database whose checkpointer has made its first checkpoint and then waits an hour
+    (so that no checkpoint starts the WAL over during the test), the restart that follows
+    it done by a write on the writer's thread, and no gap required between writes."""
+    monkeypatch.setattr(db_module, "CHECKPOINT_INTERVAL_SECONDS", 3600.0)
+    database = Database(tmp_path / "data" / "ctxd.db")
+    await database.open()
+    try:
+        await database.write(_make_table)
+        for _ in range(1000):
+            if database.checkpoints:
+                break
+            await asyncio.sleep(0.01)
+        await database.write(_insert, "-")  # (on the thread: the WAL starts over there)
+        database.brief_gap = -1.0
+        yield database
+    finally:
+        await database.close()
+
+
+async def test_a_brief_job_runs_on_the_loop_thread_when_the_writer_is_idle(quiet: Database) -> None:
     """``dialect.brief``: no hop to the writer's thread and back when it has nothing to do;
     committed before it is answered, as any write."""
-    db.brief_gap = -1.0  # (whenever it comes: the gap's own test is below)
+    db = quiet
     commits = db.commits
     key, thread = await db.write(_insert_brief, "a")
     assert (key, thread) == ("a", threading.get_ident()) and db.commits == commits + 1
     other = sqlite3.connect(db.path)
     try:
-        assert other.execute("SELECT k FROM t").fetchall() == [("a",)]
+        assert other.execute("SELECT k FROM t WHERE k != '-'").fetchall() == [("a",)]
     finally:
         other.close()
     # Behind a queued write, it is queued too (in order), and runs on the writer's thread.
@@ -129,45 +151,55 @@ async def test_a_brief_job_runs_on_the_loop_thread_when_the_writer_is_idle(db: D
     await asyncio.sleep(0)
     key, thread = await db.write(_insert_brief, "c")
     assert key == "c" and thread != threading.get_ident() and first.done()
-    assert await db.read(_keys) == ["a", "b", "c"]
+    assert await db.read(_keys) == ["-", "a", "b", "c"]
     # A failing brief job is rolled back and raises as a queued one does.
+    _, thread = await db.write(_insert_brief, "d")
+    assert thread == threading.get_ident()
     with pytest.raises(CtxdError) as info:
         await db.write(_insert_brief, "a")
     assert info.value.code == ErrorCode.StorageError
-    assert await db.read(_keys) == ["a", "b", "c"]
     # Interrupted on the loop's thread mid-job: rolled back, the connection usable again.
     with pytest.raises(KeyboardInterrupt):
-        await db.write(_interrupted, "d")
-    assert (await db.write(_insert_brief, "e"))[0] == "e"
-    assert await db.read(_keys) == ["a", "b", "c", "e"]
+        await db.write(_interrupted, "e")
+    assert (await db.write(_insert_brief, "f"))[0] == "f"
+    assert await db.read(_keys) == ["-", "a", "b", "c", "d", "f"]
+    assert await db.write(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) == db.busy_timeout_ms
 
 
-async def test_a_brief_job_never_waits_for_another_connection_on_the_loop(db: Database) -> None:
+async def test_a_brief_job_never_waits_for_another_connection_on_the_loop(quiet: Database) -> None:
     """Another connection holds SQLite's write lock: the brief job is queued for the
-    writer (which waits for the lock) and the loop keeps running meanwhile."""
-    db.brief_gap = -1.0
-    holder = sqlite3.connect(db.path, isolation_level=None)
-    try:
-        holder.execute("BEGIN IMMEDIATE")
-        write = asyncio.ensure_future(db.write(_insert_brief, "x"))
-        ticks = 0
-        for _ in range(5):
-            await asyncio.sleep(0.02)
-            ticks += 1
-        assert ticks == 5 and not write.done()
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
+    writer (which waits for the lock) and the loop keeps running meanwhile: the holder lets
+    go only once the loop has run a callback (or after 3 s, which fails the test)."""
+    db = quiet
+    locked, ran = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        holder = sqlite3.connect(db.path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            locked.set()
+            return ran.wait(3)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+    holding = asyncio.get_running_loop().run_in_executor(None, hold)
+    await asyncio.get_running_loop().run_in_executor(None, locked.wait, 5)
+    write = asyncio.ensure_future(db.write(_insert_brief, "x"))
+    await asyncio.sleep(0)  # (the write tried, and was queued: the loop runs this task again)
+    asyncio.get_running_loop().call_soon(ran.set)
+    assert await holding, "the loop was held while another connection had the write lock"
     key, thread = await asyncio.wait_for(write, 10)
     assert key == "x" and thread != threading.get_ident()
     # The writer's connection waits for locks as configured again, on the loop's thread too.
     assert await db.write(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) == db.busy_timeout_ms
 
 
-async def test_brief_jobs_close_together_are_grouped_on_the_writer_thread(db: Database) -> None:
+async def test_brief_jobs_close_together_are_grouped_on_the_writer_thread(quiet: Database) -> None:
     """Writes coming within ``brief_gap`` of the one before go to the writer's thread,
     which groups them (group commit); after a pause longer than the gap, a brief job runs
     on the loop's thread again."""
+    db = quiet
     db.brief_gap = 3600.0
     commits = db.commits
     done = await asyncio.gather(*(db.write(_insert_brief, f"k{i:02}") for i in range(16)))
@@ -179,6 +211,30 @@ async def test_brief_jobs_close_together_are_grouped_on_the_writer_thread(db: Da
     assert thread == threading.get_ident()
     _, thread = await db.write(_insert_brief, "at once")  # (well within the gap of the one before)
     assert thread != threading.get_ident()
+
+
+async def test_after_a_whole_checkpoint_the_wal_starts_over_on_the_writer_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint that copied the whole WAL back makes the next commit start it over,
+    syncing its header: that commit goes to the writer's thread, never the loop's; the
+    next brief one may run on the loop again (no checkpoint between: the next waits an hour)."""
+    monkeypatch.setattr(db_module, "CHECKPOINT_INTERVAL_SECONDS", 3600.0)
+    database = Database(tmp_path / "data" / "ctxd.db")
+    await database.open()
+    try:
+        database.brief_gap = -1.0
+        await database.write(_make_table)
+        for _ in range(1000):
+            if database.checkpoints:
+                break
+            await asyncio.sleep(0.01)
+        assert database.checkpoints
+        _, thread = await database.write(_insert_brief, "a")
+        assert thread != threading.get_ident()
+        _, thread = await database.write(_insert_brief, "b")
+        assert thread == threading.get_ident()
+    finally:
+        await database.close()
 
 
 async def test_a_brief_job_waits_for_the_disk_on_the_writer_thread_when_durability_is_full(tmp_path: Path) -> None:
