@@ -50,12 +50,36 @@ class Refused(Exception):
         self.message = message
 
 
-def profile_of(api: Api, user_agent: str | None, model: str | None) -> str:
+def profile_of(api: Api, user_agent: str | None, model: str | None, tools: Any = None) -> str:
     """Who sends a request, for what the provider counts beside its messages (tool
     definitions, framing): the API, the client's product name (its User-Agent's first
-    word, version left out) and the model."""
+    word, version left out), the model, and the names of the tools it declares. An agent's
+    side requests (opencode's title, with no tools) go to the same model with none of the
+    thousands of tokens its tasks carry: one line fitted through both (engine/calibration.py)
+    read the tools' cost as a doubled ratio, which halved the room of a 16K window's
+    prompt and underestimated a small prompt (its ``max_tokens`` passed the window)."""
     product = (user_agent or "").split(" ", 1)[0].split("/", 1)[0][:64]
-    return f"{api}|{product}|{model or ''}"
+    profile = f"{api}|{product}|{model or ''}"
+    names = _tool_names(tools)
+    if names:
+        profile += "|" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
+    return profile
+
+
+def _tool_names(tools: Any) -> list[str]:
+    """The names of a request's declared tools, in order (a tool without one: its type,
+    as the providers' built-in tools have), cheap to take from a large schema list."""
+    if not isinstance(tools, list):
+        return []
+    names = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        name = name or tool.get("name") or tool.get("type")
+        names.append(name if isinstance(name, str) else "")
+    return names
 
 
 def credential_of(headers: Any) -> str:
@@ -311,7 +335,7 @@ def conversation(api: Api, body: dict[str, Any], parts: Split, *, session: str |
         counts.append(len(items))
     base = session if session else derive_session_id(api, model, parts, credential)
     return Conversation(api, model, base, bool(session), window, parts, items, chain, idents, counts, output,
-                        align, credential, profile_of(api, user_agent, model), keys=keys)
+                        align, credential, profile_of(api, user_agent, model, body.get("tools")), keys=keys)
 
 
 def reply_items(api: Api, conv: Conversation, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Ident]]:

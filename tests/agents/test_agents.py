@@ -31,14 +31,7 @@ WINDOWS = {"claude": 30_000, "codex": 16_000, "opencode": 16_000, "aider": 12_00
 system prompt and tools alone are ~19K tokens; Codex's and opencode's ~7.5K; aider's
 prompt with its files ~7K)."""
 
-NOT_YET: dict[str, dict[str, str]] = {
-    "opencode": {
-        "newest_intact": "issue 21: its 6.2K-token read at 16K: opencode's 7.3K of system and tools, the task's "
-                         "words and the read leave under 2,000 tokens beside them, less than the reply floor "
-                         "(an eighth of the window) plus ctxd's safety margin, so nothing is lent and the read "
-                         "goes as an excerpt (its 14.6K read cannot fit and is counted apart)",
-    },
-}
+NOT_YET: dict[str, dict[str, str]] = {}
 """What issue 21 asks that main does not do yet, per CLI: the reason of each strict xfail."""
 
 

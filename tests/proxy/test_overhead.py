@@ -86,3 +86,78 @@ async def test_a_fork_and_a_new_conversation_start_with_what_was_learned(start_p
         assert len(await sessions(ctxd_daemon)) == 3
         assert _over(upstream, at) == []
     assert _over(upstream) == []
+
+
+# An agent's side conversation and its task, as opencode holds them: a title asked of the
+# same model with no tools, then the task with ~4.6k tokens of tools and ~2.5k of system.
+SMALL_WINDOW = 16_000
+AGENT_TOOLS = [{"type": "function", "function": {
+    "name": name, "description": f"{name}: " + "Reads, writes or runs what the agent asks for in the repository. " * 34,
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+    for name in ("get_weather", "read", "write", "edit", "bash", "glob", "grep", "list", "todo")]
+AGENT_SYSTEM = "You are a coding agent working in the user's repository. " * 200
+LINE = "    {n:4d}  def handler_{n}(request): return render(request, 'templates/page_{n}.html', context)\n"
+
+
+async def test_a_side_conversation_without_tools_teaches_the_task_nothing(upstream, tmp_path) -> None:
+    """What a title request (no tools) taught is not carried into the task's session (tools):
+    a line fitted through both read the tools' thousands of tokens as a doubled ratio, which
+    halved the prompt's room (the newest read went as an excerpt though it fits beside the
+    reply's floor) and underestimated a smaller prompt (prompt + max_tokens over the window).
+    In process: the proxy's app on the daemon's service port, a provider that counts
+    everything it is sent and refuses prompt + max_tokens over the window."""
+    from ctxd.config import load_config
+    from ctxd.embed import open_here
+    from ctxd.proxy import wire as proxy_wire
+    from ctxd.proxy.app import Proxy, build_app
+    from ctxd.proxy.inproc import PortLink
+    from ctxd.proxy.sessions import Sessions
+    from ctxd.proxy.windows import Windows
+    from tests.agents import measure
+
+    upstream.count_all = True
+    upstream.window = SMALL_WINDOW
+    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
+                                                     "socket": str(tmp_path / "run" / "ctxd.sock")},
+                                          "proxy": {"openai_base_url": upstream.url + "/v1"}})
+    headers = {"authorization": "Bearer sk-test", "user-agent": "opencode/1.18.0 ai-sdk/provider-utils",
+               "x-ctxd-context-window": str(SMALL_WINDOW), "content-type": "application/json"}
+    link = PortLink(await open_here(config))
+    sessions = Sessions(link, reply_floor=config.proxy.reply_floor_tokens)
+    task = "Please fix the failing test in the repository."
+    try:
+        async with proxy_wire.UpstreamTransport(limits=httpx.Limits()) as transport:
+            app = build_app(Proxy(config.proxy, sessions, transport, httpx.Timeout(30), Windows.from_config(config)))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                         timeout=60) as http:
+                async def ask(body: dict[str, Any]) -> dict[str, Any]:
+                    answer = await http.post("/v1/chat/completions", content=json.dumps(body).encode(),
+                                             headers=headers)
+                    assert answer.status_code == 200, answer.text
+                    await sessions.drain()  # (the reply's usage learned before the next request)
+                    return answer.json()["choices"][0]["message"]
+
+                await ask({"model": MODEL, "max_tokens": 8000, "messages": [
+                    {"role": "system", "content": "You are a title generator. Output only a title."},
+                    {"role": "user", "content": f"Generate a title for this conversation: {task}"}]})
+                messages: list[dict[str, Any]] = [{"role": "system", "content": AGENT_SYSTEM},
+                                                  {"role": "user", "content": task}]
+                for step, lines in enumerate((5, 25, 40, 200)):
+                    messages.append({"role": "user", "content": f"Step {step}: please use the tool on a file."})
+                    call = await ask({"model": MODEL, "max_tokens": 8000, "tools": AGENT_TOOLS,
+                                      "messages": messages})
+                    messages.append(call)
+                    result = "".join(LINE.format(n=n) for n in range(lines))
+                    messages.append({"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": result})
+                    messages.append(await ask({"model": MODEL, "max_tokens": 8000, "tools": AGENT_TOOLS,
+                                               "messages": messages}))
+    finally:
+        await link.close()
+    assert upstream.refused == []  # (prompt + max_tokens within the window: the provider refuses more)
+    last = next(r.json for r in reversed(upstream.chats()) if r.json["messages"][-1]["role"] == "tool")
+    client = dict(last, messages=messages[:-1])
+    # The read fits beside the fixed part and the reply's floor, as the provider counts them...
+    assert not measure.cannot_fit("chat", client, SMALL_WINDOW, [])
+    assert upstream.input_tokens(client) > SMALL_WINDOW - 8000  # (...but not beside the client's max_tokens)
+    # ...and reaches the upstream whole.
+    assert last["messages"][-1] == messages[-2]
