@@ -21,7 +21,8 @@
   not as a miss. **Views**: the files an agent read through its tools (in tool results),
   counted once per request, those the upstream request shows whole.
 - **newest intact** counts apart, the same way, the requests whose newest turn alone
-  (beside the fixed part and the reply floor) cannot fit.
+  (beside the fixed part and the reply floor; a tool result with the calls it answers,
+  which no provider takes without them) cannot fit.
 - **tokens** and **bill**: the upstream requests' input tokens, and their price with
   prompt caching (tests/agents/pricing.py); **cached share**, and **prefix kept**: task
   requests that start with the previous task request up to its last message.
@@ -127,12 +128,41 @@ def reply_floor(api: str, body: dict[str, Any], window: int | None = None) -> in
     return min(asked, floor) if asked else floor
 
 
+def _with_its_calls(api: str, body: dict[str, Any]) -> list[Any]:
+    """The newest turn and, when it holds tool results, the calls they answer (with the
+    results of their sibling calls): a provider refuses a result whose call is not sent."""
+    key = "input" if api == "responses" else "messages"
+    items = body.get(key) if isinstance(body.get(key), list) else []
+    start = len(items) - len(newest(api, body) or [])
+    if not 0 <= start < len(items) or not isinstance(items[start], dict):
+        return _strip(items[start:])
+    first = items[start]
+    if api == "responses":
+        if first.get("type") in TOOL_ITEMS:
+            while start > 0 and isinstance(items[start - 1], dict) and (
+                    items[start - 1].get("type") in TOOL_ITEMS + ("reasoning",)
+                    or str(items[start - 1].get("type", "")).endswith("_call")):
+                start -= 1
+    elif api == "anthropic":
+        content = first.get("content")
+        if start > 0 and isinstance(content, list) and any(
+                isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+            start -= 1
+    elif first.get("role") == "tool":
+        while start > 0 and isinstance(items[start - 1], dict) and items[start - 1].get("role") == "tool":
+            start -= 1
+        if start > 0 and isinstance(items[start - 1], dict) and items[start - 1].get("role") == "assistant":
+            start -= 1
+    return _strip(items[start:])
+
+
 def cannot_fit(api: str, body: dict[str, Any], window: int, files: list[str]) -> bool:
-    """The client's fixed part, ``files`` and its newest turn, beside the reply floor, are
-    over ``window`` as the provider counts: no prompt can show them whole."""
+    """The client's fixed part, ``files`` and its newest turn (with the calls its tool
+    results answer), beside the reply floor, are over ``window`` as the provider counts: no
+    prompt can show them whole."""
     fixed = _fixed_body(api, body)
     key = "input" if api == "responses" else "messages"
-    newest_items = newest(api, body) or []
+    newest_items = _with_its_calls(api, body)
     tokens = wire.count(api, dict(fixed, **{key: list(fixed[key]) + list(newest_items)}))
     tokens += sum(wire.count_text(text) for text in files)
     return tokens + reply_floor(api, body, window) > window

@@ -214,3 +214,44 @@ def test_the_clients_own_files_apart_from_its_tool_reads_and_what_cannot_fit() -
     assert tight < 8_192 and measure_module.reply_floor("chat", client, tight) == floor
     m = measure(_run(client, dropped, files, ["a", "b"], tight))
     assert (m.files_intact, m.files_pairs, m.files_unfit) == (0, 0, 1)  # cannot fit: counted apart
+
+
+@pytest.mark.parametrize("api", ["chat", "anthropic", "responses"])
+def test_a_tool_result_cannot_fit_without_the_call_it_answers(api: str) -> None:
+    """The newest turn is a tool result: a prompt that holds it holds its call too (the
+    providers refuse a result without one), so the call counts toward what must fit."""
+    read = "\n".join(f"{k}: SKU-{k:05d},widget {k},{k * 31 % 997},{k % 17}" for k in range(300))
+    call_text = "Which items are the dearest? " * 40
+    if api == "chat":
+        items = [{"role": "user", "content": "Fix it."},
+                 {"role": "assistant", "content": call_text, "tool_calls": [
+                     {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}},
+                     {"id": "c2", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                 {"role": "tool", "tool_call_id": "c2", "content": read}]
+        body = {"model": "gpt-4o", "messages": [{"role": "system", "content": "Agent."}, *items]}
+        key = "messages"
+    elif api == "anthropic":
+        items = [{"role": "user", "content": "Fix it."},
+                 {"role": "assistant", "content": [{"type": "text", "text": call_text},
+                                                   {"type": "tool_use", "id": "c2", "name": "bash", "input": {}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c2", "content": read}]}]
+        body = {"model": "claude", "system": "Agent.", "messages": items}
+        key = "messages"
+    else:
+        items = [{"role": "user", "content": "Fix it."},
+                 {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": call_text}]},
+                 {"type": "function_call", "call_id": "c2", "name": "bash", "arguments": "{}"},
+                 {"type": "function_call_output", "call_id": "c2", "output": read}]
+        body = {"model": "gpt-5", "instructions": "Agent.", "input": items}
+        key = "input"
+    fixed = measure_module._fixed_body(api, body)
+    alone = wire.count(api, dict(fixed, **{key: list(fixed[key]) + items[-1:]}))
+    answered = items[2:] if api == "responses" else items[1:]  # (from the call on: the user's words may go)
+    with_call = wire.count(api, dict(fixed, **{key: list(fixed[key]) + answered}))
+    floor = measure_module.reply_floor(api, body, 8_000)  # (any window under 8,192: the floor's least)
+    assert with_call > alone and with_call + floor < 8_000
+    assert not measure_module.cannot_fit(api, body, with_call + floor, [])
+    # The newest alone would fit one token less: with its call, it cannot.
+    assert alone + floor <= with_call + floor - 1
+    assert measure_module.cannot_fit(api, body, with_call + floor - 1, [])
