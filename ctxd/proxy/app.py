@@ -43,6 +43,9 @@ CORS = frozenset({"access-control-allow-origin", "access-control-allow-credentia
                   "access-control-allow-headers", "access-control-expose-headers", "access-control-max-age"})
 """An upstream's CORS headers never reach the client: which pages may read the proxy's
 answers is the proxy's to say (screen.py), not the upstream's (``*`` for its own API)."""
+_FORWARD_DROP = frozenset(name.encode() for name in HOP_BY_HOP)
+_FORWARD_JSON_DROP = _FORWARD_DROP | {b"accept-encoding", b"content-type"}
+_FORWARD_JSON = [(b"accept-encoding", b"identity"), (b"content-type", b"application/json")]
 _BACK = HOP_BY_HOP | CORS
 _BACK_DECODED = _BACK | {"content-encoding"}
 MAX_WINDOW = 2**31 - 1
@@ -148,15 +151,17 @@ class Proxy:
         base = self.config.anthropic_base_url if api == "anthropic" else self.config.ollama_base_url
         return base.rstrip("/") + path
 
-    def chat_url(self, api: Api, path: str) -> httpx.URL:
+    def chat_url(self, api: Api, request: Request) -> httpx.URL:
         """:meth:`upstream_url` of a chat endpoint, parsed once (httpx parses a URL given as
-        text on every request: about a third of building one)."""
+        text on every request: about a third of building one), and looked up by the
+        scope's path (``request.url`` builds a URL object to escape it)."""
+        path = request.scope["path"]
         url = self._chat_urls.get((api, path))
         if url is None:
-            url = self._chat_urls[(api, path)] = httpx.URL(self.upstream_url(api, path))
+            url = self._chat_urls[(api, path)] = httpx.URL(self.upstream_url(api, request.url.path))
         return url
 
-    def upstream_request(self, method: str, url: str | httpx.URL, *, headers: dict[str, str], content: Any,
+    def upstream_request(self, method: str, url: str | httpx.URL, *, headers: list[tuple[bytes, bytes]], content: Any,
                          params: Any = None) -> httpx.Request:
         """The request to the upstream: the URL, the client's query parameters and the
         headers as given (``Host`` and the body's length or chunking are httpx's), with the
@@ -165,12 +170,15 @@ class Proxy:
                              extensions={"timeout": self.timeout})
 
     @staticmethod
-    def forward_headers(request: Request, *, json_body: bool) -> dict[str, str]:
-        out = {k: v for k, v in request.headers.items()
-               if k.lower() not in HOP_BY_HOP and not k.lower().startswith("x-ctxd-")}
+    def forward_headers(request: Request, *, json_body: bool) -> list[tuple[bytes, bytes]]:
+        """The client's headers as it sent them (a repeated one each time), but hop-by-hop
+        and ``X-Ctxd-*`` ones; for a JSON body (one the proxy reads and may rewrite) its
+        type, and ``identity`` asked of the answer (the proxy reads it). From the ASGI
+        scope's raw list (lowercase names): Starlette's ``Headers`` decoded each anew."""
+        drop = _FORWARD_JSON_DROP if json_body else _FORWARD_DROP
+        out = [(k, v) for k, v in request.scope["headers"] if k not in drop and not k.startswith(b"x-ctxd-")]
         if json_body:
-            out["accept-encoding"] = "identity"  # the proxy reads the answer
-            out["content-type"] = "application/json"
+            out += _FORWARD_JSON
         return out
 
     @staticmethod
@@ -281,9 +289,10 @@ class Proxy:
                                  headers={**self.back_headers(response, decoded=True), **ours})
 
     def _chat_request(self, request: Request, api: Api, content: bytes) -> httpx.Request:
-        return self.upstream_request("POST", self.chat_url(api, request.url.path),
+        return self.upstream_request("POST", self.chat_url(api, request),
                                      headers=self.forward_headers(request, json_body=True),
-                                     params=request.query_params or None, content=content)
+                                     params=request.query_params if request.scope["query_string"] else None,
+                                     content=content)
 
     def _read(self, request: Request, api: Api, raw: bytes) -> tuple[dict[str, Any], Any, Conversation] | None:
         """The request's body, its parts and the conversation it belongs to; None for a body

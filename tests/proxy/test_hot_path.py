@@ -183,3 +183,32 @@ def test_the_order_of_a_request_whose_messages_are_all_ctxds_is_the_general_one(
             assert order is not None
             assert (order.idents, order.shapes, order.anchors) == general(conv)
             assert order.extends == conv.plan.extends
+
+
+async def test_the_upstream_gets_the_clients_headers_as_sent_but_the_proxys_own(proxy, upstream) -> None:
+    """Whether the request goes ahead of its turn (the second, third) or after it (the
+    first): each header the client sent, a repeated one each time in its order, and its
+    query; not the hop-by-hop ones nor ``X-Ctxd-*``; the JSON type, and ``identity`` asked
+    of the answer the proxy reads."""
+    headers = [("authorization", "Bearer sk-test"), ("x-ctxd-session", "forwarded-headers"),
+               ("x-ctxd-context-window", "200000"), ("x-client-tag", "first"), ("accept-encoding", "gzip, br"),
+               ("content-type", "application/json; charset=utf-8"), ("x-client-tag", "second"),
+               ("openai-organization", "org-1")]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Hello?"}]
+    async with httpx.AsyncClient(timeout=30) as http:
+        for turn in range(3):
+            answer = await http.post(proxy.url + "/v1/chat/completions?api-version=2024-10-01", headers=headers,
+                                     content=json.dumps({"model": MODEL, "messages": messages}).encode())
+            assert answer.status_code == 200, answer.text
+            messages = [*messages, answer.json()["choices"][0]["message"], {"role": "user", "content": f"And {turn}?"}]
+    received = upstream.chats("/v1/chat/completions")
+    assert len(received) == 3
+    for r in received:
+        assert r.query == "api-version=2024-10-01"
+        names = [k.lower() for k, _ in r.raw_headers]
+        assert not [n for n in names if n.startswith("x-ctxd-")], r.raw_headers
+        assert [v for k, v in r.raw_headers if k.lower() == "x-client-tag"] == ["first", "second"]
+        assert [v for k, v in r.raw_headers if k.lower() == "accept-encoding"] == ["identity"]
+        assert [v for k, v in r.raw_headers if k.lower() == "content-type"] == ["application/json"]
+        assert r.headers["authorization"] == "Bearer sk-test" and r.headers["openai-organization"] == "org-1"
+        assert names.count("host") == 1 and names.count("content-length") == 1

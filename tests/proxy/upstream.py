@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
@@ -59,6 +59,8 @@ class Received:
     body: bytes
     json: Any
     query: str = ""
+    raw_headers: list[tuple[str, str]] = field(default_factory=list)
+    """Every header as it came, in order (a repeated one each time)."""
 
 
 def _calls_to_go(body: dict[str, Any]) -> bool:
@@ -242,7 +244,8 @@ class FakeUpstream:
             data = None
         with self._lock:
             self.received.append(Received(request.url.path, {k.lower(): v for k, v in request.headers.items()},
-                                          raw, data, request.url.query))
+                                          raw, data, request.url.query,
+                                          [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]))
         return data
 
     async def _hang(self, request: Request) -> Response:
