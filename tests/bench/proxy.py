@@ -2,7 +2,7 @@
 reached directly.
 
     python -m tests.bench.proxy [--requests 200] [--conversations 100] [--out bench-results/proxy.json]
-                                [--daemon in-process|socket] [--litellm PYTHON|auto]
+                                [--daemon in-process|socket] [--litellm PYTHON|auto] [--cores shared|split]
 
 * added latency of a non-streaming OpenAI request (p50, p99), one conversation growing
   by a turn per request in a 200K window (no compression due), direct, proxied and
@@ -21,6 +21,14 @@ reached directly.
   breakpoint, and the input tokens sent in all, through the proxy and direct (the
   client's own requests, sent to the fake upstream until one no longer fits).
 
+``--cores split``: during the latency rounds, this process (the client and the fake
+upstream) on one core and the proxies on the others. Sharing the cores (the default), the
+kernel runs the fake upstream, woken by the proxy's write, on the proxy's own core in about
+half the requests (a synchronous wake-up goes to the waker's core): the proxy is held for
+the upstream's work, ~0.7 ms, while the other core idles, so ctxd's turn, which runs while
+a remote upstream answers, runs after it instead. Split, the upstream is elsewhere, as a
+real one is; both figures are in docs/performance.md.
+
 ``--daemon``: where the daemon runs: ``in-process`` (the default, as ``ctxd proxy`` runs
 it when none is running: in the proxy's process, so the RSS is both's) or ``socket`` (a
 daemon process of its own, which the proxy connects to).
@@ -34,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shutil
 import sys
@@ -75,6 +84,26 @@ async def _first_byte(http: httpx.AsyncClient, url: str, messages: list[dict[str
                     delta = json.loads(line[6:])["choices"][0]["delta"]
                     text += delta.get("content") or ""
     return first or 0.0, (time.perf_counter() - start) * 1000, text
+
+
+def _place(pids: list[int], cpus: set[int]) -> None:
+    """Every thread of each process (and of its children) onto ``cpus``; threads made
+    later inherit it from the one that makes them."""
+    for pid in pids:
+        try:
+            family = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+        except psutil.Error:
+            continue
+        for member in family:
+            try:
+                threads = os.listdir(f"/proc/{member}/task")
+            except OSError:
+                continue
+            for tid in threads:
+                try:
+                    os.sched_setaffinity(int(tid), cpus)
+                except OSError:  # (a thread that ended meanwhile)
+                    pass
 
 
 def _order(urls: dict[str, str], i: int) -> list[str]:
@@ -267,6 +296,15 @@ async def run(args: argparse.Namespace) -> list[Result]:
             if args.litellm:
                 from tests.bench.litellm_proxy import LiteLLMProcess, interpreter
                 litellm = LiteLLMProcess(interpreter(args.litellm), upstream.url, base).start()
+            cpus = sorted(os.sched_getaffinity(0))
+            split = args.cores == "split" and len(cpus) >= 2
+            if args.cores == "split" and not split:
+                print("--cores split: one core only here; the cores are shared", file=sys.stderr)
+            servers = [p.proc.pid for p in (proxy, floor, litellm, daemon) if p is not None and p.proc is not None]
+            if split:
+                _place([os.getpid()], {cpus[0]})
+                _place(servers, set(cpus[1:]))
+            placement = " (cores split)" if split else ""
             direct_url = upstream.url + "/v1/chat/completions"
             proxied_url = proxy.url + "/v1/chat/completions"
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
@@ -305,7 +343,8 @@ async def run(args: argparse.Namespace) -> list[Result]:
                                               "ms", d, "direct", x / d if d else None,
                                               details={"added_ms": x - d}))
                     if q == 50:
-                        results.append(Result("proxy", "  added p50, ctxd over the bare pass-through", p - d, "ms",
+                        results.append(Result("proxy", f"  added p50, ctxd over the bare pass-through{placement}",
+                                              p - d, "ms",
                                               f - d, "pass-through added", (p - d) / (f - d) if f > d else None,
                                               "<= 2x", (p - d) <= 2 * (f - d)))
                         if litellm is not None:
@@ -333,6 +372,8 @@ async def run(args: argparse.Namespace) -> list[Result]:
                     x = percentile(firsts["litellm"], 50)
                     results.append(Result("proxy", "  through LiteLLM's proxy", x, "ms", d, "direct",
                                           x / d if d else None))
+                if split:  # (the load below is the proxy's alone: every core)
+                    _place([os.getpid(), *servers], set(cpus))
                 # 3. Concurrent streaming conversations.
                 per_request: list[float] = []
 
@@ -396,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=100)
     parser.add_argument("--turns", type=int, default=300, help="turns of the long conversation (0: none)")
     parser.add_argument("--out", default="bench-results/proxy.json")
+    parser.add_argument("--cores", choices=["shared", "split"], default="shared",
+                        help="split: in the latency rounds, the client and the fake upstream on one core, the "
+                             "proxies on the others (a remote upstream never runs on the proxy's core)")
     parser.add_argument("--daemon", choices=["in-process", "socket"], default="in-process",
                         help="the daemon in the proxy's process (proxy.in_process) or in its own")
     parser.add_argument("--litellm", metavar="PYTHON|auto", default="",
