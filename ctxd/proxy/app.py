@@ -229,12 +229,21 @@ class Proxy:
                 return JSONResponse(apis.error_body(api, 503, f"ctxd proxy: the ctxd daemon is unavailable: {exc}"),
                                     status_code=503)
             raise
+        ours = bill_headers(tracked.id, prompt)
+        if ahead is not None:
+            # Sent as the client sent it: whether ctxd's prompt is the same is checked once
+            # the answer went out, before its reply is pushed (``_check_ahead``).
+            conv.ahead = (body, parts, prompt)
+            started = time.perf_counter()
+            response = await ahead
+            self._log_chat(request, api, tracked, parts, prompt, apis.messages_of(api, body), response, streaming,
+                           started, ahead=True)
+            return self._answer_of(api, conv, tracked, chain_then, response, streaming, ours)
         out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None  # (what the next request builds on is conv.align.current)
-        ours = bill_headers(tracked.id, prompt)
         room = apis.reply_room(prompt, body) if conv.output is not None else None
         limited = room is not None and conv.output is not None and room < conv.output
-        if limited and ahead is None:
+        if limited:
             # Prompt + max_tokens over the window is refused by the providers (Anthropic,
             # OpenAI): the reply gets what the window leaves, at least the reserve the
             # prompt was built beside (less when it was lent to the newest turn, never
@@ -249,29 +258,52 @@ class Proxy:
         as_sent = not limited and apis.unchanged(api, body, out)
         self.sessions.verbatim(tracked, conv, api, prompt, as_sent=as_sent)
         started = time.perf_counter()
-        if ahead is None:
-            upstream = self._chat_request(request, api, raw if as_sent else dumps(out))
-            response = await self._exchange(api, upstream, whole=whole, client=request)
-        else:
-            if not as_sent:
-                # (Not expected: appendRoom bounds what the request appended. It went as
-                # the client would have sent it direct, within the window; ctxd's figures,
-                # which are of another prompt, are neither sent nor paired with its usage.)
-                ours = {SESSION_HEADER: tracked.id}
-                conv.prompt_tokens = None
-                log.warning("session %s: the request went upstream before its turn as the client sent it, "
-                            "but ctxd's prompt for it is not the client's (%s tokens)", tracked.id,
-                            f"{prompt.get('tokens', 0):,}")
-            response = await ahead
-        # One line per proxied request (-v): which session, what the client sent, what went
-        # upstream, and the upstream's answer (its figures made only when it is written).
+        upstream = self._chat_request(request, api, raw if as_sent else dumps(out))
+        response = await self._exchange(api, upstream, whole=whole, client=request)
+        self._log_chat(request, api, tracked, parts, prompt, out.get("input" if api == "responses" else "messages"),
+                       response, streaming, started)
+        return self._answer_of(api, conv, tracked, chain_then, response, streaming, ours)
+
+    @staticmethod
+    def _log_chat(request: Request, api: Api, tracked: Tracked, parts: Any, prompt: dict[str, Any], sent: Any,
+                  response: httpx.Response | Response, streaming: bool, started: float, *,
+                  ahead: bool = False) -> None:
+        """One line per proxied request (-v): which session, what the client sent, what went
+        upstream, and the upstream's answer (its figures made only when it is written)."""
         if log.isEnabledFor(logging.INFO):
             log.info("%s %s: session %s, %d messages from the client, %d sent (%s tokens): %s %d in %.2f s%s%s",
-                     request.method, request.url.path, tracked.id, len(parts.conversation),
-                     len(out.get("input" if api == "responses" else "messages") or []),
+                     request.method, request.url.path, tracked.id, len(parts.conversation), len(sent or []),
                      f"{prompt.get('tokens', 0):,}", "upstream" if not isinstance(response, Response) else "answered",
                      response.status_code, time.perf_counter() - started, ", streamed" if streaming else "",
-                     ", sent before its turn" if ahead is not None else "")
+                     ", sent before its turn" if ahead else "")
+
+    def _check_ahead(self, conv: Conversation, tracked: Tracked) -> None:
+        """A request sent ahead of its turn, its answer out: whether ctxd's prompt was the
+        client's (``Sessions.verbatim``, which the session's next request builds on). Not
+        expected otherwise (``appendRoom`` bounds what the request appended); then it went
+        as the client would have sent it direct, within the window, and ctxd's figures,
+        of another prompt, are not paired with the reply's usage. Checked here, not before
+        the answer: the upstream body's alignment cost the answer ~0.1 ms each time for a
+        case that does not happen (its headers carry ctxd's figures of the turn)."""
+        checked, conv.ahead = conv.ahead, None
+        if checked is None:
+            return
+        body, parts, prompt = checked
+        api = conv.api
+        out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
+        conv.align.previous = None
+        room = apis.reply_room(prompt, body) if conv.output is not None else None
+        as_sent = not (room is not None and conv.output is not None and room < conv.output) and \
+            apis.unchanged(api, body, out)
+        self.sessions.verbatim(tracked, conv, api, prompt, as_sent=as_sent)
+        if not as_sent:
+            conv.prompt_tokens = None
+            log.warning("session %s: the request went upstream before its turn as the client sent it, "
+                        "but ctxd's prompt for it is not the client's (%s tokens)", tracked.id,
+                        f"{prompt.get('tokens', 0):,}")
+
+    def _answer_of(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
+                   response: httpx.Response | Response, streaming: bool, ours: dict[str, str]) -> Response:
         if isinstance(response, Response):
             return response
         if not streaming or response.status_code != 200:
@@ -366,6 +398,7 @@ class Proxy:
 
     async def _push_reply(self, conv: Conversation, tracked: Tracked, chain_then: list[str],
                           reply: apis.Reply) -> None:
+        self._check_ahead(conv, tracked)
         if reply.error or not reply.complete or not reply.messages:
             log.warning("session %s: the reply is not pushed (%s)", tracked.id, reply.error or "incomplete")
             return

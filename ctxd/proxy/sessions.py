@@ -242,6 +242,8 @@ class Conversation:
     anchors: list[bool] = field(default_factory=list)  # per item: an anchor (identity.py)
     changes: int = -1  # Tracked.changes when its prompt was asked for (Sessions.verbatim)
     early: tuple[int, Stored | None, Plan] | None = None  # Sessions.early's plan, and the entries it saw
+    ahead: tuple[dict[str, Any], Split, dict[str, Any]] | None = None
+    """Sent ahead of its turn: its body, parts and ctxd's prompt, checked once answered (app.py)."""
     keys: list[str] = field(default_factory=list)  # idents' keys (made with them: identity.match compares them)
 
     def __post_init__(self) -> None:

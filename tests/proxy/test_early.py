@@ -313,3 +313,42 @@ async def test_a_request_sent_ahead_is_written_before_its_turn_begins(tmp_path) 
         await link.close()
     assert any(ahead for ahead, _ in seen), seen  # (the case this test is about happened)
     assert all(written for _, written in seen), seen
+
+
+def test_a_request_sent_ahead_is_checked_once_answered(caplog: pytest.LogCaptureFixture) -> None:
+    """Whether ctxd's prompt for a request sent ahead was the client's is checked after the
+    answer went out, before its reply is pushed (``Proxy._check_ahead``): the same, the
+    session's next request may go ahead too; another (not expected: ``appendRoom`` bounds
+    what a request appends), it may not, ctxd's count is not paired with the reply's usage,
+    and it is logged."""
+    import logging
+    from types import SimpleNamespace
+
+    from ctxd.proxy import apis
+    from ctxd.proxy.app import Proxy
+    from ctxd.proxy.sessions import Sessions, Tracked, conversation
+
+    body = {"model": MODEL, "messages": [{"role": "system", "content": "You are terse."},
+                                         {"role": "user", "content": "Hello?"}]}
+    parts = apis.split("openai", body)
+    proxy = Proxy.__new__(Proxy)
+    proxy.sessions = Sessions(SimpleNamespace())  # type: ignore[arg-type]
+    for same in (True, False):
+        conv = conversation("openai", body, parts, session="checked", window=200000)
+        conv.prompt_tokens = 12
+        tracked = Tracked("checked", [], "You are terse.")
+        conv.changes = tracked.changes  # (as its turn leaves it: no other change told meanwhile)
+        rendered = [dict(m) for m in body["messages"]]
+        if not same:
+            rendered[-1]["content"] = "Hello? (as ctxd has it)"
+        conv.ahead = (body, parts, {"messages": rendered, "tokens": 12, "appendRoom": 900,
+                                    "budget": {"contextWindow": 200000}})
+        with caplog.at_level(logging.WARNING, logger="ctxd.proxy"):
+            proxy._check_ahead(conv, tracked)
+        assert conv.ahead is None
+        if same:
+            assert tracked.verbatim is not None and tracked.verbatim.room == 900
+            assert conv.prompt_tokens == 12 and DIFFERED not in caplog.text
+        else:
+            assert tracked.verbatim is None and conv.prompt_tokens is None
+            assert DIFFERED in caplog.text

@@ -97,7 +97,10 @@ async def test_the_answer_goes_out_before_its_reply_is_read_and_pushed(monkeypat
         {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi."}}],
         "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
     asyncio.get_running_loop().call_soon(events.append, "answer written")
-    await proxy._push_whole("openai", None, None, [], answer)  # type: ignore[arg-type]
+    from types import SimpleNamespace
+
+    conv = SimpleNamespace(ahead=None)  # (not sent ahead of its turn: nothing to check)
+    await proxy._push_whole("openai", conv, None, [], answer)  # type: ignore[arg-type]
     assert events == ["answer written", "reply read", "pushed Hi."]
 
 
