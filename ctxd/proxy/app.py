@@ -277,16 +277,21 @@ class Proxy:
                      response.status_code, time.perf_counter() - started, ", streamed" if streaming else "",
                      ", sent before its turn" if ahead else "")
 
-    def _check_ahead(self, conv: Conversation, tracked: Tracked) -> None:
+    def _check_ahead(self, conv: Conversation, tracked: Tracked, chain_then: list[str]) -> None:
         """A request sent ahead of its turn, its answer out: whether ctxd's prompt was the
         client's (``Sessions.verbatim``, which the session's next request builds on). Not
         expected otherwise (``appendRoom`` bounds what the request appended); then it went
         as the client would have sent it direct, within the window, and ctxd's figures,
         of another prompt, are not paired with the reply's usage. Checked here, not before
         the answer: the upstream body's alignment cost the answer ~0.1 ms each time for a
-        case that does not happen (its headers carry ctxd's figures of the turn)."""
+        case that does not happen (its headers carry ctxd's figures of the turn). A session
+        another request took a turn of since (``chain_then`` is no longer its chain) holds
+        that request's state, which is left as it is (this reply is not pushed either)."""
         checked, conv.ahead = conv.ahead, None
         if checked is None:
+            return
+        if tracked.chain != chain_then:
+            conv.align.previous = None
             return
         body, parts, prompt = checked
         api = conv.api
@@ -302,6 +307,10 @@ class Proxy:
                         "but ctxd's prompt for it is not the client's (%s tokens)", tracked.id,
                         f"{prompt.get('tokens', 0):,}")
 
+    async def _checked(self, conv: Conversation, tracked: Tracked, chain_then: list[str]) -> None:
+        """:meth:`_check_ahead` as a background task: on the loop, once the answer is out."""
+        self._check_ahead(conv, tracked, chain_then)
+
     def _answer_of(self, api: Api, conv: Conversation, tracked: Tracked, chain_then: list[str],
                    response: httpx.Response | Response, streaming: bool, ours: dict[str, str]) -> Response:
         if isinstance(response, Response):
@@ -312,8 +321,11 @@ class Proxy:
             # out first, then the reply is read and its push sent (``_push_whole``). The
             # session's next request finds the push registered (it cannot come before
             # the answer).
+            # (An error answered to a request sent ahead: only the check, which its session's
+            # next request builds on, a retry after a 429 say.)
             push = BackgroundTask(self._push_whole, api, conv, tracked, chain_then, response) \
-                if response.status_code == 200 else None
+                if response.status_code == 200 else BackgroundTask(self._checked, conv, tracked, chain_then) \
+                if conv.ahead is not None else None
             return Response(response.content, status_code=response.status_code,
                             headers={**self.back_headers(response, decoded=True), **ours}, background=push)
         return StreamingResponse(self._relay(api, conv, tracked, chain_then, response),
@@ -398,7 +410,7 @@ class Proxy:
 
     async def _push_reply(self, conv: Conversation, tracked: Tracked, chain_then: list[str],
                           reply: apis.Reply) -> None:
-        self._check_ahead(conv, tracked)
+        self._check_ahead(conv, tracked, chain_then)
         if reply.error or not reply.complete or not reply.messages:
             log.warning("session %s: the reply is not pushed (%s)", tracked.id, reply.error or "incomplete")
             return

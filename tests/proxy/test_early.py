@@ -344,7 +344,7 @@ def test_a_request_sent_ahead_is_checked_once_answered(caplog: pytest.LogCapture
         conv.ahead = (body, parts, {"messages": rendered, "tokens": 12, "appendRoom": 900,
                                     "budget": {"contextWindow": 200000}})
         with caplog.at_level(logging.WARNING, logger="ctxd.proxy"):
-            proxy._check_ahead(conv, tracked)
+            proxy._check_ahead(conv, tracked, list(tracked.chain))
         assert conv.ahead is None
         if same:
             assert tracked.verbatim is not None and tracked.verbatim.room == 900
@@ -352,3 +352,150 @@ def test_a_request_sent_ahead_is_checked_once_answered(caplog: pytest.LogCapture
         else:
             assert tracked.verbatim is None and conv.prompt_tokens is None
             assert DIFFERED in caplog.text
+
+
+class _Held(httpx.AsyncBaseTransport):
+    """An OpenAI upstream in process: answers each chat request (its reply numbered),
+    holds one whose last message says ``HOLD`` until released, and answers 429 to one
+    that says ``BUSY``."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.holding = asyncio.Event()
+        self.count = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        last = str(json.loads(request.content)["messages"][-1]["content"])
+        self.count += 1
+        if "BUSY" in last:
+            return httpx.Response(429, json={"error": {"message": "slow down", "type": "rate_limit_error"}})
+        if "HOLD" in last:
+            self.holding.set()
+            await self.release.wait()
+        return httpx.Response(200, json={
+            "id": f"c{self.count}", "object": "chat.completion", "model": MODEL, "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"A{self.count}"}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}})
+
+
+async def _in_process(tmp_path: Any) -> tuple[Any, Any, Any, _Held]:
+    """The proxy's app on a daemon in this process, its upstream :class:`_Held`."""
+    from ctxd.config import load_config
+    from ctxd.embed import open_here
+    from ctxd.proxy.app import Proxy
+    from ctxd.proxy.inproc import PortLink
+    from ctxd.proxy.sessions import Sessions
+    from ctxd.proxy.windows import Windows
+
+    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
+                                                     "socket": str(tmp_path / "run" / "ctxd.sock")},
+                                          "proxy": {"openai_base_url": "http://upstream.invalid/v1"}})
+    link = PortLink(await open_here(config))
+    sessions = Sessions(link)
+    upstream = _Held()
+    proxy = Proxy(config.proxy, sessions, upstream, httpx.Timeout(30), Windows.from_config(config))
+    return link, sessions, proxy, upstream
+
+
+async def test_a_request_answered_after_a_later_turn_leaves_that_turns_state(tmp_path: Any) -> None:
+    """A request sent ahead whose answer comes after a later request of its session took
+    its turn: its check (after its answer) leaves the session as that turn left it, so a
+    next request goes ahead only within the later prompt's room."""
+    from ctxd.proxy.app import build_app
+
+    link, sessions, proxy, upstream = await _in_process(tmp_path)
+    early: list[bool] = []
+    decide = sessions.early
+    sessions.early = lambda *a: early.append(decide(*a)) or early[-1]  # type: ignore[method-assign]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(proxy)),
+                                     base_url="http://127.0.0.1", timeout=30) as http:
+            async def post(conversation: list[dict[str, Any]]) -> httpx.Response:
+                return await http.post("/v1/chat/completions", headers=_headers("later", 200000),
+                                       content=_bytes({"model": MODEL, "messages": conversation}))
+
+            for n in range(4):
+                messages.append({"role": "user", "content": f"Turn {n}: and now?"})
+                answer = await post(messages)
+                assert answer.status_code == 200
+                messages.append(answer.json()["choices"][0]["message"])
+                await sessions.drain()
+            tracked = next(iter(sessions._tracked.values()))
+            first = messages + [{"role": "user", "content": "HOLD this one."}]
+            held = asyncio.create_task(post(first))
+            await upstream.holding.wait()
+            while tracked.lock.locked() or len(tracked.entries) < len(first) - 1:  # (its turn done)
+                await asyncio.sleep(0.01)
+            assert early[-1] is True
+            second = first + [{"role": "user", "content": "And more: " + "word " * 3000}]
+            answer = await post(second)
+            assert answer.status_code == 200
+            await sessions.drain()
+            later = tracked.verbatim
+            assert later is not None
+            upstream.release.set()
+            assert (await held).status_code == 200
+            await sessions.drain()
+            assert tracked.verbatim is later
+            # What the later prompt leaves no room for does not go ahead.
+            third = second + [answer.json()["choices"][0]["message"],
+                              {"role": "user", "content": "z" * (later.room + 1500)}]
+            assert (await post(third)).status_code == 200
+            assert early[-1] is False
+    finally:
+        await sessions.drain()
+        await link.close()
+
+
+async def test_a_request_sent_ahead_is_checked_after_its_answer_went_out(tmp_path: Any) -> None:
+    """The check of a request sent ahead runs once its answer's last byte is handed on, an
+    error answer's too (a retry after a 429 goes ahead again)."""
+    from ctxd.proxy.app import build_app
+
+    link, sessions, proxy, upstream = await _in_process(tmp_path)
+    events: list[str] = []
+    check = proxy._check_ahead
+
+    def checked(conv: Any, tracked: Any, chain_then: Any) -> None:
+        events.append("checked" if conv.ahead is not None else "nothing to check")
+        check(conv, tracked, chain_then)
+
+    proxy._check_ahead = checked  # type: ignore[method-assign]
+    early: list[bool] = []
+    decide = sessions.early
+    sessions.early = lambda *a: early.append(decide(*a)) or early[-1]  # type: ignore[method-assign]
+    app = build_app(proxy)
+
+    async def recorded(scope: Any, receive: Any, send: Any) -> None:
+        async def sent(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                events.append("answered")
+        await app(scope, receive, sent)
+
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=recorded), base_url="http://127.0.0.1",
+                                     timeout=30) as http:
+            for n in range(5):
+                events.clear()
+                messages.append({"role": "user", "content": f"Turn {n}: and now?"})
+                answer = await http.post("/v1/chat/completions", headers=_headers("order", 200000),
+                                         content=_bytes({"model": MODEL, "messages": messages}))
+                assert answer.status_code == 200
+                messages.append(answer.json()["choices"][0]["message"])
+                await sessions.drain()
+            assert early[-1] is True and events[:2] == ["answered", "checked"], events
+            events.clear()
+            busy = messages + [{"role": "user", "content": "BUSY?"}]
+            answer = await http.post("/v1/chat/completions", headers=_headers("order", 200000),
+                                     content=_bytes({"model": MODEL, "messages": busy}))
+            assert answer.status_code == 429
+            assert early[-1] is True and events == ["answered", "checked"], events
+            answer = await http.post("/v1/chat/completions", headers=_headers("order", 200000),
+                                     content=_bytes({"model": MODEL, "messages": busy}))
+            assert answer.status_code == 429 and early[-1] is True  # (the retry went ahead too)
+    finally:
+        await sessions.drain()
+        await link.close()
