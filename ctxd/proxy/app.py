@@ -162,12 +162,13 @@ class Proxy:
         return url
 
     def upstream_request(self, method: str, url: str | httpx.URL, *, headers: list[tuple[bytes, bytes]], content: Any,
-                         params: Any = None) -> httpx.Request:
-        """The request to the upstream: the URL, the client's query parameters and the
-        headers as given (``Host`` and the body's length or chunking are httpx's), with the
-        proxy's timeouts."""
-        return httpx.Request(method, url, headers=headers, content=content, params=params,
-                             extensions={"timeout": self.timeout})
+                         query: bytes = b"") -> httpx.Request:
+        """The request to the upstream: the URL, the client's query string as it came (a
+        repeated parameter each time) and the headers as given (``Host`` and the body's
+        length or chunking are httpx's), with the proxy's timeouts."""
+        if query:
+            url = httpx.URL(url).copy_with(query=query)
+        return httpx.Request(method, url, headers=headers, content=content, extensions={"timeout": self.timeout})
 
     @staticmethod
     def forward_headers(request: Request, *, json_body: bool) -> list[tuple[bytes, bytes]]:
@@ -335,8 +336,7 @@ class Proxy:
     def _chat_request(self, request: Request, api: Api, content: bytes) -> httpx.Request:
         return self.upstream_request("POST", self.chat_url(api, request),
                                      headers=self.forward_headers(request, json_body=True),
-                                     params=request.query_params if request.scope["query_string"] else None,
-                                     content=content)
+                                     query=request.scope["query_string"], content=content)
 
     def _read(self, request: Request, api: Api, raw: bytes) -> tuple[dict[str, Any], Any, Conversation] | None:
         """The request's body, its parts and the conversation it belongs to; None for a body
@@ -563,7 +563,7 @@ class Proxy:
                                 status_code=503)
         upstream = self.upstream_request("POST", self.upstream_url(api, request.url.path), content=dumps(out),
                                          headers=self.forward_headers(request, json_body=True),
-                                         params=request.query_params or None)
+                                         query=request.scope["query_string"])
         response = await self._exchange(api, upstream, whole="always", client=request)
         if isinstance(response, Response):
             return response
@@ -588,7 +588,7 @@ class Proxy:
         content: Any = body if body is not None else request.stream()
         upstream = self.upstream_request(request.method, self.upstream_url(api, request.url.path),
                                          headers=self.forward_headers(request, json_body=False),
-                                         params=request.query_params or None, content=content)
+                                         query=request.scope["query_string"], content=content)
         started = time.perf_counter()
         response = await self._exchange(api, upstream, whole="never", replayable=body is not None,
                                         client=request if body is not None else None)

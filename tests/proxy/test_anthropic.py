@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import httpx
 
 from tests.agents import wire
 from tests.proxy.conftest import both_modes, history, sessions
@@ -120,7 +121,10 @@ async def test_the_query_string_reaches_the_upstream(proxy, upstream) -> None:
                                  extra_query={"beta": "true"})
     await client.messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "Hi."}])
     await client.models.list(extra_query={"limit": "5"})
-    assert [r.query for r in upstream.received] == ["beta=true", "", "limit=5"]
+    async with httpx.AsyncClient(timeout=30) as http:  # (a repeated parameter, as sent, through the pass-through)
+        listed = await http.get(proxy.url + "/v1/models?after=m&after=n&flag", headers={"x-api-key": "sk-test"})
+        assert listed.status_code == 200, listed.text
+    assert [r.query for r in upstream.received] == ["beta=true", "", "limit=5", "after=m&after=n&flag"]
 
 
 async def test_a_thinking_tool_loop_longer_than_the_window_is_accepted(proxy, upstream, ctxd_daemon) -> None:

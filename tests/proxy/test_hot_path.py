@@ -200,14 +200,15 @@ async def test_the_upstream_gets_the_clients_headers_as_sent_but_the_proxys_own(
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Hello?"}]
     async with httpx.AsyncClient(timeout=30) as http:
         for turn in range(3):
-            answer = await http.post(proxy.url + "/v1/chat/completions?api-version=2024-10-01", headers=headers,
+            answer = await http.post(proxy.url + "/v1/chat/completions?api-version=2024-10-01&tag=a&tag=b&flag",
+                                     headers=headers,
                                      content=json.dumps({"model": MODEL, "messages": messages}).encode())
             assert answer.status_code == 200, answer.text
             messages = [*messages, answer.json()["choices"][0]["message"], {"role": "user", "content": f"And {turn}?"}]
     received = upstream.chats("/v1/chat/completions")
     assert len(received) == 3
     for r in received:
-        assert r.query == "api-version=2024-10-01"
+        assert r.query == "api-version=2024-10-01&tag=a&tag=b&flag"
         names = [k.lower() for k, _ in r.raw_headers]
         assert not [n for n in names if n.startswith("x-ctxd-")], r.raw_headers
         assert [v for k, v in r.raw_headers if k.lower() == "x-client-tag"] == ["first", "second"]
