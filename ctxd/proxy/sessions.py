@@ -359,6 +359,9 @@ class Sessions:
     """Sessions whose chains are kept in memory; beyond, the least recently used idle ones
     are forgotten (read again from history if their conversation comes back): a proxy that
     runs for months would otherwise keep every session it ever saw."""
+    PROFILES = 1024
+    """Clients' profiles whose learned counts are kept (:meth:`_learn`), the least recently
+    used forgotten beyond (learned again from their sessions, :meth:`_samples`)."""
 
     def __init__(self, link: DaemonLink, *, remembered: int = 256, reply_floor: int = 4096) -> None:
         self.link = link
@@ -370,7 +373,9 @@ class Sessions:
         self._recent: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._remembered = remembered
         self._pushing: set[asyncio.Task[Any]] = set()
-        self._learned: dict[str, list[tuple[int, int]]] = {}  # per profile: (ctxd's count, provider's)
+        # Per profile (API, client, model, tools): (ctxd's count, provider's), the most recently
+        # used last; at most PROFILES (a client whose tools change makes new ones for months).
+        self._learned: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()
         self._owners: dict[str, str] = {}  # a derived session's newest anchor (identity) -> its id
         self._newest: dict[str, str] = {}  # the reverse
         self._looked_up: set[str] = set()
@@ -523,11 +528,14 @@ class Sessions:
         restart) the most recently active session of that profile."""
         known = self._learned.get(profile)
         if known:
+            self._learned.move_to_end(profile)
             return list(known)
         candidates: list[str] = []
         if source is not None:
             candidates.append(source)
         elif profile not in self._looked_up:
+            if len(self._looked_up) >= self.PROFILES:
+                self._looked_up.clear()  # (then at most one more listing for each)
             self._looked_up.add(profile)
             listed = await self.link.request(profile, "session/list", {"tag": "proxy", "limit": 50})
             candidates += [info["sessionId"] for info in listed.get("sessions") or []
@@ -539,9 +547,15 @@ class Sessions:
                 continue
             samples = [(int(c), int(r)) for c, r in (stats.get("usageDrift") or {}).get("samples") or []]
             if samples:
-                self._learned[profile] = samples
+                self._remember(profile, samples)
                 return list(samples)
         return []
+
+    def _remember(self, profile: str, samples: list[tuple[int, int]]) -> None:
+        self._learned[profile] = samples
+        self._learned.move_to_end(profile)
+        while len(self._learned) > self.PROFILES:
+            self._learned.popitem(last=False)
 
     def _learn(self, conv: Conversation, usage: dict[str, int]) -> None:
         """Pair a reply's reported input with ctxd's count of the prompt it answered, as
@@ -552,7 +566,7 @@ class Sessions:
             return
         reported += usage.get("cacheReadTokens", 0) + usage.get("cacheWriteTokens", 0)
         pair = calibration.pair(reported, (conv.prompt_tokens,), None, conv.prompt_window)
-        self._learned[conv.profile] = calibration.remember(self._learned.get(conv.profile, []), pair)
+        self._remember(conv.profile, calibration.remember(self._learned.get(conv.profile, []), pair))
 
     async def _fork(self, conv: Conversation, old: Tracked, at: int) -> Tracked:
         """The client's history disagrees with the session's from message ``at`` on: a new

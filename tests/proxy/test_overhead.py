@@ -161,3 +161,33 @@ async def test_a_side_conversation_without_tools_teaches_the_task_nothing(upstre
     assert upstream.input_tokens(client) > SMALL_WINDOW - 8000  # (...but not beside the client's max_tokens)
     # ...and reaches the upstream whole.
     assert last["messages"][-1] == messages[-2]
+
+
+async def test_the_profiles_learned_are_bounded_the_least_recently_used_forgotten() -> None:
+    """A client whose tools change makes a new profile each time, for as long as the proxy
+    runs: at most ``Sessions.PROFILES`` are kept, the least recently used forgotten (a
+    session started for one then learns again from the sessions of that profile)."""
+    from types import SimpleNamespace
+
+    from ctxd.proxy.sessions import Sessions
+
+    class Link:
+        async def request(self, session_id: str, method: str, params: Any) -> Any:
+            return {"sessions": []}  # (nothing stored to learn from)
+
+    proxy_sessions = Sessions(Link())  # type: ignore[arg-type]
+    proxy_sessions.PROFILES = 3
+
+    def learn(profile: str) -> None:
+        conv = SimpleNamespace(profile=profile, prompt_tokens=1_000, prompt_window=WINDOW)
+        proxy_sessions._learn(conv, {"inputTokens": 1_300})  # type: ignore[arg-type]
+
+    for n in range(4):
+        learn(f"anthropic|claude-cli|{MODEL}|tools-{n}")
+    assert list(proxy_sessions._learned) == [f"anthropic|claude-cli|{MODEL}|tools-{n}" for n in (1, 2, 3)]
+    assert await proxy_sessions._samples(f"anthropic|claude-cli|{MODEL}|tools-1")  # (used: kept longest now)
+    learn(f"anthropic|claude-cli|{MODEL}|tools-4")
+    assert list(proxy_sessions._learned) == [f"anthropic|claude-cli|{MODEL}|tools-{n}" for n in (3, 1, 4)]
+    for n in range(10):
+        await proxy_sessions._samples(f"openai|aider|{MODEL}|tools-{n}")
+    assert len(proxy_sessions._looked_up) <= 3
