@@ -242,21 +242,19 @@ class Proxy:
             return self._answer_of(api, conv, tracked, chain_then, response, streaming, ours)
         out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None  # (what the next request builds on is conv.align.current)
-        room = apis.reply_room(prompt, body) if conv.output is not None else None
-        limited = room is not None and conv.output is not None and room < conv.output
-        if limited:
+        room = _limited_room(conv, prompt, body)
+        if room is not None:
             # Prompt + max_tokens over the window is refused by the providers (Anthropic,
             # OpenAI): the reply gets what the window leaves, at least the reserve the
             # prompt was built beside (less when it was lent to the newest turn, never
             # below settings.outputFloor).
-            assert room is not None
             apis.limit_reply(api, out, room)
             ours[REPLY_LIMIT_HEADER] = f"{max(1, room)}; asked={conv.output}"
             log.info("session %s: max_tokens %d -> %d (what the window leaves beside the prompt; reserved %s)",
                      tracked.id, conv.output, max(1, room), (prompt.get("budget") or {}).get("reservedOutput"))
         # A body ctxd left as the client sent it (nothing compressed, nothing added) goes
         # upstream in the client's own bytes, not encoded again.
-        as_sent = not limited and apis.unchanged(api, body, out)
+        as_sent = room is None and apis.unchanged(api, body, out)
         self.sessions.verbatim(tracked, conv, api, prompt, as_sent=as_sent)
         started = time.perf_counter()
         upstream = self._chat_request(request, api, raw if as_sent else dumps(out))
@@ -298,9 +296,7 @@ class Proxy:
         api = conv.api
         out = apis.upstream_body(api, body, parts, prompt, conv.align, order_of(conv))
         conv.align.previous = None
-        room = apis.reply_room(prompt, body) if conv.output is not None else None
-        as_sent = not (room is not None and conv.output is not None and room < conv.output) and \
-            apis.unchanged(api, body, out)
+        as_sent = _limited_room(conv, prompt, body) is None and apis.unchanged(api, body, out)
         self.sessions.verbatim(tracked, conv, api, prompt, as_sent=as_sent)
         if not as_sent:
             conv.prompt_tokens = None
@@ -322,11 +318,13 @@ class Proxy:
             # out first, then the reply is read and its push sent (``_push_whole``). The
             # session's next request finds the push registered (it cannot come before
             # the answer).
-            # (An error answered to a request sent ahead: only the check, which its session's
-            # next request builds on, a retry after a 429 say.)
-            push = BackgroundTask(self._push_whole, api, conv, tracked, chain_then, response) \
-                if response.status_code == 200 else BackgroundTask(self._checked, conv, tracked, chain_then) \
-                if conv.ahead is not None else None
+            push: BackgroundTask | None = None
+            if response.status_code == 200:
+                push = BackgroundTask(self._push_whole, api, conv, tracked, chain_then, response)
+            elif conv.ahead is not None:
+                # (An error answered to a request sent ahead: only the check, which its
+                # session's next request builds on, a retry after a 429 say.)
+                push = BackgroundTask(self._checked, conv, tracked, chain_then)
             return Response(response.content, status_code=response.status_code,
                             headers={**self.back_headers(response, decoded=True), **ours}, background=push)
         return StreamingResponse(self._relay(api, conv, tracked, chain_then, response),
@@ -622,6 +620,15 @@ async def _dropped(ahead: asyncio.Task[httpx.Response | Response]) -> None:
         return
     if isinstance(response, httpx.Response):
         await response.aclose()
+
+
+def _limited_room(conv: Conversation, prompt: dict[str, Any], body: dict[str, Any]) -> int | None:
+    """What the window leaves the reply beside ctxd's prompt, when it is less than the
+    request asked for (``max_tokens`` then lowered to it); None otherwise."""
+    if conv.output is None:
+        return None
+    room = apis.reply_room(prompt, body)
+    return room if room is not None and room < conv.output else None
 
 
 def order_of(conv: Conversation) -> apis.Order | None:
