@@ -9,7 +9,8 @@ the pair uses whichever of the two the current fit (or, before there is one, the
 ratio) says the report is nearer to; when ctxd handed out a prompt since the last reply,
 that prompt's size is ctxd's side instead (a pass may have run in between).
 
-From the newest pairs a line is fitted, ``reported = ratio * counted + overhead``, and
+From the newest pairs a line is fitted, ``reported = ratio * counted + overhead`` (its slope
+robust to a report off the others: ``_slope``), and
 the budget gives the conversation the provider's room less the overhead, divided by the
 ratio (``Budget.tokenRatio``, ``tokenOverhead``). The overhead is what the provider counts
 beside ctxd's count: the client's system prompt and tool schemas (Claude Code's ~18k),
@@ -106,17 +107,27 @@ def fit(samples: Sequence[tuple[int, int]], window: int) -> Fit:
 
 
 def _slope(samples: tuple[tuple[int, int], ...], window: int) -> float:
-    """The fitted ratio: least squares over pairs whose counts spread enough (see the
-    module doc), bounded; else 1."""
+    """The fitted ratio over pairs whose counts spread enough (see the module doc),
+    bounded; else 1. The median of the slopes between every two pairs, each weighted by
+    how far apart their counts are (a weighted Theil-Sen line): one report off the others
+    (paired with another prompt than the one it was for, a provider's odd count) moves it
+    little, where a least-squares line followed it, up to the bound that halves the
+    window; on a line, the same slope."""
     counted = [c for c, _ in samples]
     if len(samples) < 3 or max(counted) - min(counted) < max(MIN_LEARN_SPAN, LEARN_SPAN * window):
         return 1.0
-    reported = [r for _, r in samples]
-    mean_c = sum(counted) / len(counted)
-    mean_r = sum(reported) / len(reported)
-    var = sum((c - mean_c) ** 2 for c in counted)
-    slope = sum((c - mean_c) * (r - mean_r) for c, r in zip(counted, reported)) / var
-    return min(HIGH, max(LOW, slope))
+    slopes: list[tuple[float, int]] = []
+    for i, (c1, r1) in enumerate(samples):
+        for c2, r2 in samples[i + 1:]:
+            if c2 != c1:
+                slopes.append(((r2 - r1) / (c2 - c1), abs(c2 - c1)))
+    slopes.sort()
+    half, seen = sum(w for _, w in slopes) / 2, 0
+    for slope, weight in slopes:
+        seen += weight
+        if seen >= half:
+            return min(HIGH, max(LOW, slope))
+    return 1.0  # (unreachable: the counts spread, so some two differ)
 
 
 @lru_cache(maxsize=256)

@@ -36,6 +36,18 @@ def test_a_line_through_the_reports_separates_ratio_and_overhead():
         assert abs(fit.predict(c) - r) / r < 0.01
 
 
+def test_one_report_off_the_others_does_not_move_the_line():
+    """Seven reports on one line (1.15 per ctxd token, 4,000 beside) and one that is not
+    (a report paired with another prompt than its own): the line stays the seven's. A
+    least-squares slope read 0.90 and 27,562 beside from them, and predicted the next call
+    4.4% under what the provider counts: a prompt that much over the window."""
+    for at, odd in ((2, (45_000, 150_000)), (0, (10_000, 60_000)), (5, (90_000, 190_000)), (3, (60_000, 30_000))):
+        samples = [(c, round(1.15 * c) + 4_000) for c in (20_000, 35_000, 50_000, 65_000, 80_000, 95_000, 110_000)]
+        samples.insert(at, odd)
+        fit = calibration.fit(samples, 200_000)
+        assert abs(fit.ratio - 1.15) < 0.01 and abs(fit.overhead - 4_000) < 100, (odd, fit)
+
+
 def test_a_constant_beside_a_little_conversation_is_not_taken_for_a_ratio():
     """Claude Code's usage (its ~18.5k of system prompt and tools never in the transcript,
     the conversation 35 to 2,926 tokens by ctxd's count): the constant is the overhead, the
