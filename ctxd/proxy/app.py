@@ -26,6 +26,7 @@ from ctxd.config import ProxyConfig
 from ctxd.formats import Api
 from ctxd.protocol.errors import ErrorCode
 from ctxd.proxy import apis, wire
+from ctxd.proxy.bodies import Bodies
 from ctxd.proxy.convert import InvalidUnicode, dumps, loads
 from ctxd.proxy.peers import refusal_body
 from ctxd.proxy.screen import BodyTooLarge
@@ -140,6 +141,7 @@ class Proxy:
         self.transport = transport
         self.timeout = timeout.as_dict()
         self._chat_urls: dict[tuple[Api, str], httpx.URL] = {}  # (the routes' few paths)
+        self.bodies = Bodies()  # (the last bodies per conversation, decoded from what is new)
 
     # --- upstream addresses and headers ----------------------------------------------
 
@@ -339,8 +341,10 @@ class Proxy:
     def _read(self, request: Request, api: Api, raw: bytes) -> tuple[dict[str, Any], Any, Conversation] | None:
         """The request's body, its parts and the conversation it belongs to; None for a body
         that is not a chat (it passes through as it is)."""
+        session = request.headers.get(SESSION_HEADER) or None
+        credential = credential_of(request.headers)
         try:
-            body = loads(raw)
+            body = self.bodies.loads(api, (session, credential), raw)
         except InvalidUnicode as exc:
             raise BadRequest(f"ctxd proxy: the request body is not valid: {exc}") from None
         except ValueError:
@@ -359,8 +363,8 @@ class Proxy:
                      "passed through unchanged", body.get("model"))
             return None
         parts = apis.split(api, body)
-        conv = self.sessions.read(api, body, parts, session=request.headers.get(SESSION_HEADER) or None,
-                                  window=managed.window, output=output, credential=credential_of(request.headers),
+        conv = self.sessions.read(api, body, parts, session=session,
+                                  window=managed.window, output=output, credential=credential,
                                   user_agent=request.headers.get("user-agent"))
         return body, parts, conv
 
