@@ -45,9 +45,13 @@ Warn = Callable[[str], None]
 # --- JSON spellings -------------------------------------------------------------------------
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""(What ``json.dumps`` with these arguments builds on each call: made once.)"""
+
+
 def canonical_json(value: Any) -> str:
     """One spelling per JSON value (sorted keys, no spaces): what the proxy compares and hashes."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def canonical_arguments(arguments: Any) -> str:
