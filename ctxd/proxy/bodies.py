@@ -30,6 +30,8 @@ from ctxd.formats import Api
 from ctxd.proxy.convert import loads
 
 _WHITESPACE = b" \t\r\n"
+KIN = 4096
+"""Bytes two bodies start with alike, at least, to be taken for one conversation (``_Seen.kin``)."""
 _top = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _elements = msgspec.json.Decoder(list[Any]).decode
 
@@ -63,7 +65,7 @@ class _Seen:
             self.core = -1
             try:
                 found = _top(self.raw).get(self.field)
-            except (msgspec.DecodeError, UnicodeDecodeError):
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
                 return False
             array = bytes(found) if found is not None else b""
             if not array.startswith(b"[") or not isinstance(self.value.get(self.field), list):
@@ -76,6 +78,13 @@ class _Seen:
                 return False  # (an empty array: nothing before a comma to append after)
             self.core, self.tail = at + inner, at + len(array) - 1
         return self.core > 0
+
+    def kin(self, raw: bytes) -> bool:
+        """Whether ``raw`` starts as this body does, up to half of its conversation and
+        ``KIN`` bytes at least: the same conversation, most likely, sent again otherwise
+        than appended to (small bodies alike in their framing alone are not: a title
+        request, a summary; looking into them costs little)."""
+        return self.core // 2 >= KIN and raw.startswith(self.raw[:self.core // 2])
 
     def extended(self, raw: bytes) -> _Seen | None:
         """``raw`` decoded as this body with elements appended to its conversation, or None."""
@@ -90,7 +99,7 @@ class _Seen:
             return None
         try:
             elements = _elements(b"[" + new[1:] + b"]")
-        except (msgspec.DecodeError, UnicodeDecodeError):
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             return None  # (not elements of an array, or what msgspec leaves to json: NaN)
         if not elements:
             return None
@@ -102,15 +111,18 @@ class _Seen:
 class Bodies:
     """The last bodies decoded per conversation key (the API, the client's session header
     and key fingerprint): up to ``per_key`` each (an agent's side requests, a title, a
-    summary, share its key), ``keys`` keys, ``budget`` bytes of bodies in all, the least
+    summary, its sub-agents share its key), ``keys`` keys, ``budget`` bytes of bodies in
+    all (their values are mostly the messages the proxy's sessions hold anyway), the least
     recently used forgotten first. A key whose bodies stop extending each other (a client
-    that rewrites its history each turn: moved cache breakpoints, a rebuilt prompt) stops
-    being looked into after ``MISSES`` misses in a row, but every ``RETRY``-th request."""
+    that rewrites its history each turn: moved cache breakpoints, a rebuilt prompt) is not
+    looked into after ``MISSES`` misses in a row, but every ``RETRY``-th request (against
+    its newest body): a miss is a body that starts as one held (half its conversation
+    alike) and extends none."""
 
     MISSES = 3
     RETRY = 16
 
-    def __init__(self, *, keys: int = 32, per_key: int = 4, budget: int = 64 << 20) -> None:
+    def __init__(self, *, keys: int = 32, per_key: int = 8, budget: int = 32 << 20) -> None:
         self.keys = keys
         self.per_key = per_key
         self.budget = budget
@@ -121,27 +133,32 @@ class Bodies:
     def loads(self, api: Api, key: tuple[Any, ...], raw: bytes) -> Any:
         """``convert.loads(raw)``: the same value (a new top-level dict), its errors."""
         field = "input" if api == "responses" else "messages"
-        known = self._seen.get((api, *key))
+        full = (api, *key)
+        known = self._seen.get(full)
         if known is not None:
             seen, state = known
-            self._seen.move_to_end((api, *key))
+            self._seen.move_to_end(full)
             state[1] += 1
             if state[0] < self.MISSES or state[1] % self.RETRY == 0:
-                for n, before in enumerate(seen):
-                    if raw == before.raw:
-                        return before.handed()
-                    after = before.extended(raw)
+                kin = False
+                for n, before in enumerate(seen if state[0] < self.MISSES else seen[:1]):
+                    after = before if raw == before.raw else before.extended(raw)
                     if after is not None:
                         state[0] = 0
-                        self.hits += 1
+                        self.hits += after is not before
                         self.held += len(after.raw) - len(before.raw)
-                        seen[n] = after
-                        seen.insert(0, seen.pop(n))
+                        del seen[n]
+                        seen.insert(0, after)
+                        self._evict()
                         return after.handed()
-                state[0] += 1
+                    kin = kin or before.kin(raw)
+                state[0] += kin
         value = loads(raw)
         if isinstance(value, dict):
-            self._remember((api, *key), _Seen(raw, dict(value), field))
+            held = dict(value)
+            if isinstance(held.get(field), list):
+                held[field] = list(held[field])  # (the reader's list is its own)
+            self._remember(full, _Seen(raw, held, field))
         return value
 
     def _remember(self, key: tuple[Any, ...], seen: _Seen) -> None:
@@ -153,6 +170,9 @@ class Bodies:
         self.held += len(seen.raw)
         while len(known[0]) > self.per_key:
             self.held -= len(known[0].pop().raw)
+        self._evict()
+
+    def _evict(self) -> None:
         while self._seen and (len(self._seen) > self.keys or self.held > self.budget):
             _, (dropped, _) = self._seen.popitem(last=False)
             self.held -= sum(len(s.raw) for s in dropped)

@@ -36,12 +36,13 @@ def loads(raw: bytes) -> Any:
         return _decode(raw)
     except msgspec.DecodeError:
         value = json.loads(raw)
-    if b"\\u" in raw:
-        try:
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidUnicode(f"the JSON holds a lone surrogate ({exc.object[exc.start:exc.end]!a}): "
-                                 "not valid Unicode") from None
+    # (msgspec refuses any surrogate; json takes one escaped, and one encoded in the bytes
+    # as UTF-8 would a character, which is not UTF-8)
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidUnicode(f"the JSON holds a lone surrogate ({exc.object[exc.start:exc.end]!a}): "
+                             "not valid Unicode") from None
     return value
 
 

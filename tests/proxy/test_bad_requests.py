@@ -59,6 +59,9 @@ async def test_invalid_bodies_and_windows_are_a_400_in_one_line(proxy, upstream,
     cases = [
         ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "a \\ud800 b"}]}', {},
          "lone surrogate"),
+        # (the same, encoded in the bytes as UTF-8 would a character: not UTF-8, which json reads)
+        ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "a \xed\xa0\x80 b"}]}',
+         {}, "lone surrogate"),
         ("/v1/messages", b'{"model": "m", "max_tokens": 5, "system": "\\udc00", "messages": '
                          b'[{"role": "user", "content": "x"}]}', {"anthropic-version": "2023-06-01"},
          "lone surrogate"),
