@@ -150,6 +150,7 @@ class Database:
     brief_gap: float
     _checkpointing: bool
     _restart_due: bool
+    _brief_timeout: bool
 
     def __init__(self, path: Path, *, durability: str = "normal", busy_timeout_ms: int = 5000):
         self.path = Path(path)
@@ -468,20 +469,31 @@ class Database:
         return outcome
 
     def _brief(self, conn: sqlite3.Connection, job: _Job) -> tuple[bool, Any] | None:
+        """The job in a transaction begun without waiting for a lock (``busy_timeout = 0``,
+        left so for the next brief job: the writer's thread sets it back before its next
+        group, :meth:`_waits_for_locks`). Once BEGIN IMMEDIATE holds the write lock, nothing
+        in a WAL-mode transaction waits for another connection (a commit appends to the log;
+        the log's restart and checkpoints never wait), so the job runs the same either way."""
         try:
-            conn.execute("PRAGMA busy_timeout = 0")
+            if not self._brief_timeout:
+                conn.execute("PRAGMA busy_timeout = 0")
+                self._brief_timeout = True
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError:
                 return None
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             return self._run_one(conn, job)
         except BaseException:  # (an interrupt on the loop's thread, anywhere: the connection left clean)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             raise
+
+    def _waits_for_locks(self, conn: sqlite3.Connection) -> None:
+        """The writer's connection waits for other connections' locks as configured again
+        (on the writer's thread, after brief jobs set it not to)."""
+        if self._brief_timeout:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+            self._brief_timeout = False
 
     async def write_apart(self, fn: Callable[..., T], *args: Any) -> T:
         """One writer: the same as :meth:`write` (a large push is staged instead, see
@@ -505,6 +517,8 @@ class Database:
         """A checkpoint is being made (:meth:`_runs_here`)."""
         self._restart_due = False
         """The last checkpoint copied the whole WAL back: the next commit starts it over."""
+        self._brief_timeout = False
+        """The writer's connection was left not waiting for locks by a brief job (:meth:`_brief`)."""
 
     def _start_writer(self) -> None:
         self._accepting = True
@@ -569,6 +583,7 @@ class Database:
 
     def _run_group(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = []
+        self._waits_for_locks(conn)
         conn.execute("BEGIN IMMEDIATE")
         if len(batch) == 1:  # alone in its transaction: no savepoint needed to isolate it
             return [self._run_one(conn, batch[0])]
