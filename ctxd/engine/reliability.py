@@ -19,6 +19,7 @@ new conversation, cannot help a conversation that is still whole.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from ctxd.protocol.compression import Reliability
 from ctxd.protocol.context import Budget
@@ -44,8 +45,10 @@ RECOMMENDATIONS = {
 }
 
 
+@lru_cache(maxsize=256)
 def model_size_billions(model: str | None, parameter_size: str | None = None) -> float | None:
-    """Parameters in billions from Ollama's ``parameter_size`` ("3.2B") or the name."""
+    """Parameters in billions from Ollama's ``parameter_size`` ("3.2B") or the name (kept
+    per name: a turn asks for it several times)."""
     for text in (parameter_size, model):
         if not text:
             continue

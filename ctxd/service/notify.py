@@ -16,8 +16,17 @@ from ctxd.service.state import SessionState
 
 
 def session_reliability(state: SessionState, budget: Budget) -> Reliability:
-    return reliability(state.row.model, state.row.model_info.get("parameterSize"),
-                       state.cstate.compression_count, budget, state.cstate.lossy)
+    """The session's reliability; the same object while what it is computed from is the
+    same (a turn asks for it after its push and in its prompt; callers never change it)."""
+    row, cstate = state.row, state.cstate
+    key = (row.model, row.model_info.get("parameterSize"), cstate.compression_count, cstate.lossy,
+           budget.max_prompt_tokens, budget.prompt_tokens, budget.used, budget.trigger_at)
+    memo = state.reliability_memo
+    if memo is not None and memo[0] == key:
+        return memo[1]
+    rel = reliability(key[0], key[1], key[2], budget, key[3])
+    state.reliability_memo = (key, rel)
+    return rel
 
 
 def threshold_level(budget: Budget, critical_fraction: float) -> str | None:

@@ -26,7 +26,7 @@ from ctxd.engine.goals import render_goal
 from ctxd.engine.policy import CompressionPolicy
 from ctxd.engine.render import IncrementalRenderer, Pairing, Rendered
 from ctxd.models import model_facts
-from ctxd.protocol.compression import Checkpoint
+from ctxd.protocol.compression import Checkpoint, Reliability
 from ctxd.protocol.context import Budget
 from ctxd.protocol.errors import session_not_found
 from ctxd.protocol.goal import Goal
@@ -87,6 +87,8 @@ class SessionState:
     billing: Tracker = field(default_factory=Tracker)
     """What the requests cost so far, between prompts (``service/billing.py``)."""
     rules_memo: tuple[tuple[object, ...], CacheRules] | None = None
+    reliability_memo: tuple[tuple[object, ...], Reliability] | None = None
+    """The last reliability and what it was computed from (``notify.session_reliability``)."""
 
     @property
     def id(self) -> str:
