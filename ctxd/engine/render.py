@@ -346,8 +346,10 @@ class IncrementalRenderer:
     that knows nothing before them changed (the service: the context's revision did not
     move), and looks at nothing older than the part after the reused prefix."""
 
-    MIN_STEP = 8
-    """Messages the reused part must grow by before it is extended (amortises the work)."""
+    MIN_STEP = 1
+    """Messages the reused part must grow by before it is extended: at once (extending
+    costs the new messages alone, while what is left in the open tail is rendered again
+    by every prompt)."""
 
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
@@ -441,13 +443,19 @@ class IncrementalRenderer:
         return sent - counted_thinking(messages, count)
 
     def _extend(self, messages: list[Message], count: Callable[[str], int]) -> None:
+        """Add ``messages`` to the reused part, in place (``prefix`` and ``out`` are this
+        renderer's own lists: a prompt gets copies), so extending costs what they cost,
+        whatever the length of what is reused."""
         turns, extra, repairs = _pair(messages, count)
         system = list(self.system)
         out = self._emit(turns, system)
         self.thinking += self._thinking(messages, out, count)
-        self.out = anthropic.join_messages(self.out, out) if self.fmt == "anthropic" else self.out + out
+        if self.fmt == "anthropic":  # (the boundary's two messages merged when they share a role)
+            self.out[-1:] = anthropic.join_messages(self.out[-1:], out)
+        else:
+            self.out += out
         self.system = system
-        self.prefix = self.prefix + messages
+        self.prefix += messages
         self.extra += extra
         self.repairs = self.repairs + repairs
 
