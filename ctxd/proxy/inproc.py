@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from itertools import compress, count
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -126,8 +127,8 @@ class PortLink:
         key = (session_id, params.get("format") if isinstance(params, dict) else None)
         last = self._prompts.pop(key, None)
         if last is not None and last[0]:
-            same = list(map(operator.is_, last[0], messages))
-            kept = same.index(False) if False in same else len(same)
+            # (The first index where they differ, in one pass in C.)
+            kept = next(compress(count(), map(operator.is_not, last[0], messages)), min(len(last[0]), len(messages)))
             plain = last[1][:kept] + msgspec.to_builtins(messages[kept:])
         else:
             plain = msgspec.to_builtins(messages)
