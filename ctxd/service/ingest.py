@@ -49,7 +49,7 @@ from ctxd.store import messages as message_store
 from ctxd.store import sessions as session_store
 from ctxd.store.dialect import brief, pipeline_safe
 from ctxd.store.messages import NewMessage, StoredMessage
-from ctxd.store.sessions import DriftTotals, KindTotals, RoleTotals, SessionRow, SessionStats
+from ctxd.store.sessions import KindTotals, RoleTotals, SessionRow, SessionStats
 from ctxd.store.state import StoredState, decode_stored
 from ctxd.tokens import PROMPT_PRIMING, MessageTokens, TokenCounter
 
@@ -325,7 +325,7 @@ def _copy_stats(stats: SessionStats) -> SessionStats:
     return SessionStats(
         by_role={k: RoleTotals(v.messages, v.tokens) for k, v in stats.by_role.items()},
         by_kind={k: KindTotals(v.blocks, v.tokens) for k, v in stats.by_kind.items()},
-        drift=DriftTotals(**msgspec.structs.asdict(stats.drift)),
+        drift=msgspec.structs.replace(stats.drift),
         bill=msgspec.structs.replace(stats.bill),
     )
 
