@@ -1,6 +1,6 @@
 """CPU time of a proxy turn with the daemon in process and no HTTP, for trees side by side.
 
-    python -m tests.bench.proxy_turns TREE [TREE ...] [--turns 300] [--api openai|anthropic] [--rounds 3]
+    python -m tests.bench.proxy_turns TREE [TREE ...] [--turns 300] [--api openai|anthropic] [--rounds 3] [--on-loop]
 
 Each TREE is a directory holding a ``ctxd`` package (``git archive REV ctxd | tar -x -C
 DIR``). Per round, each tree runs in a process of its own, in turn: the proxy's
@@ -12,7 +12,10 @@ compression due), as ``ctxd proxy`` handles a request: the body decoded and read
 the turns (after 20 warm-up turns) of each phase's CPU time on the event loop's thread
 (``time.thread_time``: the SQLite threads' work is not in it, their hops are), and the
 wall time of the turn; then, over the rounds, the smallest and the median of those
-medians (the smallest is the steadier on a shared machine).
+medians (the smallest is the steadier on a shared machine). ``--on-loop``: every small push's
+transaction on the event loop's thread (``Database.brief_gap`` below zero), as when requests
+come seconds apart; by default a turn's push comes within the gap of the reply's push before
+it, and both go to the writer's thread.
 """
 
 from __future__ import annotations
@@ -47,13 +50,15 @@ except ImportError:  # (a tree from before the service port)
 
     open_link = InProcessLink.open
 
-API, TURNS = sys.argv[1], int(sys.argv[2])
+API, TURNS, ON_LOOP = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 
 async def main():
     base = Path(tempfile.mkdtemp(prefix="ctxd-turns-", dir="/tmp"))
     config = load_config(None, overrides={"daemon": {"data_dir": str(base / "data"),
                                                      "socket": str(base / "run" / "ctxd.sock")}})
     link = await open_link(config)
+    if ON_LOOP:
+        link.here.daemon.service.db.brief_gap = -1.0
     sessions = Sessions(link)
     messages = [] if API == "anthropic" else [{"role": "system", "content": "You are a benchmark."}]
     out = {k: [] for k in ("read", "turn", "body", "reply", "total", "turn_wall")}
@@ -95,10 +100,10 @@ asyncio.run(main())
 '''
 
 
-def run_tree(tree: str, api: str, turns: int) -> dict[str, float]:
+def run_tree(tree: str, api: str, turns: int, on_loop: bool = False) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     with tempfile.TemporaryDirectory() as cwd:  # (nothing of the caller's directory on the path)
-        done = subprocess.run([sys.executable, "-c", CHILD, api, str(turns)], cwd=cwd, env=env,
+        done = subprocess.run([sys.executable, "-c", CHILD, api, str(turns), "1" if on_loop else "0"], cwd=cwd, env=env,
                               capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{tree}: {done.stderr[-2000:]}")
@@ -111,14 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--api", choices=["openai", "anthropic"], default="openai")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--on-loop", action="store_true", help="every small push's transaction on the loop's thread")
     args = parser.parse_args(argv)
     results: dict[str, list[dict[str, float]]] = {tree: [] for tree in args.trees}
     for n in range(args.rounds):
         for tree in args.trees if n % 2 == 0 else reversed(args.trees):
-            got = run_tree(tree, args.api, args.turns)
+            got = run_tree(tree, args.api, args.turns, args.on_loop)
             results[tree].append(got)
             print(f"round {n + 1} {tree}: " + ", ".join(f"{k} {got[k]:.3f}" for k in PHASES) + " ms", flush=True)
-    print(f"\n{args.api}, {args.turns} turns, {args.rounds} rounds: smallest / median of the rounds' medians (ms)")
+    print(f"\n{args.api}, {args.turns} turns, {args.rounds} rounds{', pushes on the loop' if args.on_loop else ''}: "
+          f"smallest / median of the rounds' medians (ms)")
     for tree, runs in results.items():
         cells: list[Any] = [f"{k} {min(r[k] for r in runs):.3f} / {statistics.median(r[k] for r in runs):.3f}"
                             for k in PHASES]
