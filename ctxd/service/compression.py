@@ -1156,6 +1156,8 @@ async def ensure_fits(svc: Service, state: SessionState, fmt: str = "anthropic")
         return 0 if fmt == "anthropic" else (await svc.cache.context(state)).opener
 
     budget = svc.cache.budget(state)
+    if budget.prompt_tokens <= budget.max_prompt_tokens:  # (the usual prompt: it fits, whatever is unsent)
+        return
     if budget.prompt_tokens - await unsent() <= budget.max_prompt_tokens:
         return
     policy = svc.cache.policy(state)
