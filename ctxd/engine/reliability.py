@@ -88,13 +88,22 @@ def level_of(score: float) -> str:
     return "critical"
 
 
+def budget_inputs(budget: Budget) -> tuple[int, int, int, int] | None:
+    """What of ``budget`` the score depends on: nothing while the context is within the
+    compression trigger (its confidence is whole, whatever the prompt's size), else the
+    figures (a caller keeping a score compares these)."""
+    if budget.max_prompt_tokens > 0 and budget.used > budget.trigger_at:
+        return budget.max_prompt_tokens, budget.prompt_tokens, budget.used, budget.trigger_at
+    return None
+
+
 def reliability(model: str | None, parameter_size: str | None, compression_count: int, budget: Budget,
                 lossy: bool) -> Reliability:
     size = model_size_billions(model, parameter_size)
     factor = model_factor(model, size)
     penalty = max(1.0 - compression_count * 0.15, 0.30)
     confidence = 1.0
-    if budget.max_prompt_tokens > 0:
+    if budget_inputs(budget) is not None:  # (within the trigger, fill <= trigger_fill)
         fill = budget.prompt_tokens / budget.max_prompt_tokens
         trigger_fill = (budget.prompt_tokens - budget.used + budget.trigger_at) / budget.max_prompt_tokens
         if fill > trigger_fill and trigger_fill < 1:

@@ -7,7 +7,7 @@ reliability level moves.
 
 from __future__ import annotations
 
-from ctxd.engine.reliability import reliability
+from ctxd.engine.reliability import budget_inputs, reliability
 from ctxd.protocol import notifications
 from ctxd.protocol.compression import Reliability, ReliabilityNotification, ThresholdNotification
 from ctxd.protocol.context import Budget
@@ -17,10 +17,12 @@ from ctxd.service.state import SessionState
 
 def session_reliability(state: SessionState, budget: Budget) -> Reliability:
     """The session's reliability; the same object while what it is computed from is the
-    same (a turn asks for it after its push and in its prompt; callers never change it)."""
+    same (a turn asks for it after its push and in its prompt; callers never change it).
+    Of the budget, only what the score depends on is compared (``budget_inputs``: nothing
+    while within the compression trigger)."""
     row, cstate = state.row, state.cstate
     key = (row.model, row.model_info.get("parameterSize"), cstate.compression_count, cstate.lossy,
-           budget.max_prompt_tokens, budget.prompt_tokens, budget.used, budget.trigger_at)
+           budget_inputs(budget))
     memo = state.reliability_memo
     if memo is not None and memo[0] == key:
         return memo[1]

@@ -129,3 +129,26 @@ def test_score_is_the_product():
     r = reliability("qwen2.5:14b", "14.8B", 2, b, lossy=True)
     assert r.score == pytest.approx(r.model_factor * r.compression_penalty * r.context_confidence, abs=1e-3)
     assert r.model_size_billions == 14.8
+
+
+def test_the_score_depends_on_the_budget_only_through_budget_inputs():
+    """What a caller compares to keep a score (``budget_inputs``) is all of the budget the
+    score reads: budgets alike there score alike, within the trigger whatever their size."""
+    import msgspec
+
+    from ctxd.engine.reliability import budget_inputs
+
+    budgets = [simple_budget(window, used=used, system_tokens=system, checkpoint_tokens=checkpoints,
+                             trigger_fraction=fraction)
+               for window in (0, 1_000, 8_192, 200_000) for used in (0, 1, 500, 800, 801, 6_000, 9_000, 250_000)
+               for system in (0, 300) for checkpoints in (0, 150) for fraction in (0.5, 0.8, 1.0)]
+    seen: dict[object, bytes] = {}
+    within = set()
+    for budget in budgets:
+        for count, lossy in ((0, False), (2, True)):
+            key = (budget_inputs(budget), count, lossy)
+            score = msgspec.json.encode(reliability("llama3.1:8b", None, count, budget, lossy))
+            assert seen.setdefault(key, score) == score, (budget, count, lossy)
+            if key[0] is None:
+                within.add(budget.prompt_tokens)
+    assert len(within) > 10  # (many prompt sizes within the trigger, each the same score)
