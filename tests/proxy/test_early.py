@@ -499,3 +499,59 @@ async def test_a_request_sent_ahead_is_checked_after_its_answer_went_out(tmp_pat
     finally:
         await sessions.drain()
         await link.close()
+
+
+async def test_a_client_appending_byte_for_byte_is_read_from_its_new_bytes(tmp_path) -> None:
+    """In process, through the app: an agent resending its conversation with messages
+    appended is read from its new bytes (``bodies.py``), each request goes ahead, and the
+    session holds the conversation as sent; one that edits an earlier message is read
+    whole, its edit stored."""
+    from ctxd.config import load_config
+    from ctxd.embed import open_here
+    from ctxd.proxy import wire
+    from ctxd.proxy.app import Proxy, build_app
+    from ctxd.proxy.inproc import PortLink
+    from ctxd.proxy.sessions import Sessions
+    from ctxd.proxy.windows import Windows
+
+    upstream = _Recorder()
+    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
+                                                     "socket": str(tmp_path / "run" / "ctxd.sock")},
+                                          "proxy": {"openai_base_url": upstream.url}})
+    link = PortLink(await open_here(config))
+    sessions = Sessions(link)
+    ahead: list[bool] = []
+    turn = sessions.turn
+
+    async def noted_turn(conv: Any, fmt: Any) -> Any:
+        ahead.append(conv.early is not None)
+        return await turn(conv, fmt)
+
+    sessions.turn = noted_turn  # type: ignore[method-assign]
+    try:
+        async with wire.UpstreamTransport(limits=httpx.Limits()) as transport:
+            proxy = Proxy(config.proxy, sessions, transport, httpx.Timeout(30), Windows.from_config(config))
+            messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(proxy)),
+                                         base_url="http://127.0.0.1") as http:
+                for n in range(7):
+                    if n == 6:
+                        messages[1] = {"role": "user", "content": "Turn 0, said otherwise"}
+                    messages.append({"role": "user", "content": f"Turn {n}: and now? \u00e9\u6f22 \"q\""})
+                    answer = await http.post("/v1/chat/completions", content=_bytes({"model": MODEL,
+                                                                                   "messages": messages}),
+                                             headers=_headers("appended", 200000))
+                    assert answer.status_code == 200, answer.text
+                    messages.append(answer.json()["choices"][0]["message"])
+                    await sessions.drain()
+                assert proxy.bodies.hits == 5
+                named = answer.headers["x-ctxd-session"]  # (the edit's session: a fork of it)
+                stored = await link.request(named, "session/history", {"sessionId": named, "limit": 100})
+    finally:
+        await link.close()
+    assert ahead[2:6] == [True] * 4, ahead  # (the second goes ahead once the first turn said its room)
+    texts = [e["message"]["content"] if isinstance(e["message"]["content"], str) else
+             "".join(p.get("text", "") for p in e["message"]["content"]) for e in stored["messages"]
+             if e["status"] != "superseded"]
+    # (the edited message supersedes the one it replaces, stored after: the client's working context)
+    assert sorted(texts) == sorted(m["content"] for m in messages[1:]), texts
