@@ -476,8 +476,8 @@ class Database:
         the log's restart and checkpoints never wait), so the job runs the same either way."""
         try:
             if not self._brief_timeout:
+                self._brief_timeout = True  # (first: an interrupt after the PRAGMA leaves it known)
                 conn.execute("PRAGMA busy_timeout = 0")
-                self._brief_timeout = True
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError:
