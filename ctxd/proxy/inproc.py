@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 import operator
-from itertools import compress, count
 from collections.abc import Awaitable, Callable
+from itertools import compress, count
 from pathlib import Path
 from typing import Any, Protocol
 

@@ -24,8 +24,9 @@ def _message(rng: random.Random, n: int) -> dict[str, Any]:
         return {"role": rng.choice(["user", "assistant"]), "content": text}
     if kind < 0.8:
         return {"role": "user", "content": [{"type": "text", "text": text, "n": rng.random(), "big": 10 ** 20}]}
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"call_{n}", "type": "function", "function": {"name": "run", "arguments": json.dumps({"x": [n, None]})}}]}
+    call = {"name": "run", "arguments": json.dumps({"x": [n, None]})}
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": f"call_{n}", "type": "function", "function": call}]}
 
 
 def _spell(rng: random.Random, style: int, value: dict[str, Any]) -> bytes:
@@ -195,7 +196,7 @@ def test_conversations_interleaved_on_one_key_each_extend_their_own() -> None:
 def test_the_bytes_held_stay_within_the_budget_as_bodies_grow() -> None:
     bodies = Bodies(budget=200_000)
     conversations: list[list[Any]] = [[{"role": "user", "content": f"{k}"}] for k in range(8)]
-    for turn in range(40):
+    for _ in range(40):
         for k, messages in enumerate(conversations):
             messages.append({"role": "user", "content": "x" * 1000})
             bodies.loads("openai", (f"s{k}", ""), msgspec.json.encode({"messages": messages}))
