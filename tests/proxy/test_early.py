@@ -267,24 +267,31 @@ class _Recorder:
                          + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+async def _daemon_here(tmp_path: Any, upstream_url: str) -> tuple[Any, Any, Any]:
+    """A daemon in this process, the proxy's link to it and its sessions (OpenAI upstream at
+    ``upstream_url``)."""
+    from ctxd.config import load_config
+    from ctxd.embed import open_here
+    from ctxd.proxy.inproc import PortLink
+    from ctxd.proxy.sessions import Sessions
+
+    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
+                                                     "socket": str(tmp_path / "run" / "ctxd.sock")},
+                                          "proxy": {"openai_base_url": upstream_url}})
+    link = PortLink(await open_here(config))
+    return config, link, Sessions(link)
+
+
 async def test_a_request_sent_ahead_is_written_before_its_turn_begins(tmp_path) -> None:
     """In process: when the turn of a request sent ahead begins, the upstream has its
     request already (its turn's CPU would otherwise run before the write). The turn checks
     it blocking the loop: had the request not been written yet, it never would be."""
-    from ctxd.config import load_config
-    from ctxd.embed import open_here
     from ctxd.proxy import wire
     from ctxd.proxy.app import Proxy, build_app
-    from ctxd.proxy.inproc import PortLink
-    from ctxd.proxy.sessions import Sessions
     from ctxd.proxy.windows import Windows
 
     upstream = _Recorder()
-    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
-                                                     "socket": str(tmp_path / "run" / "ctxd.sock")},
-                                          "proxy": {"openai_base_url": upstream.url}})
-    link = PortLink(await open_here(config))
-    sessions = Sessions(link)
+    config, link, sessions = await _daemon_here(tmp_path, upstream.url)
     seen: list[tuple[bool, bool]] = []
     turn = sessions.turn
 
@@ -380,18 +387,10 @@ class _Held(httpx.AsyncBaseTransport):
 
 async def _in_process(tmp_path: Any) -> tuple[Any, Any, Any, _Held]:
     """The proxy's app on a daemon in this process, its upstream :class:`_Held`."""
-    from ctxd.config import load_config
-    from ctxd.embed import open_here
     from ctxd.proxy.app import Proxy
-    from ctxd.proxy.inproc import PortLink
-    from ctxd.proxy.sessions import Sessions
     from ctxd.proxy.windows import Windows
 
-    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
-                                                     "socket": str(tmp_path / "run" / "ctxd.sock")},
-                                          "proxy": {"openai_base_url": "http://upstream.invalid/v1"}})
-    link = PortLink(await open_here(config))
-    sessions = Sessions(link)
+    config, link, sessions = await _daemon_here(tmp_path, "http://upstream.invalid/v1")
     upstream = _Held()
     proxy = Proxy(config.proxy, sessions, upstream, httpx.Timeout(30), Windows.from_config(config))
     return link, sessions, proxy, upstream
@@ -506,20 +505,12 @@ async def test_a_client_appending_byte_for_byte_is_read_from_its_new_bytes(tmp_p
     appended is read from its new bytes (``bodies.py``), each request goes ahead, and the
     session holds the conversation as sent; one that edits an earlier message is read
     whole, its edit stored."""
-    from ctxd.config import load_config
-    from ctxd.embed import open_here
     from ctxd.proxy import wire
     from ctxd.proxy.app import Proxy, build_app
-    from ctxd.proxy.inproc import PortLink
-    from ctxd.proxy.sessions import Sessions
     from ctxd.proxy.windows import Windows
 
     upstream = _Recorder()
-    config = load_config(None, overrides={"daemon": {"data_dir": str(tmp_path / "data"),
-                                                     "socket": str(tmp_path / "run" / "ctxd.sock")},
-                                          "proxy": {"openai_base_url": upstream.url}})
-    link = PortLink(await open_here(config))
-    sessions = Sessions(link)
+    config, link, sessions = await _daemon_here(tmp_path, upstream.url)
     ahead: list[bool] = []
     turn = sessions.turn
 
