@@ -267,6 +267,18 @@ class _Recorder:
                          + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+async def _asked(http: httpx.AsyncClient, sessions: Any, messages: list[dict[str, Any]],
+                 session: str) -> httpx.Response:
+    """One request of ``messages`` through the app, its reply appended to them, once the
+    reply's push is stored (the next request may go ahead)."""
+    answer = await http.post("/v1/chat/completions", content=_bytes({"model": MODEL, "messages": messages}),
+                             headers=_headers(session, 200000))
+    assert answer.status_code == 200, answer.text
+    messages.append(answer.json()["choices"][0]["message"])
+    await sessions.drain()
+    return answer
+
+
 async def _daemon_here(tmp_path: Any, upstream_url: str) -> tuple[Any, Any, Any]:
     """A daemon in this process, the proxy's link to it and its sessions (OpenAI upstream at
     ``upstream_url``)."""
@@ -310,12 +322,7 @@ async def test_a_request_sent_ahead_is_written_before_its_turn_begins(tmp_path) 
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
                 for n in range(4):
                     messages.append({"role": "user", "content": f"Turn {n}: and now?"})
-                    answer = await http.post("/v1/chat/completions", content=_bytes({"model": MODEL,
-                                                                                   "messages": messages}),
-                                             headers=_headers("written", 200000))
-                    assert answer.status_code == 200, answer.text
-                    messages.append(answer.json()["choices"][0]["message"])
-                    await sessions.drain()  # (the reply's push stored: the next request may go ahead)
+                    await _asked(http, sessions, messages, "written")
     finally:
         await link.close()
     assert any(ahead for ahead, _ in seen), seen  # (the case this test is about happened)
@@ -529,12 +536,7 @@ async def test_a_client_appending_byte_for_byte_is_read_from_its_new_bytes(tmp_p
                     if n == 6:
                         messages[1] = {"role": "user", "content": "Turn 0, said otherwise"}
                     messages.append({"role": "user", "content": f"Turn {n}: and now? \u00e9\u6f22 \"q\""})
-                    answer = await http.post("/v1/chat/completions", content=_bytes({"model": MODEL,
-                                                                                   "messages": messages}),
-                                             headers=_headers("appended", 200000))
-                    assert answer.status_code == 200, answer.text
-                    messages.append(answer.json()["choices"][0]["message"])
-                    await sessions.drain()
+                    answer = await _asked(http, sessions, messages, "appended")
                 assert proxy.bodies.hits == 5
                 named = answer.headers["x-ctxd-session"]  # (the edit's session: a fork of it)
                 stored = await link.request(named, "session/history", {"sessionId": named, "limit": 100})
